@@ -1,0 +1,21 @@
+"""flashkit: attention kernels for NVIDIA GPUs, compiled at run time through CuPy/NVRTC."""
+
+from .api import attention, explain, variants
+from .errors import CompileError, DeviceError, FlashkitError, InputError, ManifestError, UnsupportedError
+
+__version__ = "0.1.0"
+
+
+def __getattr__(name: str):
+    # BlockMask and quantize_fp8 import lazily: they pull in CuPy-side code only when used.
+    if name == "BlockMask":
+        from .block_mask import BlockMask
+        return BlockMask
+    if name == "quantize_fp8":
+        from .fp8 import quantize_fp8
+        return quantize_fp8
+    raise AttributeError(f"module 'flashkit' has no attribute {name!r}")
+
+
+__all__ = ["attention", "explain", "variants", "BlockMask", "quantize_fp8", "FlashkitError", "InputError",
+           "UnsupportedError", "ManifestError", "CompileError", "DeviceError", "__version__"]

@@ -1,0 +1,143 @@
+"""The public entry points: validate -> select -> build -> launch."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .arrays import describe, to_cupy
+from .dtypes import BY_NAME, FLOAT8_E4M3
+from .errors import InputError
+from .registry import Request, Selection, discover_kernels, select_kernel
+from .registry.manifest import KernelSpec
+from .runtime.build import build_module, make_config
+from .runtime.device import cupy_module, device_info
+from .runtime.launch import LaunchInputs, launch
+from .validate import Problem, check_flag, check_scale, validate_inputs
+
+ALIGN_BYTES = 16   # the flash kernels load 16-byte vectors: base and row/head strides must be multiples
+FP8_OUT_DTYPES = ("bfloat16", "float16")
+
+
+def attention(q: Any, k: Any, v: Any, *, causal: bool = False, softmax_scale: float | None = None,
+              variant: str | None = None, return_lse: bool = False, block_mask: Any = None,
+              fp8: bool = False, q_scale: Any = None, k_scale: Any = None, v_scale: Any = None,
+              out_dtype: str | None = None, out: Any = None):
+    """softmax(scale * q k^T [masked]) v for (batch, seqlen, heads, head_dim) CUDA arrays.
+
+    Returns a CuPy array (and the float32 log-sum-exp, (batch, heads, seqlen_q), with return_lse=True).
+    """
+    causal, return_lse, fp8 = (check_flag(causal, "causal"), check_flag(return_lse, "return_lse"),
+                               check_flag(fp8, "fp8"))
+    scales = (q_scale, k_scale, v_scale)
+    prequantized = any(s is not None for s in scales)
+    if prequantized and not all(s is not None for s in scales):
+        raise InputError("q_scale, k_scale, v_scale: pre-quantized fp8 inputs need all three scales")
+    if prequantized and fp8:
+        raise InputError("fp8: pass fp8=True with float16/bfloat16 inputs, or pre-quantized inputs with "
+                         "scales, not both")
+    if variant is not None and not isinstance(variant, str):
+        raise InputError(f"variant: expected a variant name (str), got {type(variant).__name__}")
+    problem = validate_inputs(describe(q, "q"), describe(k, "k"), describe(v, "v"), softmax_scale, prequantized)
+    if fp8 and problem.dtype == "float32":
+        raise InputError("fp8: quantizing needs float16 or bfloat16 inputs, got float32")
+    if block_mask is not None:
+        _check_block_mask(block_mask, problem)
+    out_name = _output_dtype(problem, fp8 or prequantized, out_dtype)
+    use_fp8 = fp8 or prequantized
+    cc = device_info().cc
+    req = request_for(problem, causal=causal, block_sparse=block_mask is not None, fp8=use_fp8,
+                      lse=return_lse, cc=cc)
+    sel = select_kernel(req, discover_kernels().specs, variant)
+
+    cupy = cupy_module()
+    qc, kc, vc = (_aligned(to_cupy(x, n)) for x, n in ((q, "q"), (k, "k"), (v, "v")))
+    extras: dict[str, int] = {}
+    keep: list = []   # device arrays the launch reads, alive until it is queued
+    if fp8:
+        from .fp8 import quantize_fp8
+        (qc, qs), (kc, ks), (vc, vs) = (quantize_fp8(x) for x in (qc, kc, vc))
+        scales = (qs, ks, vs)
+    if use_fp8:
+        from .fp8 import scale_fields
+        extras.update(scale_fields(problem, *scales, keep=keep))
+    if block_mask is not None:
+        extras.update(block_mask.kernel_fields(problem, keep=keep))
+    out_arr = _output(out, problem, out_name, cupy)
+    lse = cupy.empty((problem.batch, problem.heads, problem.seqlen_q), dtype=cupy.float32) if return_lse else None
+    run(sel.chosen, problem, causal, LaunchInputs(qc, kc, vc, out_arr, lse, extras),
+        block_sparse=block_mask is not None, out_dtype=out_name)
+    return (out_arr, lse) if return_lse else out_arr
+
+
+def run(spec: KernelSpec, problem: Problem, causal: bool, io: LaunchInputs, block_sparse: bool = False,
+        out_dtype: str | None = None) -> None:
+    """Build (or fetch) the specialization for this device and launch it."""
+    cc = device_info().cc
+    config = make_config(spec, problem.dtype, problem.head_dim, causal, cc, block_sparse, out_dtype)
+    launch(spec, build_module(spec, config, cc), config, problem, io)
+
+
+def request_for(problem: Problem, cc: tuple[int, int] | None = None, **flags: bool) -> Request:
+    return Request(dtype=problem.dtype, head_dim=problem.head_dim, seqlen_q=problem.seqlen_q,
+                   seqlen_k=problem.seqlen_k, heads=problem.heads, kv_heads=problem.kv_heads,
+                   batch=problem.batch, cc=cc, **flags)
+
+
+def explain(*, dtype: str = "bfloat16", head_dim: int = 128, seqlen_q: int = 1024, seqlen_k: int | None = None,
+            heads: int = 16, kv_heads: int | None = None, batch: int = 1, causal: bool = False,
+            block_sparse: bool = False, fp8: bool = False, lse: bool = False,
+            cc: tuple[int, int] | None = None, variant: str | None = None) -> Selection:
+    """Which kernel a request would run, and why every other was rejected; launches nothing."""
+    dt = BY_NAME.get(dtype)
+    if dt is None:
+        raise InputError(f"dtype: unknown dtype {dtype!r}; expected one of {', '.join(BY_NAME)}")
+    req = Request(dtype=dt.name, head_dim=head_dim, seqlen_q=seqlen_q, seqlen_k=seqlen_k or seqlen_q,
+                  heads=heads, kv_heads=kv_heads or heads, batch=batch, causal=causal,
+                  block_sparse=block_sparse, fp8=fp8 or dt is FLOAT8_E4M3, lse=lse, cc=cc)
+    return select_kernel(req, discover_kernels().specs, variant)
+
+
+def variants() -> list[KernelSpec]:
+    """Every registered variant, highest priority first."""
+    return sorted(discover_kernels().specs.values(), key=lambda s: (-s.priority, s.name))
+
+
+def _output_dtype(problem: Problem, fp8: bool, out_dtype: str | None) -> str:
+    if not fp8:
+        if out_dtype not in (None, problem.dtype):
+            raise InputError(f"out_dtype: only fp8 calls choose the output dtype; expected None or {problem.dtype}")
+        return problem.dtype
+    name = out_dtype or (problem.dtype if problem.dtype in FP8_OUT_DTYPES else "bfloat16")
+    if name not in FP8_OUT_DTYPES:
+        raise InputError(f"out_dtype: expected one of {', '.join(FP8_OUT_DTYPES)}, got {name!r}")
+    return name
+
+
+def _output(out: Any, problem: Problem, dtype: str, cupy):
+    shape = (problem.batch, problem.seqlen_q, problem.heads, problem.head_dim)
+    storage = BY_NAME[dtype].storage
+    if out is None:
+        return cupy.empty(shape, dtype=storage)
+    arr = to_cupy(out, "out")
+    if tuple(arr.shape) != shape or arr.dtype != storage:
+        raise InputError(f"out: expected shape {shape} and dtype {dtype}, got {tuple(arr.shape)} {arr.dtype}")
+    if arr.strides[-1] != arr.itemsize or arr.data.ptr % ALIGN_BYTES or any(s % ALIGN_BYTES for s in arr.strides[:-1]):
+        raise InputError("out: expected a 16-byte aligned array with a contiguous last dimension")
+    return arr
+
+
+def _aligned(a):
+    """a itself when 16-byte vector loads can read it, else a contiguous copy."""
+    if a.data.ptr % ALIGN_BYTES or any(s % ALIGN_BYTES for s, n in zip(a.strides[:-1], a.shape[:-1]) if n > 1):
+        return cupy_module().ascontiguousarray(a)
+    return a
+
+
+def _check_block_mask(mask: Any, problem: Problem) -> None:
+    from .block_mask import BlockMask
+    if not isinstance(mask, BlockMask):
+        raise InputError(f"block_mask: expected a flashkit.BlockMask, got {type(mask).__name__}")
+    mask.check_compatible(problem)
+
+
+__all__ = ["attention", "explain", "variants", "check_scale"]

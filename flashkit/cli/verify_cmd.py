@@ -1,0 +1,51 @@
+"""flashkit verify: run variants over the shape matrix against the float64 reference."""
+
+from __future__ import annotations
+
+import click
+
+from .. import verify as harness
+from ..runtime.device import require_device
+from .common import emit_json, one_line_errors
+
+
+def format_result(r: harness.CheckResult) -> str:
+    lse = f"  lse {r.lse_error:.2e} <= {r.lse_bound:.2e}" if r.lse_error is not None else ""
+    mark = "pass" if r.passed else "FAIL"
+    return f"{mark}  {r.variant:<13} {r.label:<44} err {r.max_error:.2e} <= {r.bound:.2e}{lse}  {r.note}".rstrip()
+
+
+@click.command("verify")
+@click.option("--variant", "variants", multiple=True, help="Variant(s) to verify.")
+@click.option("--all", "all_variants", is_flag=True, help="Every variant this device supports.")
+@click.option("--dtype", "dtypes", multiple=True, help="Restrict to these dtypes.")
+@click.option("--head-dim", "head_dims", multiple=True, type=int, help="Restrict to these head dims.")
+@click.option("--causal/--no-causal", default=None, help="Only causal / only non-causal (default: both).")
+@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--quick", is_flag=True, help="A smaller shape matrix.")
+@click.option("--json", "as_json", is_flag=True)
+@one_line_errors
+def command(variants, all_variants, dtypes, head_dims, causal, seed, quick, as_json) -> None:
+    """Check variants against the float64 reference (DESIGN.md's rule); exits 1 on any failure."""
+    if not variants and not all_variants:
+        raise click.UsageError("name a --variant or pass --all")
+    require_device()
+    specs, skipped = harness.runnable_variants(None if all_variants else variants)
+    causal_opts = None if causal is None else (causal,)
+    checks = [c for s in specs for c in harness.checks_for(s, dtypes or None, head_dims or None, causal_opts, quick)]
+    progress = None if as_json else (lambda r: click.echo(format_result(r)))
+    results = harness.run_checks(checks, seed, progress)
+    failed = [r for r in results if not r.passed]
+    if as_json:
+        emit_json({"results": [r.as_dict() for r in results], "skipped": skipped, "failed": len(failed)})
+    else:
+        for name, why in skipped.items():
+            click.echo(f"skipped {name}: {why}")
+        per = {}
+        for r in results:
+            per.setdefault(r.variant, [0, 0])[0 if r.passed else 1] += 1
+        for name, (ok, bad) in per.items():
+            click.echo(f"{name}: {ok} passed, {bad} failed")
+        click.echo(f"{len(results) - len(failed)} passed, {len(failed)} failed")
+    if failed or not results:
+        raise SystemExit(1)

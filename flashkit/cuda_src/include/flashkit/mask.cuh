@@ -1,0 +1,81 @@
+// Attention masks as types. A mask answers, for one query block (rows [m0, m0 + kBlockM)):
+//   num_kv_blocks()      how many K/V tiles the block visits; they are visited in the order
+//                        it = num_kv_blocks() - 1 down to 0, tile kv_block(it)
+//   num_masked_blocks()  the first that many visited tiles need the element mask (tails,
+//                        diagonal); the rest are fully visible and skip it
+//   kv_block(it)         the K/V tile index (block index, in units of kBlockN keys)
+//   key_end(row)         keys [0, key_end(row)) may be visible to query row `row`
+// A BlockSparse mask fits the same shape: kv_block(it) reads the index list, num_kv_blocks()
+// its count, num_masked_blocks() = num_kv_blocks() when its blocks do not align with tiles.
+#pragma once
+
+#include "flashkit/params.cuh"
+#include "flashkit/traits.cuh"
+
+namespace flashkit {
+
+__device__ __forceinline__ int ceil_div(int a, int b) { return (a + b - 1) / b; }
+
+// Every key < seqlen_k is visible; only the ragged last tile needs masking.
+template <int kBlockM, int kBlockN>
+struct NoMask {
+    int seqlen_k;
+    int n_blocks, n_masked;
+    __device__ __forceinline__ NoMask(const Params& p, int m_block) : seqlen_k(p.seqlen_k) {
+        n_blocks = ceil_div(seqlen_k, kBlockN);
+        n_masked = n_blocks - seqlen_k / kBlockN;
+    }
+    __device__ __forceinline__ int num_kv_blocks() const { return n_blocks; }
+    __device__ __forceinline__ int num_masked_blocks() const { return n_masked; }
+    __device__ __forceinline__ int kv_block(int it) const { return it; }
+    __device__ __forceinline__ int key_end(int row) const { return seqlen_k; }
+};
+
+// Causal, aligned to the bottom-right corner: query i sees key j iff j <= i + seqlen_k - seqlen_q.
+// Tiles wholly above the diagonal are never visited; tiles crossing it (or the ragged tail)
+// come first in visiting order and are the only ones masked.
+template <int kBlockM, int kBlockN>
+struct CausalMask {
+    int seqlen_k;
+    int offset;   // seqlen_k - seqlen_q: the diagonal's key index at query row 0
+    int n_blocks, n_masked;
+    __device__ __forceinline__ CausalMask(const Params& p, int m_block)
+        : seqlen_k(p.seqlen_k), offset(p.seqlen_k - p.seqlen_q) {
+        const int m0 = m_block * kBlockM;
+        const int last_row = min(m0 + kBlockM, p.seqlen_q) - 1;
+        // Keys [0, last_row + offset + 1) are visible to some row of the block.
+        const int key_hi = min(seqlen_k, last_row + offset + 1);
+        n_blocks = key_hi > 0 ? ceil_div(key_hi, kBlockN) : 0;
+        // Keys [0, m0 + offset + 1) are visible to every row: whole tiles there need no mask.
+        const int key_all = min(seqlen_k, m0 + offset + 1);
+        const int n_full = key_all > 0 ? key_all / kBlockN : 0;
+        n_masked = n_blocks - min(n_full, n_blocks);
+    }
+    __device__ __forceinline__ int num_kv_blocks() const { return n_blocks; }
+    __device__ __forceinline__ int num_masked_blocks() const { return n_masked; }
+    __device__ __forceinline__ int kv_block(int it) const { return it; }
+    __device__ __forceinline__ int key_end(int row) const {
+        return min(seqlen_k, row + offset + 1);
+    }
+};
+
+// S[i][j] = -inf where key j is not visible to query i, on an mma C-layout S tile:
+// s[mi][ni][2h + e] is row row0 + 16 mi + 8 h, column col0 + 8 ni + e, where row0 is the
+// thread's row g (absolute) and col0 the tile's first key + 2t.
+template <class Mask, int kMTiles, int kNTiles>
+__device__ __forceinline__ void apply_mask(const Mask& mask, float (&s)[kMTiles][kNTiles][4],
+                                           int row0, int col0) {
+#pragma unroll
+    for (int mi = 0; mi < kMTiles; ++mi)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {   // rows g, g + 8
+            const int end = mask.key_end(row0 + mi * kMmaM + h * kFragRowHalf);
+#pragma unroll
+            for (int ni = 0; ni < kNTiles; ++ni)
+#pragma unroll
+                for (int e = 0; e < 2; ++e)
+                    if (col0 + ni * kMmaN + e >= end) s[mi][ni][2 * h + e] = FLASHKIT_NEG_INF;
+        }
+}
+
+}  // namespace flashkit

@@ -1,0 +1,54 @@
+// The parameter block every flashkit kernel entry takes by value.
+// Mirrored field for field by flashkit/runtime/params.py (PARAMS_DTYPE); keep the two in step.
+#pragma once
+
+// Logical element types, selected per compile with -DFLASHKIT_DTYPE=<code>.
+#define FLASHKIT_FLOAT16 1
+#define FLASHKIT_BFLOAT16 2
+#define FLASHKIT_FLOAT32 3
+#define FLASHKIT_FLOAT8_E4M3 4
+
+namespace flashkit {
+
+typedef long long index_t;
+
+struct Params {
+    // Layout (batch, seqlen, heads, head_dim); the last dimension is contiguous.
+    const void* q;
+    const void* k;
+    const void* v;
+    void* o;
+    float* lse;                  // (batch, heads, seqlen_q) float32, or nullptr when not asked for
+    void* workspace;             // variant scratch sized by the manifest's `workspace` kind, or nullptr
+    const int* kv_block_count;   // block sparse: kept K/V blocks per query block, or nullptr
+    const int* kv_block_index;   // block sparse: their indices, [.., q_blocks, k_blocks]
+    const float* q_scale;        // fp8: one scale per (batch, head, block of rows), or nullptr
+    const float* k_scale;
+    const float* v_scale;
+
+    // Strides in elements.
+    index_t q_batch_stride, q_row_stride, q_head_stride;
+    index_t k_batch_stride, k_row_stride, k_head_stride;
+    index_t v_batch_stride, v_row_stride, v_head_stride;
+    index_t o_batch_stride, o_row_stride, o_head_stride;
+
+    int batch, heads, kv_heads;
+    int seqlen_q, seqlen_k, head_dim;
+
+    // Block mask geometry: mask_batch / mask_heads are 1 (broadcast) or batch / heads.
+    int mask_batch, mask_heads, mask_q_blocks, mask_k_blocks;
+    int mask_block_q, mask_block_k;
+
+    // FP8 scale geometry: rows per scale block and scale blocks per (batch, head).
+    int scale_block_rows, q_scale_blocks, k_scale_blocks;
+
+    float softmax_scale;         // S = softmax_scale * Q K^T
+    float softmax_scale_log2;    // softmax_scale * log2(e), for exp2-based softmax
+};
+
+}  // namespace flashkit
+
+// Every variant exports the dynamic shared memory its launch needs, read by the runtime
+// after loading the module: FLASHKIT_EXPORT_SMEM_BYTES(bytes);
+#define FLASHKIT_EXPORT_SMEM_BYTES(bytes) \
+    extern "C" __constant__ int flashkit_smem_bytes = (bytes)

@@ -1,0 +1,101 @@
+// Online softmax over the register tile of S (FlashAttention-2, exp2-based, deferred
+// normalization). Each thread owns two rows per 16-row tile (g and g + 8, mma C layout) and
+// a quarter of their columns; the 4 lanes of a quad share those rows.
+//
+// Per K/V tile, with raw scores s and c = softmax_scale * log2(e) (softmax_scale_log2):
+//   m_new = max(m, rowmax(s))
+//   p     = exp2(s * c - m_new * c)             (one FFMA + ex2 per element)
+//   alpha = exp2((m - m_new) * c)               (rescale of the old state)
+//   l     = alpha * l + rowsum(p),  O = alpha * O  (then O += P V outside)
+// At the end: O /= l,  LSE = m * softmax_scale + ln(l) = (m * c + log2(l)) * ln(2).
+// A row that saw no key keeps m = -inf, l = 0: every p and alpha is exp2(-inf) = 0 (the -inf
+// max is replaced by 0 before subtracting, so never -inf - -inf), and it ends with O = 0,
+// LSE = -inf.
+#pragma once
+
+#include "flashkit/mma.cuh"
+
+namespace flashkit {
+
+// m * c with the convention that a row with no visible key yet subtracts 0, not -inf.
+__device__ __forceinline__ float scaled_row_max(float m, float scale_log2) {
+    return m == FLASHKIT_NEG_INF ? 0.f : m * scale_log2;
+}
+
+template <int kMTiles>
+struct OnlineSoftmax {
+    static constexpr int kRowsPerTile = 2;   // rows g and g + 8 of each 16-row tile
+    float row_max[kMTiles][kRowsPerTile];   // m: running max of the raw scores
+    float row_sum[kMTiles][kRowsPerTile];   // l: this thread's partial sum (quad-reduced late)
+
+    __device__ __forceinline__ void init() {
+#pragma unroll
+        for (int mi = 0; mi < kMTiles; ++mi)
+#pragma unroll
+            for (int h = 0; h < kRowsPerTile; ++h) {
+                row_max[mi][h] = FLASHKIT_NEG_INF;
+                row_sum[mi][h] = 0.f;
+            }
+    }
+
+    // Folds one S tile into {m, l}: s becomes P in place, and O is rescaled by alpha.
+    template <int kNTiles, int kDTiles>
+    __device__ __forceinline__ void update(float (&s)[kMTiles][kNTiles][4],
+                                           float (&o)[kMTiles][kDTiles][4], float scale_log2) {
+#pragma unroll
+        for (int mi = 0; mi < kMTiles; ++mi)
+#pragma unroll
+            for (int h = 0; h < kRowsPerTile; ++h) {
+                // m_new = max(m, rowmax(s)) over the quad's columns.
+                float m_tile = row_max[mi][h];
+#pragma unroll
+                for (int ni = 0; ni < kNTiles; ++ni)
+                    m_tile = fmaxf(m_tile, fmaxf(s[mi][ni][2 * h], s[mi][ni][2 * h + 1]));
+                const float m_new = quad_max(m_tile);
+                const float m_scaled = scaled_row_max(m_new, scale_log2);
+                // alpha = exp2((m_old - m_new) * c); exp2(-inf) = 0 for a first visible tile.
+                const float alpha = fast_exp2(row_max[mi][h] * scale_log2 - m_scaled);
+                row_max[mi][h] = m_new;
+                // p = exp2(s * c - m_new * c); l = alpha * l + rowsum(p).
+                float sum = 0.f;
+#pragma unroll
+                for (int ni = 0; ni < kNTiles; ++ni)
+#pragma unroll
+                    for (int e = 0; e < 2; ++e) {
+                        float& x = s[mi][ni][2 * h + e];
+                        x = fast_exp2(fmaf(x, scale_log2, -m_scaled));
+                        sum += x;
+                    }
+                row_sum[mi][h] = fmaf(row_sum[mi][h], alpha, sum);
+                // O *= alpha (deferred normalization: O is divided by l only at the end).
+#pragma unroll
+                for (int nd = 0; nd < kDTiles; ++nd) {
+                    o[mi][nd][2 * h] *= alpha;
+                    o[mi][nd][2 * h + 1] *= alpha;
+                }
+            }
+    }
+
+    // O /= l (O = 0 where l = 0) and the natural-log LSE of each owned row (-inf where l = 0).
+    template <int kDTiles>
+    __device__ __forceinline__ void finalize(float (&o)[kMTiles][kDTiles][4], float scale_log2,
+                                             float (&lse)[kMTiles][kRowsPerTile]) {
+#pragma unroll
+        for (int mi = 0; mi < kMTiles; ++mi)
+#pragma unroll
+            for (int h = 0; h < kRowsPerTile; ++h) {
+                const float l = quad_sum(row_sum[mi][h]);
+                const bool seen = l > 0.f;
+                const float inv_l = seen ? 1.f / l : 0.f;
+                lse[mi][h] = seen ? (row_max[mi][h] * scale_log2 + fast_log2(l)) * kLn2
+                                  : FLASHKIT_NEG_INF;
+#pragma unroll
+                for (int nd = 0; nd < kDTiles; ++nd) {
+                    o[mi][nd][2 * h] *= inv_l;
+                    o[mi][nd][2 * h + 1] *= inv_l;
+                }
+            }
+    }
+};
+
+}  // namespace flashkit

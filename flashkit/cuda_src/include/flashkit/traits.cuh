@@ -1,0 +1,85 @@
+// Compile-time tile geometry of the tensor-core forward kernels (fa2, causal, fa1).
+//
+// A CTA owns kBlockM query rows; its kWarps warps split them (split-Q): warp w owns rows
+// [w * kWarpRows, (w + 1) * kWarpRows), i.e. kMTiles tiles of 16 rows (the m of mma.m16n8k16),
+// and never exchanges data with another warp. K and V stream through shared memory in tiles
+// of kBlockN keys. Shared memory (dynamic), each tile in the swizzled layout of tile.cuh:
+//   [ Q: kBlockM x kHeadDim | K: kBlockN x kHeadDim | V: kBlockN x kHeadDim ]
+// The Q region is reused to stage O in the epilogue.
+#pragma once
+
+#include "flashkit/numeric.cuh"
+
+namespace flashkit {
+
+// Shape of one mma.sync.m16n8k16 instruction.
+constexpr int kMmaM = 16;
+constexpr int kMmaN = 8;
+constexpr int kMmaK = 16;
+constexpr int kWarpSize = 32;
+// Row offset of c2, c3 (and a1, a3) from c0, c1 in an mma fragment: rows g and g + 8.
+constexpr int kFragRowHalf = 8;
+// Lanes sharing the rows of a fragment (a quad: t = lane % 4), and the 2 columns each owns.
+constexpr int kQuadLanes = 4;
+constexpr int kFragCols = 2;
+// cp.async / ldmatrix move 16-byte chunks.
+constexpr int kChunkBytes = 16;
+
+// Per-thread register budget (32-bit registers) below which Q is kept in registers for the
+// whole main loop instead of being re-read from shared memory with ldmatrix every K/V tile.
+constexpr int kQInRegsBudget = 160;
+
+template <int kHeadDim_, int kBlockM_, int kBlockN_, int kWarps_, typename Element_, typename OutT_>
+struct FwdTraits {
+    typedef Element_ Element;
+    typedef OutT_ OutT;
+    static constexpr int kHeadDim = kHeadDim_;
+    static constexpr int kBlockM = kBlockM_;
+    static constexpr int kBlockN = kBlockN_;
+    static constexpr int kWarps = kWarps_;
+    static constexpr int kThreads = kWarps * kWarpSize;
+
+    static constexpr int kWarpRows = kBlockM / kWarps;   // query rows per warp
+    static constexpr int kMTiles = kWarpRows / kMmaM;    // 16-row tiles per warp
+    static constexpr int kNTiles = kBlockN / kMmaN;      // 8-key column tiles of S
+    static constexpr int kDTiles = kHeadDim / kMmaN;     // 8-wide column tiles of O
+    static constexpr int kQKSteps = kHeadDim / kMmaK;    // k-steps of S = Q K^T
+    static constexpr int kPVSteps = kBlockN / kMmaK;     // k-steps of O += P V
+
+    static constexpr int kElemBytes = sizeof(Element);
+    static constexpr int kChunkElems = kChunkBytes / kElemBytes;   // elements per 16 B
+    static constexpr int kRowChunks = kHeadDim / kChunkElems;      // 16 B chunks per tile row
+
+    static constexpr int kQElems = kBlockM * kHeadDim;
+    static constexpr int kKVElems = kBlockN * kHeadDim;
+    static constexpr int kSmemBytes = (kQElems + 2 * kKVElems) * kElemBytes;
+
+    // Accumulator registers per thread: O (fp32), S (fp32), and Q as packed 16-bit pairs.
+    static constexpr int kORegs = kWarpRows * kHeadDim / kWarpSize;
+    static constexpr int kSRegs = kWarpRows * kBlockN / kWarpSize;
+    static constexpr int kQRegs = kWarpRows * kHeadDim / (2 * kWarpSize);
+#ifdef FLASHKIT_Q_IN_REGS
+    static constexpr bool kQInRegs = FLASHKIT_Q_IN_REGS != 0;
+#else
+    static constexpr bool kQInRegs = kORegs + kSRegs + kQRegs <= kQInRegsBudget;
+#endif
+
+    static_assert(kElemBytes == 2, "tensor-core path: 16-bit elements only");
+    static_assert(kBlockM % (kWarps * kMmaM) == 0, "each warp owns whole 16-row tiles");
+    static_assert(kBlockN % (2 * kMmaK) == 0, "ldmatrix.x4 loads two 8-key tiles of K at once");
+    static_assert(kHeadDim % (2 * kMmaK) == 0 && kHeadDim >= 64,
+                  "head dim: multiple of 32, >= 64 (swizzle spans 8 chunks of a row)");
+    static_assert(kThreads % kRowChunks == 0, "a thread keeps one chunk column in tile loads");
+    static_assert((kBlockN * kRowChunks) % kThreads == 0, "K/V tile loads split evenly");
+    static_assert((kBlockM * kRowChunks) % kThreads == 0, "Q tile loads split evenly");
+};
+
+#if defined(FLASHKIT_HEAD_DIM) && defined(FLASHKIT_BLOCK_M) && defined(FLASHKIT_BLOCK_N) && \
+    defined(FLASHKIT_WARPS) && defined(FLASHKIT_DTYPE) && defined(FLASHKIT_OUT_DTYPE)
+// The traits of this compile, from the -D defines of the kernel contract.
+typedef FwdTraits<FLASHKIT_HEAD_DIM, FLASHKIT_BLOCK_M, FLASHKIT_BLOCK_N, FLASHKIT_WARPS, Element,
+                  OutT>
+    KernelTraits;
+#endif
+
+}  // namespace flashkit

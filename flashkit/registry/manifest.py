@@ -1,0 +1,196 @@
+"""KernelSpec: what a variant's leading YAML comment declares, parsed and checked field by field."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from ..dtypes import BY_NAME
+from ..errors import ManifestError
+
+MANIFEST_RE = re.compile(r"\A\s*/\*---\s*\n(.*?)\n\s*---\*/", re.S)
+NAME_RE = re.compile(r"^[a-z][a-z0-9_]*$")
+SYMBOL_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+FEATURES = ("causal", "block_sparse", "fp8", "backward", "lse", "gqa")
+GRID_KINDS = ("q_blocks", "heads", "score_tiles", "row_groups")
+WORKSPACE_KINDS = ("none", "scores", "running_state")
+REQUIRED = ("name", "summary", "entry", "arch", "dtypes", "head_dims", "features", "launch")
+KNOWN = set(REQUIRED) | {"priority", "overrides", "workspace", "requires"}
+
+
+def parse_cc(text: Any, where: str) -> tuple[int, int]:
+    """'8.0' -> (8, 0)."""
+    m = re.fullmatch(r"(\d+)\.(\d+)", str(text).strip())
+    if not m:
+        raise ManifestError(f"{where}: expected a compute capability like \"8.0\", got {text!r}")
+    return int(m.group(1)), int(m.group(2))
+
+
+@dataclass(frozen=True)
+class HeadDims:
+    """Supported head dims: an explicit list, or a range with a step."""
+
+    values: tuple[int, ...] = ()
+    low: int = 0
+    high: int = 0
+    multiple_of: int = 1
+
+    def __contains__(self, d: int) -> bool:
+        if self.values:
+            return d in self.values
+        return self.low <= d <= self.high and d % self.multiple_of == 0
+
+    def describe(self) -> str:
+        if self.values:
+            return ", ".join(str(v) for v in self.values)
+        return f"multiples of {self.multiple_of} from {self.low} to {self.high}"
+
+    def examples(self) -> tuple[int, ...]:
+        """Head dims to compile and verify: the list, or the powers of two and the ends of the range."""
+        if self.values:
+            return self.values
+        picks = {self.low, self.high} | {d for d in (32, 64, 128, 256) if d in self}
+        return tuple(sorted(picks))
+
+
+@dataclass(frozen=True)
+class KernelSpec:
+    """One variant: its manifest and where it came from."""
+
+    name: str
+    summary: str
+    path: Path
+    entries: tuple[str, ...]
+    grids: tuple[str, ...]
+    arch_min: tuple[int, int]
+    targets: dict[tuple[int, int], str]
+    dtypes: tuple[str, ...]
+    head_dims: HeadDims
+    features: dict[str, bool]
+    requires: dict[str, bool]
+    priority: int
+    launch: dict[str, int]
+    overrides: dict[str, dict[str, int]] = field(default_factory=dict)
+    workspace: str = "none"
+
+    def supports(self, feature: str) -> bool:
+        return self.features.get(feature, False)
+
+    def launch_config(self, cc: tuple[int, int] | None, head_dim: int) -> dict[str, int]:
+        """The launch table with overrides applied: arch key, then hd key, then 'arch/hd' key."""
+        config = dict(self.launch)
+        arch_key = None
+        if cc is not None:
+            fitting = [k for k in self.overrides if re.fullmatch(r"\d+\.\d+", k)
+                       and parse_cc(k, self.name)[0] == cc[0] and parse_cc(k, self.name) <= cc]
+            arch_key = max(fitting, key=lambda k: parse_cc(k, self.name), default=None)
+        for key in (arch_key, f"hd{head_dim}", f"{arch_key}/hd{head_dim}" if arch_key else None):
+            if key and key in self.overrides:
+                config.update(self.overrides[key])
+        return config
+
+    def target(self, cc: tuple[int, int]) -> str:
+        """The NVRTC -arch value for a compute capability: the manifest's target or plain sm_XY."""
+        return self.targets.get(cc, f"sm_{cc[0]}{cc[1]}")
+
+    def declared_archs(self) -> list[str]:
+        """The targets to compile in CI: the minimum arch, 8.0 and 9.0 where supported, and each declared target."""
+        ccs = {self.arch_min} | {cc for cc in ((8, 0), (9, 0)) if cc >= self.arch_min} | set(self.targets)
+        return sorted({self.target(cc) for cc in ccs})
+
+
+def read_manifest_text(path: Path) -> str:
+    """The YAML text of a .cu's leading manifest comment."""
+    text = path.read_text(encoding="utf-8")
+    m = MANIFEST_RE.match(text)
+    if not m:
+        raise ManifestError(f"{path}: no manifest: the file must begin with a /*--- ... ---*/ YAML comment")
+    return m.group(1)
+
+
+def parse_manifest(path: Path) -> KernelSpec:
+    """Parse and check a variant's manifest; ManifestError names the file and the field."""
+    path = Path(path)
+    try:
+        data = yaml.safe_load(read_manifest_text(path))
+    except yaml.YAMLError as e:
+        raise ManifestError(f"{path}: manifest is not valid YAML: {str(e).splitlines()[0]}") from None
+    if not isinstance(data, dict):
+        raise ManifestError(f"{path}: manifest must be a YAML mapping")
+    return _spec_from(path, data)
+
+
+def _spec_from(path: Path, data: dict) -> KernelSpec:
+    def bad(fld: str, expected: str) -> ManifestError:
+        return ManifestError(f"{path}: field '{fld}': expected {expected}, got {data.get(fld)!r}")
+
+    for fld in REQUIRED:
+        if fld not in data:
+            raise ManifestError(f"{path}: field '{fld}' is missing")
+    unknown = set(data) - KNOWN
+    if unknown:
+        raise ManifestError(f"{path}: unknown field(s) {', '.join(sorted(unknown))}; known: {', '.join(sorted(KNOWN))}")
+    name = data["name"]
+    if not isinstance(name, str) or not NAME_RE.match(name):
+        raise bad("name", "a lower-case identifier")
+    if not isinstance(data["summary"], str):
+        raise bad("summary", "a string")
+    entries = data["entry"] if isinstance(data["entry"], list) else [data["entry"]]
+    if not entries or not all(isinstance(e, str) and SYMBOL_RE.match(e) for e in entries):
+        raise bad("entry", "a C symbol or a list of them")
+
+    arch = data["arch"]
+    if not isinstance(arch, dict) or "min" not in arch:
+        raise bad("arch", "a mapping with 'min', e.g. {min: \"8.0\"}")
+    arch_min = parse_cc(arch["min"], f"{path}: field 'arch.min'")
+    targets = {parse_cc(k, f"{path}: field 'arch.targets'"): str(v) for k, v in (arch.get("targets") or {}).items()}
+
+    dtypes = data["dtypes"]
+    if not isinstance(dtypes, list) or not dtypes or any(d not in BY_NAME for d in dtypes):
+        raise bad("dtypes", f"a list from {', '.join(BY_NAME)}")
+
+    hd = data["head_dims"]
+    if isinstance(hd, list) and hd and all(isinstance(x, int) and x > 0 for x in hd):
+        head_dims = HeadDims(values=tuple(hd))
+    elif isinstance(hd, dict) and {"min", "max"} <= set(hd):
+        head_dims = HeadDims(low=int(hd["min"]), high=int(hd["max"]), multiple_of=int(hd.get("multiple_of", 1)))
+    else:
+        raise bad("head_dims", "a list of positive ints or {min, max, multiple_of}")
+
+    features = data["features"]
+    if not isinstance(features, dict) or any(k not in FEATURES or not isinstance(v, bool) for k, v in features.items()):
+        raise bad("features", f"a mapping of {', '.join(FEATURES)} to true/false")
+    requires = data.get("requires") or {}
+    if not isinstance(requires, dict) or any(k not in FEATURES or not isinstance(v, bool) for k, v in requires.items()):
+        raise bad("requires", f"a mapping of {', '.join(FEATURES)} to true/false")
+
+    launch = data["launch"]
+    if not isinstance(launch, dict) or "grid" not in launch:
+        raise bad("launch", "a mapping with 'grid' and integer tile parameters")
+    grids = launch["grid"] if isinstance(launch["grid"], list) else [launch["grid"]] * len(entries)
+    if len(grids) != len(entries) or any(g not in GRID_KINDS for g in grids):
+        raise bad("launch", f"grid kinds from {', '.join(GRID_KINDS)}, one per entry")
+    ints = {k: v for k, v in launch.items() if k != "grid"}
+    if "warps" not in ints or any(not isinstance(v, int) or v <= 0 for v in ints.values()):
+        raise bad("launch", "positive integer parameters including 'warps'")
+    overrides = data.get("overrides") or {}
+    if not isinstance(overrides, dict) or any(
+            not isinstance(v, dict) or any(not isinstance(x, int) or x <= 0 for x in v.values())
+            for v in overrides.values()):
+        raise bad("overrides", "a mapping of keys (\"9.0\", \"hd256\", \"9.0/hd256\") to integer launch parameters")
+    workspace = data.get("workspace", "none")
+    if workspace not in WORKSPACE_KINDS:
+        raise bad("workspace", f"one of {', '.join(WORKSPACE_KINDS)}")
+    priority = data.get("priority", 0)
+    if not isinstance(priority, int):
+        raise bad("priority", "an integer")
+    return KernelSpec(
+        name=name, summary=data["summary"], path=path, entries=tuple(entries), grids=tuple(grids),
+        arch_min=arch_min, targets=targets, dtypes=tuple(dtypes), head_dims=head_dims,
+        features={f: bool(features.get(f, False)) for f in FEATURES}, requires=dict(requires),
+        priority=priority, launch=ints, overrides={str(k): dict(v) for k, v in overrides.items()},
+        workspace=workspace)

@@ -1,0 +1,111 @@
+"""Match a request against every spec; record every reason each one was rejected."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from ..errors import UnsupportedError
+from .manifest import KernelSpec
+
+
+@dataclass(frozen=True)
+class Request:
+    """What a call needs from a kernel; cc is None where no device is known."""
+
+    dtype: str
+    head_dim: int
+    seqlen_q: int = 1
+    seqlen_k: int = 1
+    heads: int = 1
+    kv_heads: int = 1
+    batch: int = 1
+    causal: bool = False
+    block_sparse: bool = False
+    fp8: bool = False
+    backward: bool = False
+    lse: bool = False
+    cc: tuple[int, int] | None = None
+
+    def summary(self) -> str:
+        flags = [f for f in ("causal", "block_sparse", "fp8", "backward", "lse") if getattr(self, f)]
+        arch = f"sm_{self.cc[0]}{self.cc[1]}" if self.cc else "no device"
+        gqa = f" kv_heads={self.kv_heads}" if self.kv_heads != self.heads else ""
+        return (f"dtype={self.dtype} head_dim={self.head_dim} batch={self.batch} heads={self.heads}{gqa} "
+                f"seqlen_q={self.seqlen_q} seqlen_k={self.seqlen_k}"
+                + (" " + " ".join(flags) if flags else "") + f" on {arch}")
+
+
+FEATURE_WORDS = {
+    "causal": "causal masks", "block_sparse": "block masks", "fp8": "fp8 inputs",
+    "backward": "the backward pass", "lse": "return_lse", "gqa": "GQA/MQA (kv_heads < heads)",
+}
+
+
+def reasons(spec: KernelSpec, req: Request) -> list[str]:
+    """Every reason spec cannot serve req, each with exact bounds; empty when it fits."""
+    out = []
+    if req.cc is not None and req.cc < spec.arch_min:
+        out.append(f"needs compute capability >= {spec.arch_min[0]}.{spec.arch_min[1]}; "
+                   f"device has {req.cc[0]}.{req.cc[1]}")
+    if req.dtype not in spec.dtypes:
+        out.append(f"dtype={req.dtype} not supported: supported {', '.join(spec.dtypes)}")
+    if req.head_dim not in spec.head_dims:
+        out.append(f"head_dim={req.head_dim} not supported: supported {spec.head_dims.describe()}")
+    asked = {"causal": req.causal, "block_sparse": req.block_sparse, "fp8": req.fp8,
+             "backward": req.backward, "lse": req.lse, "gqa": req.kv_heads != req.heads}
+    for feat, wanted in asked.items():
+        if wanted and not spec.supports(feat):
+            out.append(f"{FEATURE_WORDS[feat]} not supported")
+    for feat, needed in spec.requires.items():
+        if asked[feat] != needed:
+            state = "with" if needed else "without"
+            out.append(f"only runs {state} {FEATURE_WORDS[feat]} ({feat}={needed})")
+    return out
+
+
+@dataclass
+class Selection:
+    """The chosen spec (or None) and why every other candidate was rejected."""
+
+    request: Request
+    chosen: KernelSpec | None
+    rejected: dict[str, list[str]] = field(default_factory=dict)
+    outranked: list[str] = field(default_factory=list)
+
+    def report(self) -> str:
+        lines = [f"request: {self.request.summary()}"]
+        if self.chosen:
+            lines.append(f"selected: {self.chosen.name} (priority {self.chosen.priority})")
+        for name in self.outranked:
+            lines.append(f"  {name}: fits, lower priority")
+        for name, why in self.rejected.items():
+            lines.append(f"  {name}: " + "; ".join(why))
+        return "\n".join(lines)
+
+
+def select_kernel(req: Request, specs: dict[str, KernelSpec], variant: str | None = None) -> Selection:
+    """Highest-priority spec with no reasons, or the forced variant; UnsupportedError when none fits."""
+    if variant is not None and variant not in specs:
+        raise UnsupportedError(f"variant={variant!r} is not a known variant; known: {', '.join(sorted(specs))}")
+    rejected = {name: why for name, spec in specs.items() if (why := reasons(spec, req))}
+    fitting = sorted((s for n, s in specs.items() if n not in rejected), key=lambda s: (-s.priority, s.name))
+    if variant is not None:
+        if variant in rejected:
+            raise UnsupportedError(f"variant {variant!r} cannot run {req.summary()}: "
+                                   + "; ".join(rejected[variant]), {variant: rejected[variant]})
+        chosen = specs[variant]
+    elif fitting:
+        chosen = fitting[0]
+    else:
+        detail = " | ".join(f"{n}: {'; '.join(w)}" for n, w in rejected.items())
+        raise UnsupportedError(f"no kernel supports {req.summary()} -- {detail}"
+                               + _hint(req), rejected)
+    return Selection(req, chosen, rejected, [s.name for s in fitting if s is not chosen])
+
+
+def _hint(req: Request) -> str:
+    if req.cc is not None and req.cc < (8, 0):
+        return " (hint: the flash variants need an Ampere or newer GPU)"
+    if req.dtype == "float32":
+        return " (hint: the flash variants take float16 or bfloat16; cast the inputs)"
+    return ""

@@ -1,0 +1,165 @@
+"""Compile a variant for a configuration and architecture; cache cubins on disk, modules in memory."""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+
+from ..dtypes import BY_NAME
+from ..registry.manifest import KernelSpec
+from .device import cupy_module
+from .nvrtc import Compiled, compile_cubin, nvrtc_version
+
+log = logging.getLogger("flashkit.compile")
+INCLUDE_DIR = Path(__file__).resolve().parent.parent / "cuda_src" / "include"
+SMEM_SYMBOL = "flashkit_smem_bytes"
+DEFAULT_SMEM_LIMIT = 48 * 1024   # above this a kernel must opt in to more dynamic shared memory
+
+
+@dataclass(frozen=True)
+class BuildConfig:
+    """One specialization of a variant: everything that becomes a -D define."""
+
+    dtype: str
+    head_dim: int
+    causal: bool
+    launch: tuple[tuple[str, int], ...]
+    out_dtype: str | None = None
+    block_sparse: bool = False
+
+    @property
+    def launch_dict(self) -> dict[str, int]:
+        return dict(self.launch)
+
+    def defines(self) -> list[str]:
+        out_dtype = self.out_dtype or self.dtype
+        flags = [f"-DFLASHKIT_DTYPE={BY_NAME[self.dtype].code}",
+                 f"-DFLASHKIT_OUT_DTYPE={BY_NAME[out_dtype].code}",
+                 f"-DFLASHKIT_HEAD_DIM={self.head_dim}",
+                 f"-DFLASHKIT_CAUSAL={int(self.causal)}",
+                 f"-DFLASHKIT_BLOCK_SPARSE={int(self.block_sparse)}"]
+        return flags + [f"-DFLASHKIT_{k.upper()}={v}" for k, v in self.launch]
+
+    def describe(self) -> str:
+        parts = [self.dtype, f"hd{self.head_dim}"] + (["causal"] if self.causal else [])
+        parts += (["block_sparse"] if self.block_sparse else []) + [f"{k}={v}" for k, v in self.launch]
+        return " ".join(parts)
+
+
+def make_config(spec: KernelSpec, dtype: str, head_dim: int, causal: bool, cc: tuple[int, int] | None,
+                block_sparse: bool = False, out_dtype: str | None = None) -> BuildConfig:
+    launch = spec.launch_config(cc, head_dim)
+    return BuildConfig(dtype, head_dim, causal, tuple(sorted(launch.items())), out_dtype, block_sparse)
+
+
+@lru_cache(maxsize=None)
+def _header_digest(include_dir: Path, stamp: tuple) -> str:
+    h = hashlib.sha256()
+    for path in sorted(include_dir.rglob("*.cuh")):
+        h.update(str(path.relative_to(include_dir)).encode())
+        h.update(path.read_bytes())
+    return h.hexdigest()
+
+
+def header_digest() -> str:
+    """A hash over every shared header, so that editing one invalidates every cached kernel."""
+    stamp = tuple((str(p), p.stat().st_mtime_ns, p.stat().st_size) for p in sorted(INCLUDE_DIR.rglob("*.cuh")))
+    return _header_digest(INCLUDE_DIR, stamp)
+
+
+def kernel_source(spec: KernelSpec) -> str:
+    """The variant's source with the header hash appended (it is the cache key's content)."""
+    return spec.path.read_text(encoding="utf-8") + f"\n// flashkit headers sha256 {header_digest()}\n"
+
+
+def compile_options(spec: KernelSpec, config: BuildConfig, target: str) -> list[str]:
+    return [f"-arch={target}", "-std=c++17", "--ptxas-options=-v",
+            f"-I{INCLUDE_DIR}", f"-I{spec.path.parent}"] + config.defines()
+
+
+def compile_variant(spec: KernelSpec, config: BuildConfig, target: str) -> Compiled:
+    """Compile one specialization for one NVRTC target (no GPU needed)."""
+    return compile_cubin(kernel_source(spec), spec.path.name, compile_options(spec, config, target))
+
+
+def cache_dir() -> Path:
+    root = os.environ.get("FLASHKIT_CACHE_DIR") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache")), "flashkit")
+    return Path(root)
+
+
+def cache_key(spec: KernelSpec, config: BuildConfig, target: str) -> str:
+    h = hashlib.sha256()
+    for part in (kernel_source(spec), " ".join(compile_options(spec, config, target)), str(nvrtc_version())):
+        h.update(part.encode())
+        h.update(b"\0")
+    return h.hexdigest()[:32]
+
+
+def cubin_path(spec: KernelSpec, config: BuildConfig, target: str) -> Path:
+    return cache_dir() / f"{spec.name}-{cache_key(spec, config, target)}.cubin"
+
+
+def ensure_cubin(spec: KernelSpec, config: BuildConfig, target: str) -> Path:
+    """The cached cubin of a specialization, compiled (and logged) first if it is not on disk."""
+    path = cubin_path(spec, config, target)
+    if not path.exists():
+        store_cubin(spec, config, target, compile_variant(spec, config, target))
+    return path
+
+
+def store_cubin(spec: KernelSpec, config: BuildConfig, target: str, compiled: Compiled) -> Path:
+    """Write a compiled cubin into the cache (atomically: a concurrent reader sees all of it or none)."""
+    path = cubin_path(spec, config, target)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(f".{os.getpid()}.tmp")
+    tmp.write_bytes(compiled.cubin)
+    os.replace(tmp, path)
+    log.info("compiled %s [%s] for %s in %.2f s", spec.name, config.describe(), target, compiled.seconds)
+    return path
+
+
+@dataclass
+class LoadedKernel:
+    """A loaded module's entries, in launch order, and the dynamic shared memory they need."""
+
+    functions: list
+    smem_bytes: int
+
+
+_MODULES: dict[str, LoadedKernel] = {}
+
+
+def build_module(spec: KernelSpec, config: BuildConfig, cc: tuple[int, int]) -> LoadedKernel:
+    """Compile (or fetch from the disk cache) and load one specialization for this device."""
+    target = spec.target(cc)
+    key = cache_key(spec, config, target)
+    if key in _MODULES:
+        return _MODULES[key]
+    cupy = cupy_module()
+    path = ensure_cubin(spec, config, target)
+    module = cupy.RawModule(path=str(path))
+    functions = [module.get_function(entry) for entry in spec.entries]
+    smem = _read_smem_bytes(module)
+    if smem > DEFAULT_SMEM_LIMIT:
+        for fn in functions:
+            fn.max_dynamic_shared_size_bytes = smem
+    loaded = LoadedKernel(functions, smem)
+    _MODULES[key] = loaded
+    return loaded
+
+
+def _read_smem_bytes(module) -> int:
+    """The variant's FLASHKIT_EXPORT_SMEM_BYTES value (0 if it declares none)."""
+    import numpy as np
+    try:
+        ptr = module.get_global(SMEM_SYMBOL)
+    except Exception:
+        return 0
+    value = np.zeros(1, dtype=np.int32)
+    ptr.copy_to_host(value.ctypes.data, 4)
+    return int(value[0])

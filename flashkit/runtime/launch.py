@@ -1,0 +1,81 @@
+"""Turn a problem into grids, a parameter block and scratch memory, and launch a variant's entries."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..registry.manifest import KernelSpec
+from ..validate import Problem
+from .build import BuildConfig, LoadedKernel
+from .device import cupy_module
+from .params import make_params
+
+LOG2E = 1.4426950408889634
+WARP_SIZE = 32
+FLOAT32_BYTES = 4
+RUNNING_STATE_EXTRA = 2          # m and l beside the head_dim accumulators of each row
+
+
+def grid_for(kind: str, p: Problem, cfg: dict[str, int]) -> tuple[int, int, int]:
+    """The launch grid of a grid kind (docs/kernel-contract.md)."""
+    cdiv = lambda a, b: -(-a // b)  # noqa: E731
+    if kind == "q_blocks":
+        return (cdiv(p.seqlen_q, cfg["block_m"]), p.heads, p.batch)
+    if kind == "heads":
+        return (p.heads, p.batch, 1)
+    if kind == "score_tiles":
+        return (cdiv(p.seqlen_k, cfg["block_n"]), cdiv(p.seqlen_q, cfg["block_m"]), p.batch * p.heads)
+    if kind == "row_groups":
+        return (cdiv(p.seqlen_q, cfg["warps"]), p.heads, p.batch)
+    raise ValueError(f"unknown grid kind {kind!r}")
+
+
+def workspace_bytes(kind: str, p: Problem) -> int:
+    if kind == "scores":
+        return p.batch * p.heads * p.seqlen_q * p.seqlen_k * FLOAT32_BYTES
+    if kind == "running_state":
+        return p.batch * p.heads * p.seqlen_q * (p.head_dim + RUNNING_STATE_EXTRA) * FLOAT32_BYTES
+    return 0
+
+
+def _strides(prefix: str, a) -> dict[str, int]:
+    item = a.itemsize
+    return {f"{prefix}_batch_stride": a.strides[0] // item, f"{prefix}_row_stride": a.strides[1] // item,
+            f"{prefix}_head_stride": a.strides[2] // item}
+
+
+@dataclass
+class LaunchInputs:
+    """Device arrays of one call; extras are pointer/int fields for block masks and fp8 scales."""
+
+    q: Any
+    k: Any
+    v: Any
+    out: Any
+    lse: Any = None
+    extras: dict[str, int] = field(default_factory=dict)
+
+
+def launch(spec: KernelSpec, loaded: LoadedKernel, config: BuildConfig, p: Problem, io: LaunchInputs) -> None:
+    """Launch every entry of the variant in order on the current stream."""
+    cupy = cupy_module()
+    ws_bytes = workspace_bytes(spec.workspace, p)
+    workspace = cupy.empty(ws_bytes, dtype=cupy.uint8) if ws_bytes else None
+    params = make_params(
+        q=io.q.data.ptr, k=io.k.data.ptr, v=io.v.data.ptr, o=io.out.data.ptr,
+        lse=io.lse.data.ptr if io.lse is not None else 0,
+        workspace=workspace.data.ptr if workspace is not None else 0,
+        **_strides("q", io.q), **_strides("k", io.k), **_strides("v", io.v), **_strides("o", io.out),
+        batch=p.batch, heads=p.heads, kv_heads=p.kv_heads, seqlen_q=p.seqlen_q, seqlen_k=p.seqlen_k,
+        head_dim=p.head_dim, softmax_scale=p.softmax_scale, softmax_scale_log2=p.softmax_scale * LOG2E,
+        **io.extras)
+    cfg = config.launch_dict
+    block = (cfg["warps"] * WARP_SIZE, 1, 1)
+    arg = params[()]
+    for fn, kind in zip(loaded.functions, spec.grids):
+        grid = grid_for(kind, p, cfg)
+        if math.prod(grid) == 0:
+            continue
+        fn(grid, block, (arg,), shared_mem=loaded.smem_bytes)

@@ -1,0 +1,167 @@
+"""The verification harness: every variant against the float64 reference under DESIGN.md's rule."""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import asdict, dataclass
+from typing import Callable, Iterable
+
+from .dtypes import BY_NAME
+from .registry import discover_kernels
+from .registry.manifest import KernelSpec
+from .runtime.device import cupy_module, device_info
+
+ERROR_FACTOR = 2.0   # the kernel may be at most twice as far from the reference as a plain implementation
+
+
+@dataclass(frozen=True)
+class Shape:
+    batch: int
+    seqlen_q: int
+    seqlen_k: int
+    heads: int
+    kv_heads: int
+
+    def label(self) -> str:
+        kv = f"/{self.kv_heads}" if self.kv_heads != self.heads else ""
+        return f"b{self.batch} sq{self.seqlen_q} sk{self.seqlen_k} h{self.heads}{kv}"
+
+
+# The shape matrix: batch 1 and >1; seqlens 1, 17, 127, 128, 1000, 4097; seqlen_q != seqlen_k both ways;
+# one and many heads; GQA 8:1 and MQA.
+SHAPES = (
+    Shape(1, 1, 1, 1, 1), Shape(2, 17, 17, 4, 4), Shape(1, 127, 127, 2, 2), Shape(3, 128, 128, 8, 1),
+    Shape(1, 1000, 1000, 16, 2), Shape(1, 4097, 4097, 2, 2), Shape(2, 127, 1000, 4, 4),
+    Shape(2, 1000, 127, 8, 8), Shape(1, 17, 4097, 8, 1), Shape(1, 300, 1, 2, 1),
+)
+QUICK_SHAPES = SHAPES[:4] + (Shape(2, 127, 1000, 4, 4), Shape(2, 1000, 127, 8, 8))
+
+
+@dataclass
+class CheckResult:
+    variant: str
+    label: str
+    max_error: float
+    bound: float
+    lse_error: float | None
+    lse_bound: float | None
+    passed: bool
+    note: str = ""
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class Check:
+    """One verification: a label and a function of the seed that returns its result."""
+
+    variant: str
+    label: str
+    run: Callable[[int], CheckResult]
+
+
+def judge(variant: str, label: str, out, ref, plain, atol: float, lse=None, lse_ref=None, lse_plain=None,
+          note: str = "") -> CheckResult:
+    """Apply the rule: max|out-ref| <= 2 max|plain-ref| + atol, no NaN/Inf (every element written)."""
+    xp = cupy_module()
+    out64 = out.astype(xp.float64)
+    finite = bool(xp.isfinite(out64).all())
+    err = float(xp.abs(out64 - ref).max()) if finite else float("nan")
+    bound = ERROR_FACTOR * float(xp.abs(plain.astype(xp.float64) - ref).max()) + atol
+    passed = finite and err <= bound
+    lse_err = lse_bound = None
+    if lse is not None:
+        lse64 = lse.astype(xp.float64)
+        same_inf = bool(((lse64 == -xp.inf) == (lse_ref == -xp.inf)).all()) and not bool(xp.isnan(lse64).any())
+        fin = xp.isfinite(lse_ref)
+        lse_err = float(xp.abs(xp.where(fin, lse64 - lse_ref, 0)).max()) if same_inf else float("nan")
+        lse_atol = 4 * BY_NAME["float32"].eps * max(1.0, float(xp.abs(xp.where(fin, lse_ref, 0)).max()))
+        lse_bound = ERROR_FACTOR * float(xp.abs(xp.where(fin, lse_plain - lse_ref, 0)).max()) + lse_atol
+        passed = passed and same_inf and lse_err <= lse_bound
+        if not same_inf:
+            note = (note + " lse NaN or -inf mismatch").strip()
+    if not finite:
+        note = (note + " output has NaN/Inf or unwritten elements").strip()
+    return CheckResult(variant, label, err, bound, lse_err, lse_bound, passed, note)
+
+
+def random_qkv(shape: Shape, head_dim: int, dtype: str, seed: int):
+    """Fresh N(0, 1) inputs in the given dtype (never zeros)."""
+    xp = cupy_module()
+    rng = xp.random.default_rng(seed)
+    storage = BY_NAME[dtype].storage
+    q = rng.standard_normal((shape.batch, shape.seqlen_q, shape.heads, head_dim), dtype=xp.float32)
+    k = rng.standard_normal((shape.batch, shape.seqlen_k, shape.kv_heads, head_dim), dtype=xp.float32)
+    v = rng.standard_normal((shape.batch, shape.seqlen_k, shape.kv_heads, head_dim), dtype=xp.float32)
+    return q.astype(storage), k.astype(storage), v.astype(storage)
+
+
+def dense_check(spec: KernelSpec, shape: Shape, head_dim: int, dtype: str, causal: bool) -> Check:
+    label = f"{shape.label()} d{head_dim} {dtype}" + (" causal" if causal else "")
+
+    def run(seed: int) -> CheckResult:
+        from .api import attention
+        from .reference import plain_attention, reference_attention, rounding_atol
+        xp = cupy_module()
+        q, k, v = random_qkv(shape, head_dim, dtype, seed)
+        out = xp.full(q.shape, xp.nan, dtype=q.dtype)   # poisoned: an unwritten element stays NaN
+        want_lse = spec.supports("lse")
+        result = attention(q, k, v, causal=causal, variant=spec.name, return_lse=want_lse, out=out)
+        out, lse = result if want_lse else (result, None)
+        scale = head_dim ** -0.5
+        ref, lse_ref = reference_attention(q, k, v, scale=scale, causal=causal)
+        plain, lse_plain = plain_attention(q, k, v, scale=scale, dtype=BY_NAME[dtype], causal=causal)
+        return judge(spec.name, label, out, ref, plain, rounding_atol(ref, BY_NAME[dtype]), lse, lse_ref, lse_plain)
+
+    return Check(spec.name, label, run)
+
+
+def checks_for(spec: KernelSpec, dtypes: Iterable[str] | None = None, head_dims: Iterable[int] | None = None,
+               causal: Iterable[bool] | None = None, quick: bool = False) -> list[Check]:
+    """The checks that verify a variant: the dense shape matrix, or the variant family's own set."""
+    dtypes = [d for d in (dtypes or spec.dtypes) if d in spec.dtypes]
+    head_dims = [d for d in (head_dims or spec.head_dims.examples()) if d in spec.head_dims]
+    causal_opts = [c for c in (causal if causal is not None else (False, True))
+                   if spec.supports("causal") or not c]
+    if "causal" in spec.requires:
+        causal_opts = [c for c in causal_opts if c == spec.requires["causal"]]
+    if spec.requires.get("fp8"):
+        from .fp8_verify import fp8_checks
+        return fp8_checks(spec, dtypes, head_dims, causal_opts, quick)
+    if spec.requires.get("block_sparse"):
+        from .block_mask_verify import block_sparse_checks
+        return block_sparse_checks(spec, dtypes, head_dims, causal_opts, quick)
+    shapes = QUICK_SHAPES if quick else SHAPES
+    return [dense_check(spec, s, d, t, c) for t, d, c, s in itertools.product(dtypes, head_dims, causal_opts, shapes)]
+
+
+def runnable_variants(names: Iterable[str] | None = None) -> tuple[list[KernelSpec], dict[str, str]]:
+    """The variants to verify on this device, and why each other one is skipped."""
+    specs = discover_kernels().specs
+    cc = device_info().cc
+    chosen, skipped = [], {}
+    for name in names or sorted(specs):
+        spec = specs[name] if name in specs else discover_kernels().get(name)
+        if cc < spec.arch_min:
+            skipped[name] = f"needs compute capability >= {spec.arch_min[0]}.{spec.arch_min[1]}"
+        else:
+            chosen.append(spec)
+    return chosen, skipped
+
+
+def run_checks(checks: list[Check], seed: int = 0, progress: Callable[[CheckResult], None] | None = None,
+               ) -> list[CheckResult]:
+    """Run each check with its own fresh seed; a crash is a failed check, not a crashed harness."""
+    from .errors import FlashkitError
+    results = []
+    for i, check in enumerate(checks):
+        try:
+            res = check.run(seed * 100003 + i)
+        except FlashkitError as e:
+            res = CheckResult(check.variant, check.label, float("nan"), float("nan"), None, None, False,
+                              f"{type(e).__name__}: {e}")
+        results.append(res)
+        if progress:
+            progress(res)
+    return results
