@@ -42,16 +42,34 @@ struct FwdMainloop {
     float acc_o[kMTiles][Kt::kDTiles][4];   // O accumulator, mma C layout
     OnlineSoftmax<kMTiles> softmax;
 
-    __device__ __forceinline__ FwdMainloop(const Mask& mask_, u32 sQ, int warp, int lane)
-        : mask(mask_), cols_hi16(lane, lane / 16), cols_hi8(lane, (lane / 8) % 2) {
+    __device__ __forceinline__ FwdMainloop(const Mask& mask_, const Params& p, u32 sQ, int head,
+                                           int batch, int tid_)
+        : mask(mask_),
+          k_row_stride(p.k_row_stride),
+          v_row_stride(p.v_row_stride),
+          seqlen_k(p.seqlen_k),
+          tid(tid_),
+          scale_log2(p.softmax_scale_log2),
+          cols_hi16(tid_ % kWarpSize, (tid_ % kWarpSize) / 16),
+          cols_hi8(tid_ % kWarpSize, (tid_ % kWarpSize) / 8 % 2) {
+        const int kv_head = head / (p.heads / p.kv_heads);   // GQA / MQA
+        k_gmem = static_cast<const Element*>(p.k) + batch * p.k_batch_stride +
+                 kv_head * p.k_head_stride;
+        v_gmem = static_cast<const Element*>(p.v) + batch * p.v_batch_stride +
+                 kv_head * p.v_head_stride;
+        sK = sQ + Kt::kQElems * Kt::kElemBytes;
+        sV = sK + Kt::kKVElems * Kt::kElemBytes;
+        const int warp = tid_ / kWarpSize;
+        const int lane = tid_ % kWarpSize;
         const int r8 = lane % 8;   // row within an 8x8 matrix of ldmatrix
-        // Q (A operand): matrices (rows 0-7 | 8-15) x (cols 0-7 | 8-15), lanes 16+ take cols 8+.
+        // Q (A operand): matrices (rows 0-7 | 8-15) x (cols 0-7 | 8-15); lanes 16+ take cols 8+.
         q_lane = sQ + (warp * Kt::kWarpRows + lane % 16) * kRowBytes;
-        // K (B operand of Q K^T): lanes 16+ address the second 8-key tile.
-        k_lane = sK_placeholder(sQ) + ((lane / 16) * 8 + r8) * kRowBytes;
-        // V (B operand of P V, transposed): lanes 8-15 / 24-31 address keys 8-15.
-        v_lane = sQ + (Kt::kQElems + Kt::kKVElems) * Kt::kElemBytes +
-                 (((lane / 8) % 2) * 8 + r8) * kRowBytes;
+        // K (B operand of Q K^T): lanes 16+ address the second 8-key tile, lanes 8-15 / 24-31
+        // the second 8-column half (cols_hi8).
+        k_lane = sK + ((lane / 16) * kMmaN + r8) * kRowBytes;
+        // V (B operand of P V, .trans): lanes 8-15 / 24-31 address keys 8-15, lanes 16+ the
+        // second 8-column half (cols_hi16).
+        v_lane = sV + (((lane / 8) % 2) * kMmaN + r8) * kRowBytes;
 #pragma unroll
         for (int mi = 0; mi < kMTiles; ++mi)
 #pragma unroll
@@ -59,9 +77,6 @@ struct FwdMainloop {
 #pragma unroll
                 for (int e = 0; e < 4; ++e) acc_o[mi][nd][e] = 0.f;
         softmax.init();
-    }
-    static __device__ __forceinline__ u32 sK_placeholder(u32 sQ) {
-        return sQ + Kt::kQElems * Kt::kElemBytes;
     }
 
     // Q A fragments of 16-row tile mi, k-step kk (from registers or shared memory).
@@ -145,23 +160,22 @@ struct FwdMainloop {
         cp_async_commit();
     }
 
-    // One K/V tile: visiting index it; row0 / col_lane: this thread's absolute row g and 2t.
-    template <bool kMasked>
-    __device__ __forceinline__ void step(int it, int row0, int col_lane) {
+    // One K/V tile: visiting index it; row0 / col_lane: this thread's absolute row g and 2t;
+    // masked: apply the element mask (CTA-uniform).
+    __device__ __forceinline__ void step(int it, int row0, int col_lane, bool masked) {
         const int n_block = mask.kv_block(it);
         cp_async_wait<0>();
         __syncthreads();   // K_j resident; every warp is done reading V_{j-1}
-        load_kv_async(v_lane_base(), v_gmem, v_row_stride, n_block);
+        load_kv_async(sV, v_gmem, v_row_stride, n_block);
         float s[kMTiles][Kt::kNTiles][4];
         gemm_qk(s);   // S = Q K_j^T
-        if constexpr (kMasked) apply_mask(mask, s, row0, n_block * Kt::kBlockN + col_lane);
+        if (masked) apply_mask(mask, s, row0, n_block * Kt::kBlockN + col_lane);
         cp_async_wait<0>();
         __syncthreads();   // V_j resident; every warp is done reading K_j
         if (it > 0) load_kv_async(sK, k_gmem, k_row_stride, mask.kv_block(it - 1));
         softmax.update(s, acc_o, scale_log2);   // S -> P, O *= alpha
         gemm_pv(s);                              // O += P V_j
     }
-    __device__ __forceinline__ u32 v_lane_base() const { return sV; }
 };
 
 // The whole forward of query block m_block of (head, batch).
@@ -178,20 +192,7 @@ __device__ __forceinline__ void fwd_block(const Params& p, const Mask& mask, int
     const int warp = tid / kWarpSize;
     const int lane = tid % kWarpSize;
     const int m0 = m_block * Kt::kBlockM;
-    const int kv_head = head / (p.heads / p.kv_heads);   // GQA / MQA
-
-    FwdMainloop<Kt, Mask> loop(mask, sQ, warp, lane);
-    loop.sK = sQ + Kt::kQElems * Kt::kElemBytes;
-    loop.sV = loop.sK + Kt::kKVElems * Kt::kElemBytes;
-    loop.k_gmem = static_cast<const Element*>(p.k) + batch * p.k_batch_stride +
-                  kv_head * p.k_head_stride;
-    loop.v_gmem = static_cast<const Element*>(p.v) + batch * p.v_batch_stride +
-                  kv_head * p.v_head_stride;
-    loop.k_row_stride = p.k_row_stride;
-    loop.v_row_stride = p.v_row_stride;
-    loop.seqlen_k = p.seqlen_k;
-    loop.tid = tid;
-    loop.scale_log2 = p.softmax_scale_log2;
+    FwdMainloop<Kt, Mask> loop(mask, p, sQ, head, batch, tid);
 
     const int n_blocks = mask.num_kv_blocks();
     const int n_masked = mask.num_masked_blocks();
@@ -210,9 +211,10 @@ __device__ __forceinline__ void fwd_block(const Params& p, const Mask& mask, int
         const int row0 = m0 + warp * Kt::kWarpRows + lane / kQuadLanes;
         const int col_lane = kFragCols * (lane % kQuadLanes);
         int it = n_blocks - 1;
-        // Masked tiles first (they are visited first), then the fully visible ones.
-        for (; it >= n_blocks - n_masked; --it) loop.template step<true>(it, row0, col_lane);
-        for (; it >= 0; --it) loop.template step<false>(it, row0, col_lane);
+        // The masked tiles are visited first, then the fully visible ones. One loop body with a
+        // CTA-uniform branch: two specialised loop copies push ptxas past 255 registers.
+        const int first_unmasked = n_blocks - n_masked - 1;
+        for (; it >= 0; --it) loop.step(it, row0, col_lane, it > first_unmasked);
     }
 
     float lse[Kt::kMTiles][2];

@@ -54,14 +54,17 @@ __device__ __forceinline__ void load_tile_async(u32 smem_base, const T* gmem, in
     static_assert(kRows % kRowsPerPass == 0, "tile rows split evenly over passes");
     const int chunk = tid % kRowChunks;
     const int row0 = tid / kRowChunks;
+    // One running pointer (not one per pass) keeps the loop-invariant state to 2 registers.
+    const T* src = gmem + row0 * row_stride + chunk * kChunkElems;
+    const index_t pass_stride = kRowsPerPass * row_stride;
 #pragma unroll
     for (int pass = 0; pass < kPasses; ++pass) {
         const int row = row0 + pass * kRowsPerPass;
         const bool valid = row < rows_valid;
-        // Out-of-range rows read nothing; keep the address in range anyway.
-        const T* src = gmem + (valid ? row * row_stride : 0) + chunk * kChunkElems;
         const int dst = swizzle_offset<kCols, kChunkElems>(row, chunk * kChunkElems);
-        cp_async_16(smem_base + dst * sizeof(T), src, valid);
+        // Out-of-range rows read nothing (zero-fill); keep the address in range anyway.
+        cp_async_16(smem_base + dst * sizeof(T), valid ? src : gmem, valid);
+        src += pass_stride;
     }
 }
 
@@ -70,13 +73,10 @@ __device__ __forceinline__ void load_tile_async(u32 smem_base, const T* gmem, in
 // half of a 16-wide k-step this lane addresses). Chunk 8 * q + c sits at 8 * q + (c ^ row%8),
 // so the column of k-step s is (s / 4) * 64 + offsets[s % 4]: compile-time except the table.
 struct LdsmColumns {
-    int off[4];
-    __device__ __forceinline__ LdsmColumns(int lane, int hi) {
-#pragma unroll
-        for (int j = 0; j < 4; ++j) off[j] = ((2 * j + hi) ^ (lane & kSwizzleMask)) * 8;
-    }
+    int x;   // (hi ^ row % 8) restricted to bit 0, plus (row % 8) bits 1-2 as the chunk XOR
+    __device__ __forceinline__ LdsmColumns(int lane, int hi) { x = hi ^ (lane & kSwizzleMask); }
     // Column (elements) of the 16-wide step s, as the swizzle places it.
-    __device__ __forceinline__ int col(int s) const { return (s / 4) * 64 + off[s % 4]; }
+    __device__ __forceinline__ int col(int s) const { return (s / 4) * 64 + ((2 * (s % 4)) ^ x) * 8; }
 };
 
 // Copy a warp's (kRows x kCols) slice of a swizzled shared tile to global memory with 16 B

@@ -1,0 +1,39 @@
+/*---
+name: block_sparse
+summary: block-sparse FlashAttention-2 forward (visits only the K/V blocks a flashkit.BlockMask keeps; optional causal)
+entry: flashkit_block_sparse_fwd
+arch: {min: "8.0"}
+dtypes: [float16, bfloat16]
+head_dims: [64, 128, 256]
+features: {causal: true, block_sparse: true, fp8: false, backward: false, lse: true, gqa: true}
+requires: {block_sparse: true}
+priority: 50
+launch: {grid: q_blocks, block_m: 128, block_n: 64, warps: 4}
+overrides: {"hd64": {block_n: 128}, "hd256": {warps: 8}}
+workspace: none
+---*/
+// Block-sparse FlashAttention: the FlashAttention-2 forward of fa2.cu (fwd_mainloop.cuh) with
+// the BlockSparseMask type (block_sparse.cuh) choosing which K/V tiles each query block visits.
+// Work scales with the mask's density: a query block reads only its kept K/V blocks, listed in
+// the compressed form of flashkit.BlockMask (kv_block_count, kv_block_index).
+// Grid (ceil(seqlen_q / block_m), heads, batch); block_m and block_n divide the mask's blocks
+// (multiples of 128). With FLASHKIT_CAUSAL the element causal mask (bottom-right aligned) is
+// applied on top of the block mask, and kept blocks wholly above the diagonal are not visited.
+#include "flashkit/block_sparse.cuh"
+#include "flashkit/fwd_mainloop.cuh"
+
+using flashkit::KernelTraits;
+
+typedef flashkit::BlockSparseMask<KernelTraits::kBlockM, KernelTraits::kBlockN, FLASHKIT_CAUSAL != 0>
+    FwdMask;
+
+FLASHKIT_EXPORT_SMEM_BYTES(KernelTraits::kSmemBytes);
+
+extern "C" __global__ void __launch_bounds__(KernelTraits::kThreads)
+    flashkit_block_sparse_fwd(const flashkit::Params params) {
+    const int m_block = blockIdx.x;
+    const int head = blockIdx.y;
+    const int batch = blockIdx.z;
+    const FwdMask mask(params, m_block, head, batch);
+    flashkit::fwd_block<KernelTraits, FwdMask>(params, mask, m_block, head, batch);
+}

@@ -1,0 +1,42 @@
+/*---
+name: fa2
+summary: FlashAttention-2 forward (Q-outer loop, deferred normalization, split-Q warps, mma.sync)
+entry: flashkit_fa2_fwd
+arch: {min: "8.0"}
+dtypes: [float16, bfloat16]
+head_dims: [64, 128, 256]
+features: {causal: true, block_sparse: false, fp8: false, backward: false, lse: true, gqa: true}
+priority: 50
+launch: {grid: q_blocks, block_m: 128, block_n: 64, warps: 4}
+overrides: {"hd256": {warps: 8}}
+workspace: none
+---*/
+// FlashAttention-2 forward (Dao, 2023), tensor cores through mma.sync.m16n8k16.
+// Grid (ceil(seqlen_q / block_m), heads, batch): one CTA per (query block, head, batch).
+// Each warp owns block_m / warps query rows; Q stays resident (registers when the register
+// budget allows, else shared memory) while K/V tiles stream through shared memory with
+// cp.async; S = Q K^T, the online softmax and O += P V all stay in registers, with P reused
+// in registers as the A operand of the second product. Normalization by l is deferred to the
+// epilogue, which also writes LSE = m * scale + ln(l).
+// With FLASHKIT_CAUSAL the tiles wholly above the (bottom-right aligned) diagonal are skipped
+// and only the tiles crossing it are masked element-wise (fwd_mainloop.cuh, mask.cuh).
+#include "flashkit/fwd_mainloop.cuh"
+
+using flashkit::KernelTraits;
+
+#if FLASHKIT_CAUSAL
+typedef flashkit::CausalMask<KernelTraits::kBlockM, KernelTraits::kBlockN> FwdMask;
+#else
+typedef flashkit::NoMask<KernelTraits::kBlockM, KernelTraits::kBlockN> FwdMask;
+#endif
+
+FLASHKIT_EXPORT_SMEM_BYTES(KernelTraits::kSmemBytes);
+
+extern "C" __global__ void __launch_bounds__(KernelTraits::kThreads)
+    flashkit_fa2_fwd(const flashkit::Params params) {
+    const int m_block = blockIdx.x;
+    const int head = blockIdx.y;
+    const int batch = blockIdx.z;
+    const FwdMask mask(params, m_block);
+    flashkit::fwd_block<KernelTraits, FwdMask>(params, mask, m_block, head, batch);
+}
