@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
+from functools import lru_cache
 from importlib import metadata
 from pathlib import Path
 
@@ -28,27 +29,38 @@ class Catalogue:
         return self.specs[name]
 
 
-def kernel_search_path() -> list[Path]:
-    """Directories searched, in order."""
-    dirs = [BUILTIN_DIR]
-    dirs += [Path(p) for p in os.environ.get("FLASHKIT_KERNEL_PATH", "").split(os.pathsep) if p]
+@lru_cache(maxsize=1)
+def _entry_point_dirs() -> tuple[Path, ...]:
+    """Directories from the entry-point group, looked up once per process (the scan is slow)."""
+    dirs = []
     for ep in metadata.entry_points(group=ENTRY_POINT_GROUP):
         try:
             target = ep.load()
             dirs.append(Path(target() if callable(target) else target))
         except Exception as e:  # a broken plugin must not break flashkit
             dirs.append(Path(f"<entry point {ep.name}: {e}>"))
-    return dirs
+    return tuple(dirs)
+
+
+def kernel_search_path(refresh: bool = False) -> list[Path]:
+    """Directories searched, in order."""
+    if refresh:
+        _entry_point_dirs.cache_clear()
+    dirs = [BUILTIN_DIR]
+    dirs += [Path(p) for p in os.environ.get("FLASHKIT_KERNEL_PATH", "").split(os.pathsep) if p]
+    return dirs + list(_entry_point_dirs())
 
 
 _CACHE: dict[tuple, Catalogue] = {}
 
 
 def discover_kernels(refresh: bool = False) -> Catalogue:
-    """All variants on the search path; a name found twice raises ManifestError naming both files."""
-    dirs = kernel_search_path()
-    key = tuple(str(d) for d in dirs) + tuple(
-        (str(f), f.stat().st_mtime_ns) for d in dirs if d.is_dir() for f in sorted(d.glob("*.cu")))
+    """All variants on the search path (cached per path; refresh=True rereads the files).
+
+    A name found twice raises ManifestError naming both files.
+    """
+    dirs = kernel_search_path(refresh)
+    key = tuple(str(d) for d in dirs)
     if not refresh and key in _CACHE:
         return _CACHE[key]
     cat = Catalogue()

@@ -131,13 +131,21 @@ class LoadedKernel:
     smem_bytes: int
 
 
-_MODULES: dict[str, LoadedKernel] = {}
+_MODULES: dict[tuple, LoadedKernel] = {}
+
+
+def clear_loaded() -> None:
+    """Forget loaded modules, so the next call rereads sources and headers (for kernel development)."""
+    _MODULES.clear()
 
 
 def build_module(spec: KernelSpec, config: BuildConfig, cc: tuple[int, int]) -> LoadedKernel:
-    """Compile (or fetch from the disk cache) and load one specialization for this device."""
+    """Compile (or fetch from the disk cache) and load one specialization for this device.
+
+    Loaded modules are kept per process; the source hash is checked on the first load only.
+    """
     target = spec.target(cc)
-    key = cache_key(spec, config, target)
+    key = (spec.path, config, target, cupy_module().cuda.Device().id)
     if key in _MODULES:
         return _MODULES[key]
     cupy = cupy_module()

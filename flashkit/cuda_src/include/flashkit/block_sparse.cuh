@@ -30,39 +30,42 @@ struct BlockSparseMask {
     static_assert(kMaskBlockMultiple % kBlockM == 0, "query tiles nest in mask blocks");
     static_assert(kMaskBlockMultiple % kBlockN == 0, "key tiles nest in mask blocks");
 
-    const int* index;   // this query block's ascending kept K/V block indices
-    int tiles_per_block;   // tpb = mask_block_k / kBlockN
-    int seqlen_k;
-    int offset;   // seqlen_k - seqlen_q: the causal diagonal's key at query row 0
+    // Register economy (the main loop runs at the register limit): geometry is re-read from the
+    // kernel's parameter block (constant bank) instead of being held; only the list offset is.
+    const Params& p;
+    int list;   // offset of this query block's index list in kv_block_index
     int n_blocks, n_masked;   // visited tiles; the first n_masked of them visited are masked
 
-    __device__ __forceinline__ BlockSparseMask(const Params& p, int m_block, int head, int batch)
-        : seqlen_k(p.seqlen_k), offset(p.seqlen_k - p.seqlen_q) {
+    __device__ __forceinline__ BlockSparseMask(const Params& p_, int m_block, int head, int batch)
+        : p(p_) {
         const int m0 = m_block * kBlockM;
         const int mask_b = p.mask_batch == 1 ? 0 : batch;   // broadcast over batch / heads
         const int mask_h = p.mask_heads == 1 ? 0 : head;
-        const int q_block = m0 / p.mask_block_q;
-        const index_t row = (static_cast<index_t>(mask_b) * p.mask_heads + mask_h) *
-                                p.mask_q_blocks + q_block;
+        const int row = (mask_b * p.mask_heads + mask_h) * p.mask_q_blocks + m0 / p.mask_block_q;
         const int count = p.kv_block_count[row];
-        index = p.kv_block_index + row * p.mask_k_blocks;
-        tiles_per_block = p.mask_block_k / kBlockN;
+        list = row * p.mask_k_blocks;
 
         // Keys [0, key_hi) may be visible to some row of the tile, [0, key_all) to every row.
-        int key_hi = seqlen_k, key_all = seqlen_k;
+        int key_hi = p.seqlen_k, key_all = p.seqlen_k;
         if constexpr (kCausal) {
+            const int offset = p.seqlen_k - p.seqlen_q;
             const int last_row = min(m0 + kBlockM, p.seqlen_q) - 1;
-            key_hi = max(0, min(seqlen_k, last_row + offset + 1));
-            key_all = max(0, min(seqlen_k, m0 + offset + 1));
+            key_hi = max(0, min(p.seqlen_k, last_row + offset + 1));
+            key_all = max(0, min(p.seqlen_k, m0 + offset + 1));
         }
         n_blocks = tiles_below(ceil_div(key_hi, kBlockN), count);   // tiles holding a visible key
         n_masked = n_blocks - tiles_below(key_all / kBlockN, count);   // tiles not seen whole
     }
 
+    // tpb: kernel tiles per mask block.
+    __device__ __forceinline__ int tiles_per_block() const { return p.mask_block_k / kBlockN; }
+
     // How many listed tiles have a tile index < tile_limit: a prefix of the ascending list.
     __device__ __forceinline__ int tiles_below(int tile_limit, int count) const {
-        // Blocks [0, nb) of the list start below tile_limit (lower bound over ascending indices).
-        const int block_limit = ceil_div(tile_limit, tiles_per_block);
+        const int tpb = tiles_per_block();
+        const int* index = p.kv_block_index + list;
+        // Blocks [0, lo) of the list start below tile_limit (lower bound over ascending indices).
+        const int block_limit = ceil_div(tile_limit, tpb);
         int lo = 0, hi = count;
         while (lo < hi) {
             const int mid = (lo + hi) / 2;
@@ -71,20 +74,21 @@ struct BlockSparseMask {
         }
         if (lo == 0) return 0;
         // Every block but the last is whole; the last may straddle tile_limit.
-        const int last_tiles = min(tiles_per_block, tile_limit - index[lo - 1] * tiles_per_block);
-        return (lo - 1) * tiles_per_block + last_tiles;
+        return (lo - 1) * tpb + min(tpb, tile_limit - index[lo - 1] * tpb);
     }
 
     __device__ __forceinline__ int num_kv_blocks() const { return n_blocks; }
     __device__ __forceinline__ int num_masked_blocks() const { return n_masked; }
     // tile(it) = index[it / tpb] * tpb + it % tpb.
     __device__ __forceinline__ int kv_block(int it) const {
-        const int b = it / tiles_per_block;
-        return index[b] * tiles_per_block + (it - b * tiles_per_block);
+        const int tpb = tiles_per_block();
+        const int b = it / tpb;
+        return p.kv_block_index[list + b] * tpb + (it - b * tpb);
     }
+    // Causal: query `row` sees keys j <= row + seqlen_k - seqlen_q.
     __device__ __forceinline__ int key_end(int row) const {
-        if constexpr (kCausal) return min(seqlen_k, row + offset + 1);
-        return seqlen_k;
+        if constexpr (kCausal) return min(p.seqlen_k, row + p.seqlen_k - p.seqlen_q + 1);
+        return p.seqlen_k;
     }
 };
 

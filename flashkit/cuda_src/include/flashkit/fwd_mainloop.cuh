@@ -26,14 +26,12 @@ struct FwdMainloop {
     static constexpr int kRowBytes = kD * Kt::kElemBytes;   // one smem tile row
     static constexpr int kMTiles = Kt::kMTiles;
 
+    // Scalars stay in the kernel's parameter block (constant bank), not in registers: the
+    // main loop runs at the 255-register limit.
+    const Params& p;
     const Mask& mask;
-    const Element* k_gmem;   // row 0 of this (batch, kv head)
-    const Element* v_gmem;
-    index_t k_row_stride, v_row_stride;
-    int seqlen_k, tid;
-    float scale_log2;
-    u32 sV;                       // V tile (shared address)
-    u32 sK;                       // K tile
+    int batch, kv_head;
+    u32 sK, sV;                   // K / V tiles (shared addresses)
     u32 q_lane, k_lane, v_lane;   // this lane's ldmatrix row address in the Q / K / V tiles
     LdsmColumns cols_hi16;        // column table, 8-column half = lane / 16 (Q A, V B operands)
     LdsmColumns cols_hi8;         // column table, 8-column half = (lane / 8) % 2 (K B operand)
@@ -42,25 +40,18 @@ struct FwdMainloop {
     float acc_o[kMTiles][Kt::kDTiles][4];   // O accumulator, mma C layout
     OnlineSoftmax<kMTiles> softmax;
 
-    __device__ __forceinline__ FwdMainloop(const Mask& mask_, const Params& p, u32 sQ, int head,
-                                           int batch, int tid_)
-        : mask(mask_),
-          k_row_stride(p.k_row_stride),
-          v_row_stride(p.v_row_stride),
-          seqlen_k(p.seqlen_k),
-          tid(tid_),
-          scale_log2(p.softmax_scale_log2),
-          cols_hi16(tid_ % kWarpSize, (tid_ % kWarpSize) / 16),
-          cols_hi8(tid_ % kWarpSize, (tid_ % kWarpSize) / 8 % 2) {
-        const int kv_head = head / (p.heads / p.kv_heads);   // GQA / MQA
-        k_gmem = static_cast<const Element*>(p.k) + batch * p.k_batch_stride +
-                 kv_head * p.k_head_stride;
-        v_gmem = static_cast<const Element*>(p.v) + batch * p.v_batch_stride +
-                 kv_head * p.v_head_stride;
+    __device__ __forceinline__ FwdMainloop(const Mask& mask_, const Params& p_, u32 sQ, int head,
+                                           int batch_, int tid)
+        : p(p_),
+          mask(mask_),
+          batch(batch_),
+          kv_head(head / (p_.heads / p_.kv_heads)),   // GQA / MQA
+          cols_hi16(tid % kWarpSize, (tid % kWarpSize) / 16),
+          cols_hi8(tid % kWarpSize, (tid % kWarpSize) / 8 % 2) {
         sK = sQ + Kt::kQElems * Kt::kElemBytes;
         sV = sK + Kt::kKVElems * Kt::kElemBytes;
-        const int warp = tid_ / kWarpSize;
-        const int lane = tid_ % kWarpSize;
+        const int warp = tid / kWarpSize;
+        const int lane = tid % kWarpSize;
         const int r8 = lane % 8;   // row within an 8x8 matrix of ldmatrix
         // Q (A operand): matrices (rows 0-7 | 8-15) x (cols 0-7 | 8-15); lanes 16+ take cols 8+.
         q_lane = sQ + (warp * Kt::kWarpRows + lane % 16) * kRowBytes;
@@ -152,11 +143,17 @@ struct FwdMainloop {
         }
     }
 
-    __device__ __forceinline__ void load_kv_async(u32 dst, const Element* gmem, index_t stride,
-                                                  int n_block) const {
+    // Issue the cp.async of K (kIsV false) or V tile n_block into dst, as one commit group.
+    template <bool kIsV>
+    __device__ __forceinline__ void load_kv_async(u32 dst, int n_block) const {
         const int n0 = n_block * Kt::kBlockN;
-        load_tile_async<Kt::kBlockN, kD, Kt::kThreads>(dst, gmem + n0 * stride, stride,
-                                                       seqlen_k - n0, tid);
+        const Element* base = static_cast<const Element*>(kIsV ? p.v : p.k);
+        const index_t batch_stride = kIsV ? p.v_batch_stride : p.k_batch_stride;
+        const index_t head_stride = kIsV ? p.v_head_stride : p.k_head_stride;
+        const index_t row_stride = kIsV ? p.v_row_stride : p.k_row_stride;
+        const Element* gmem = base + batch * batch_stride + kv_head * head_stride + n0 * row_stride;
+        load_tile_async<Kt::kBlockN, kD, Kt::kThreads>(dst, gmem, row_stride, p.seqlen_k - n0,
+                                                       threadIdx.x);
         cp_async_commit();
     }
 
@@ -166,14 +163,14 @@ struct FwdMainloop {
         const int n_block = mask.kv_block(it);
         cp_async_wait<0>();
         __syncthreads();   // K_j resident; every warp is done reading V_{j-1}
-        load_kv_async(sV, v_gmem, v_row_stride, n_block);
+        load_kv_async<true>(sV, n_block);
         float s[kMTiles][Kt::kNTiles][4];
         gemm_qk(s);   // S = Q K_j^T
         if (masked) apply_mask(mask, s, row0, n_block * Kt::kBlockN + col_lane);
         cp_async_wait<0>();
         __syncthreads();   // V_j resident; every warp is done reading K_j
-        if (it > 0) load_kv_async(sK, k_gmem, k_row_stride, mask.kv_block(it - 1));
-        softmax.update(s, acc_o, scale_log2);   // S -> P, O *= alpha
+        if (it > 0) load_kv_async<false>(sK, mask.kv_block(it - 1));
+        softmax.update(s, acc_o, p.softmax_scale_log2);   // S -> P, O *= alpha
         gemm_pv(s);                              // O += P V_j
     }
 };
@@ -202,7 +199,7 @@ __device__ __forceinline__ void fwd_block(const Params& p, const Mask& mask, int
         load_tile_async<Kt::kBlockM, Kt::kHeadDim, Kt::kThreads>(sQ, q_gmem, p.q_row_stride,
                                                                  p.seqlen_q - m0, tid);
         cp_async_commit();
-        loop.load_kv_async(loop.sK, loop.k_gmem, loop.k_row_stride, mask.kv_block(n_blocks - 1));
+        loop.template load_kv_async<false>(loop.sK, mask.kv_block(n_blocks - 1));
         if constexpr (Kt::kQInRegs) {
             cp_async_wait<1>();   // Q landed (K may still be in flight)
             __syncthreads();

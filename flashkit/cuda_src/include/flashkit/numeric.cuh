@@ -11,7 +11,7 @@
 //                                                     (lo in bits 0..15, hi in bits 16..31)
 //   unpack_float2<T>(u, lo, hi)                       inverse of pack_float2 (16-bit T)
 //   fast_exp2(x), fast_log2(x)                        ex2.approx.ftz / lg2.approx.ftz
-//   kLog2e, kLn2, kNegInf                             named constants
+//   kLog2e, kLn2, FLASHKIT_NEG_INF                    named constants (-inf is a macro)
 #pragma once
 
 #include "flashkit/params.cuh"

@@ -1,0 +1,58 @@
+"""flashkit bench: TFLOP/s of variants on the FlashAttention papers' convention, beside PyTorch."""
+
+from __future__ import annotations
+
+import click
+
+from .. import bench
+from ..runtime.device import require_device
+from .common import one_line_errors
+
+
+def _floats(text: str | None) -> list[float] | None:
+    return [float(x) for x in text.split(",") if x.strip()] if text else None
+
+
+def _ints(values: tuple[str, ...]) -> list[int]:
+    return [int(x) for v in values for x in v.split(",") if x.strip()]
+
+
+@click.command("bench")
+@click.option("--variant", "variants", multiple=True, help="Variant(s) to time (default: what flashkit selects).")
+@click.option("--head-dim", "head_dims", multiple=True, help="Head dims (repeat or comma list; default 64,128,256).")
+@click.option("--seqlen", "seqlens", multiple=True, help="Seqlens (repeat or comma list; default 512..16384).")
+@click.option("--causal/--no-causal", default=None, help="Only causal / only non-causal (default: both).")
+@click.option("--density", default=None, help="Block-sparse mode: comma list of densities, e.g. 1.0,0.5,0.25,0.1.")
+@click.option("--dtype", default="bfloat16", show_default=True)
+@click.option("--compare", type=click.Choice(["torch", "none"]), default="none", show_default=True,
+              help="Time PyTorch's SDPA backends (and flex_attention) on the same inputs in the same run.")
+@click.option("--iters", type=int, default=30, show_default=True)
+@click.option("--warmup", type=int, default=5, show_default=True)
+@click.option("--json", "as_json", is_flag=True, help="Print JSON instead of tables.")
+@click.option("--json-out", type=click.Path(dir_okay=False), default=None, help="Also write JSON to this file.")
+@click.option("--plot", type=click.Path(dir_okay=False), default=None, help="Write a PNG of TFLOP/s vs seqlen.")
+@one_line_errors
+def command(variants, head_dims, seqlens, causal, density, dtype, compare, iters, warmup, as_json, json_out,
+            plot) -> None:
+    """Time kernels with CUDA events (median, L2-rotated inputs) and report TFLOP/s and ratios."""
+    require_device()
+    config = bench.BenchConfig(
+        seqlens=_ints(seqlens) or bench.SEQLENS, head_dims=_ints(head_dims) or bench.HEAD_DIMS,
+        causal=(False, True) if causal is None else (causal,), dtype=dtype,
+        variants=tuple(variants) or (None,), densities=_floats(density), iters=iters, warmup=warmup,
+        torch_backends=bench.TORCH_BACKENDS if compare == "torch" else ())
+    say = (lambda msg: click.echo(msg, err=True)) if not as_json else (lambda msg: None)
+    result = bench.run_benchmark(config, progress=say)
+    text = bench.render_json(result.rows, result.meta)
+    if json_out:
+        with open(json_out, "w") as f:
+            f.write(text)
+    if as_json:
+        click.echo(text)
+    else:
+        click.echo(bench.render_table(result.rows))
+        click.echo("")
+        click.echo(bench.render_memory_table(result.rows))
+    if plot:
+        bench.write_plot(result.rows, plot)
+        click.echo(f"plot written to {plot}", err=not as_json)

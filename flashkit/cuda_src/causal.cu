@@ -1,0 +1,39 @@
+/*---
+name: causal
+summary: FlashAttention-2 forward specialised for causal attention (diagonal-aware, heaviest blocks first)
+entry: flashkit_causal_fwd
+arch: {min: "8.0"}
+dtypes: [float16, bfloat16]
+head_dims: [64, 128, 256]
+features: {causal: true, block_sparse: false, fp8: false, backward: false, lse: true, gqa: true}
+requires: {causal: true}
+priority: 60
+launch: {grid: q_blocks, block_m: 128, block_n: 64, warps: 4}
+overrides: {"hd128": {block_n: 32}, "hd256": {warps: 8}}
+workspace: none
+---*/
+// Causal FlashAttention-2 forward: always causal (bottom-right aligned: query i sees key j iff
+// j <= i + seqlen_k - seqlen_q), whatever FLASHKIT_CAUSAL says.
+// - K/V tiles wholly above the diagonal are never loaded nor computed: query block r visits
+//   only tiles [0, ceil((last_row + seqlen_k - seqlen_q + 1) / block_n)).
+// - The element mask runs only on the tiles crossing the diagonal (and the ragged tail);
+//   they are visited first, the fully visible tiles after them (CausalMask, fwd_mainloop.cuh).
+// - Work per query block grows with its index, so blocks are scheduled heaviest first:
+//   blockIdx.x = 0 takes the last query block, which keeps the tail of the grid short.
+// - A query block whose rows see no key (seqlen_q > seqlen_k) loads nothing and writes
+//   O = 0, LSE = -inf.
+#include "flashkit/fwd_mainloop.cuh"
+
+using flashkit::KernelTraits;
+typedef flashkit::CausalMask<KernelTraits::kBlockM, KernelTraits::kBlockN> FwdMask;
+
+FLASHKIT_EXPORT_SMEM_BYTES(KernelTraits::kSmemBytes);
+
+extern "C" __global__ void __launch_bounds__(KernelTraits::kThreads)
+    flashkit_causal_fwd(const flashkit::Params params) {
+    const int m_block = gridDim.x - 1 - blockIdx.x;   // heaviest (last) query block first
+    const int head = blockIdx.y;
+    const int batch = blockIdx.z;
+    const FwdMask mask(params, m_block);
+    flashkit::fwd_block<KernelTraits, FwdMask>(params, mask, m_block, head, batch);
+}

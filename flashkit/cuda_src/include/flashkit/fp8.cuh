@@ -1,0 +1,234 @@
+// FP8 (e4m3) device primitives of the fp8 variant (sm_89+): byte tiles in shared memory, the
+// m16n8k32 e4m3 mma, packing P to e4m3, the byte transpose of V, and the online softmax with
+// per-tile descaling.
+//
+// Fragments of mma.m16n8k32 (8-bit operands, PTX ISA), g = lane / 4, t = lane % 4:
+//   A (16x32, row): a0 = A[g][4t..4t+3]  a1 = A[g+8][4t..4t+3]  a2 = A[g][16+4t..]  a3 = A[g+8][16+4t..]
+//   B (32x8, col):  b0 = B[4t..4t+3][g]  b1 = B[16+4t..16+4t+3][g]
+//   C (16x8, f32):  as m16n8k16: c0,c1 = C[g][2t..2t+1], c2,c3 = C[g+8][2t..2t+1]
+// In bytes these are the b16 fragments of m16n8k16 with a pair of bytes per b16 element, so
+// ldmatrix (b16, no .trans) loads A from a row-major Q tile and B from a K-major tile (K for
+// Q K^T, the transposed V tile Vt for P V). There is no 8-bit ldmatrix.trans: V is transposed
+// in shared memory (transpose_v_tile), keeping the (batch, seqlen, heads, D) layout of the
+// kernel contract for pre-quantized inputs.
+//
+// Key permutation of P V. The C layout of S gives a thread keys {2t, 2t+1, 2t+8, 2t+9} of each
+// 16 keys, while the A layout wants 4 consecutive k-indices {4t..4t+3}. Rather than shuffle P
+// across lanes, the k-index of P V is permuted: logical index 16 q + 4 t + i is physical key
+//   16 q + 2 t + (i & 1) + 8 (i >> 1)
+// and Vt stores its columns in that logical order (the transpose writes them so).
+#pragma once
+
+#include "flashkit/mma.cuh"
+#include "flashkit/tile.cuh"
+
+namespace flashkit {
+namespace fp8 {
+
+constexpr float kE4m3Max = 448.f;             // largest finite e4m3 (e4m3fn)
+constexpr float kLog2PScale = 8.807354922057604f;   // log2(448): P is quantized as 448 * exp(s - m)
+constexpr int kMmaK8 = 32;                    // k of mma.m16n8k32 (bytes)
+// Rows per scale block are a power of two >= this (flashkit/fp8.py MIN_SCALE_BLOCK), so that a
+// K/V tile of kBlockN <= kMinScaleBlock keys never straddles two scale blocks.
+constexpr int kMinScaleBlock = 64;
+
+// ---- byte tiles in shared memory --------------------------------------------------------
+// Row-major (rows x kRowBytes) with the 16 B chunk index XOR-swizzled by the row, so that an
+// ldmatrix phase (8 rows, one chunk each) hits 8 distinct 16 B bank groups. With C chunks per
+// row and R = max(1, 8 / C) rows per 128 B line:  chunk' = chunk ^ ((row / R) % min(C, 8)),
+// i.e. chunk ^ (row % 8) for rows of >= 128 B (as tile.cuh), chunk ^ ((row / 2) % 4) for 64 B
+// rows, chunk ^ ((row / 4) % 2) for 32 B rows. The key is the same for rows 8 apart, so a
+// lane's key is fixed for all its fragment loads.
+template <int kRowBytes>
+__device__ __forceinline__ int swizzle_key(int row) {
+    constexpr int kChunks = kRowBytes / kChunkBytes;
+    static_assert(kChunks == 2 || kChunks == 4 || kChunks % 8 == 0,
+                  "byte tile rows: 32 B, 64 B or a multiple of 128 B");
+    if constexpr (kChunks == 2) {
+        return (row >> 2) & 1;
+    } else if constexpr (kChunks == 4) {
+        return (row >> 1) & 3;
+    } else {
+        return row & kSwizzleMask;
+    }
+}
+
+template <int kRowBytes>
+__device__ __forceinline__ int byte_offset(int row, int byte) {
+    const int chunk = (byte / kChunkBytes) ^ swizzle_key<kRowBytes>(row);
+    return row * kRowBytes + chunk * kChunkBytes + byte % kChunkBytes;
+}
+
+// Asynchronously copy (kRows x kRowBytes) bytes, row r at gmem + r * row_stride, into the
+// swizzled tile at smem_base; rows >= rows_valid are zero-filled (rows_valid >= 1).
+template <int kRows, int kRowBytes, int kThreads>
+__device__ __forceinline__ void load_byte_tile_async(u32 smem_base, const u8* gmem, index_t row_stride,
+                                                     int rows_valid, int tid) {
+    constexpr int kRowChunks = kRowBytes / kChunkBytes;
+    constexpr int kRowsPerPass = kThreads / kRowChunks;
+    static_assert(kThreads % kRowChunks == 0 && kRows % kRowsPerPass == 0, "tile loads split evenly");
+    const int chunk = tid % kRowChunks;
+    const int row0 = tid / kRowChunks;
+    const u8* src = gmem + row0 * row_stride + chunk * kChunkBytes;
+    const index_t pass_stride = kRowsPerPass * row_stride;
+#pragma unroll
+    for (int pass = 0; pass < kRows / kRowsPerPass; ++pass) {
+        const int row = row0 + pass * kRowsPerPass;
+        const bool valid = row < rows_valid;
+        cp_async_16(smem_base + byte_offset<kRowBytes>(row, chunk * kChunkBytes), valid ? src : gmem,
+                    valid);
+        src += pass_stride;
+    }
+}
+
+// ---- tensor cores --------------------------------------------------------------------------
+// C += A * B for one m16n8k32 tile, e4m3 operands, f32 accumulation (sm_89+).
+__device__ __forceinline__ void mma_16832(float (&c)[4], const u32 (&a)[4], u32 b0, u32 b1) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32 "
+        "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// Four floats -> four e4m3 bytes (x0 in bits 0..7), round to nearest even, saturating at 448.
+// PTX cvt.rn.satfinite.e4m3x2.f32 d, a, b puts a in the upper byte and b in the lower.
+__device__ __forceinline__ u32 pack_e4m3x4(float x0, float x1, float x2, float x3) {
+    u16 lo, hi;
+    asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(lo) : "f"(x1), "f"(x0));
+    asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(hi) : "f"(x3), "f"(x2));
+    return static_cast<u32>(lo) | (static_cast<u32>(hi) << 16);
+}
+
+// ---- the byte transpose of V ---------------------------------------------------------------
+__device__ __forceinline__ u32 byte_perm(u32 a, u32 b, u32 selector) {
+    u32 d;
+    asm("prmt.b32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(selector));
+    return d;
+}
+
+// r[i] holds bytes (row i, cols 0..3) of a 4x4 byte block; afterwards r[j] = (rows 0..3, col j).
+__device__ __forceinline__ void transpose_4x4_bytes(u32 (&r)[4]) {
+    // Interleave pairs of rows: t0 = [r0.b0 r1.b0 r0.b1 r1.b1], t1 = [r0.b2 r1.b2 r0.b3 r1.b3].
+    const u32 t0 = byte_perm(r[0], r[1], 0x5140u), t1 = byte_perm(r[0], r[1], 0x7362u);
+    const u32 t2 = byte_perm(r[2], r[3], 0x5140u), t3 = byte_perm(r[2], r[3], 0x7362u);
+    // Then pairs of halves: [t0.b0 t0.b1 t2.b0 t2.b1] = column 0, and so on.
+    r[0] = byte_perm(t0, t2, 0x5410u);
+    r[1] = byte_perm(t0, t2, 0x7632u);
+    r[2] = byte_perm(t1, t3, 0x5410u);
+    r[3] = byte_perm(t1, t3, 0x7632u);
+}
+
+// Vt[d][logical key] = V[physical key][d] for one (kBlockN x kHeadDim) tile: sv is the swizzled
+// row-major V tile (rows of kHeadDim bytes), svt the swizzled Vt tile (rows of kBlockN bytes).
+// A work item is (logical key word kw = 4 q + t, head-dim word w): it reads physical keys
+// 16 q + {2t, 2t+1, 2t+8, 2t+9} at bytes 4w..4w+3 and writes rows 4w..4w+3 of Vt at logical
+// bytes 4 kw..4 kw+3 (see the key permutation above).
+template <int kBlockN, int kHeadDim, int kThreads>
+__device__ __forceinline__ void transpose_v_tile(const u8* sv, u8* svt, int tid) {
+    constexpr int kKeyWords = kBlockN / 4;
+    constexpr int kItems = kKeyWords * (kHeadDim / 4);
+    static_assert(kItems % kThreads == 0 || kThreads % kItems == 0, "transpose work splits evenly");
+    constexpr int kRounds = kItems >= kThreads ? kItems / kThreads : 1;
+#pragma unroll
+    for (int i = 0; i < kRounds; ++i) {
+        const int item = tid + i * kThreads;
+        if (kItems < kThreads && item >= kItems) break;
+        const int kw = item % kKeyWords;
+        const int w = item / kKeyWords;
+        const int key0 = 16 * (kw / 4) + 2 * (kw % 4);
+        u32 r[4];
+        r[0] = *reinterpret_cast<const u32*>(sv + byte_offset<kHeadDim>(key0, 4 * w));
+        r[1] = *reinterpret_cast<const u32*>(sv + byte_offset<kHeadDim>(key0 + 1, 4 * w));
+        r[2] = *reinterpret_cast<const u32*>(sv + byte_offset<kHeadDim>(key0 + 8, 4 * w));
+        r[3] = *reinterpret_cast<const u32*>(sv + byte_offset<kHeadDim>(key0 + 9, 4 * w));
+        transpose_4x4_bytes(r);
+#pragma unroll
+        for (int j = 0; j < 4; ++j)
+            *reinterpret_cast<u32*>(svt + byte_offset<kBlockN>(4 * w + j, 4 * kw)) = r[j];
+    }
+}
+
+// ---- online softmax on descaled scores --------------------------------------------------
+// x = S_raw * q_scale * k_scale * softmax_scale * log2(e): the scores in log2 units, already
+// masked (-inf). Per K/V tile, as softmax.cuh but with P scaled by 448 (kLog2PScale folded
+// into the exponent, so P fills the e4m3 range and l carries the same factor, which O / l
+// cancels) and O kept in units of the current tile's V scale:
+//   m_new = max(m, rowmax(x));  P = exp2(x - m_new + log2(448))  in [0, 448]
+//   alpha = exp2(m - m_new);    l = alpha l + rowsum(P);  O *= alpha * v_scale_prev / v_scale
+// finalize: O *= v_scale / l;  LSE = (m + log2(l) - log2(448)) ln(2).
+template <int kMTiles>
+struct Softmax {
+    static constexpr int kRowsPerTile = 2;   // rows g and g + 8 of each 16-row tile
+    float row_max[kMTiles][kRowsPerTile];
+    float row_sum[kMTiles][kRowsPerTile];   // this thread's partial sum (quad-reduced late)
+
+    __device__ __forceinline__ void init() {
+#pragma unroll
+        for (int mi = 0; mi < kMTiles; ++mi)
+#pragma unroll
+            for (int h = 0; h < kRowsPerTile; ++h) {
+                row_max[mi][h] = FLASHKIT_NEG_INF;
+                row_sum[mi][h] = 0.f;
+            }
+    }
+
+    template <int kNTiles, int kDTiles>
+    __device__ __forceinline__ void update(float (&x)[kMTiles][kNTiles][4],
+                                           float (&o)[kMTiles][kDTiles][4], float o_rescale) {
+#pragma unroll
+        for (int mi = 0; mi < kMTiles; ++mi)
+#pragma unroll
+            for (int h = 0; h < kRowsPerTile; ++h) {
+                float m_tile = row_max[mi][h];
+#pragma unroll
+                for (int ni = 0; ni < kNTiles; ++ni)
+                    m_tile = fmaxf(m_tile, fmaxf(x[mi][ni][2 * h], x[mi][ni][2 * h + 1]));
+                const float m_new = quad_max(m_tile);
+                // A row with no visible key yet subtracts 0, never -inf - -inf.
+                const float m_safe = m_new == FLASHKIT_NEG_INF ? 0.f : m_new;
+                const float alpha = fast_exp2(row_max[mi][h] - m_safe);
+                row_max[mi][h] = m_new;
+                const float bias = m_safe - kLog2PScale;
+                float sum = 0.f;
+#pragma unroll
+                for (int ni = 0; ni < kNTiles; ++ni)
+#pragma unroll
+                    for (int e = 0; e < 2; ++e) {
+                        float& p = x[mi][ni][2 * h + e];
+                        p = fast_exp2(p - bias);
+                        sum += p;
+                    }
+                row_sum[mi][h] = fmaf(row_sum[mi][h], alpha, sum);
+                const float o_alpha = alpha * o_rescale;
+#pragma unroll
+                for (int nd = 0; nd < kDTiles; ++nd) {
+                    o[mi][nd][2 * h] *= o_alpha;
+                    o[mi][nd][2 * h + 1] *= o_alpha;
+                }
+            }
+    }
+
+    template <int kDTiles>
+    __device__ __forceinline__ void finalize(float (&o)[kMTiles][kDTiles][4], float v_scale,
+                                             float (&lse)[kMTiles][kRowsPerTile]) {
+#pragma unroll
+        for (int mi = 0; mi < kMTiles; ++mi)
+#pragma unroll
+            for (int h = 0; h < kRowsPerTile; ++h) {
+                const float l = quad_sum(row_sum[mi][h]);
+                const bool seen = l > 0.f;
+                const float factor = seen ? v_scale / l : 0.f;
+                lse[mi][h] = seen ? (row_max[mi][h] + fast_log2(l) - kLog2PScale) * kLn2
+                                  : FLASHKIT_NEG_INF;
+#pragma unroll
+                for (int nd = 0; nd < kDTiles; ++nd) {
+                    o[mi][nd][2 * h] *= factor;
+                    o[mi][nd][2 * h + 1] *= factor;
+                }
+            }
+    }
+};
+
+}  // namespace fp8
+}  // namespace flashkit

@@ -1,0 +1,58 @@
+"""Test tiers: everything runs on the CPU except tests marked `gpu`, which skip (visibly) with no CUDA device.
+
+Set FLASHKIT_REQUIRE_GPU=1 (scripts/gpu-check does) to make a missing device an error instead of a skip,
+so that the GPU tier can never pass by skipping on the machine that is meant to run it.
+"""
+
+from __future__ import annotations
+
+import os
+from functools import lru_cache
+from pathlib import Path
+
+import pytest
+
+GPU_DIR = Path(__file__).resolve().parent / "gpu"
+
+
+@lru_cache(maxsize=None)
+def cuda_unavailable_reason() -> str | None:
+    """None when a CUDA device answers, else why not (for the skip's reason)."""
+    try:
+        import cupy
+    except Exception as e:  # ImportError, or a broken CUDA install raising at import
+        return f"no CUDA device: CuPy is not importable ({type(e).__name__}: {e})"
+    try:
+        count = cupy.cuda.runtime.getDeviceCount()
+    except Exception as e:
+        return f"no CUDA device: getDeviceCount() failed ({type(e).__name__}: {str(e).splitlines()[0]})"
+    if count == 0:
+        return "no CUDA device: getDeviceCount() == 0"
+    try:  # a device that is listed must also answer
+        cupy.cuda.Device(0).compute_capability
+        cupy.zeros(1).sum().item()
+    except Exception as e:
+        return f"no CUDA device answers: {type(e).__name__}: {str(e).splitlines()[0]}"
+    return None
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "gpu: needs a CUDA device (skipped where none answers)")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        # Everything under tests/gpu is GPU work, whether or not its module remembered the marker.
+        if GPU_DIR in Path(str(item.fspath)).resolve().parents:
+            item.add_marker(pytest.mark.gpu)
+    gpu_items = [item for item in items if item.get_closest_marker("gpu")]
+    if not gpu_items:
+        return
+    reason = cuda_unavailable_reason()
+    if reason is None:
+        return
+    if os.environ.get("FLASHKIT_REQUIRE_GPU", "") not in ("", "0"):
+        raise pytest.UsageError(f"FLASHKIT_REQUIRE_GPU is set but {reason}")
+    skip = pytest.mark.skip(reason=reason)
+    for item in gpu_items:
+        item.add_marker(skip)

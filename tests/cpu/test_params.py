@@ -1,0 +1,115 @@
+"""runtime/params.py mirrors `flashkit::Params` (params.cuh): field order, offsets, sizes, checked by NVRTC."""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import pytest
+
+from flashkit.errors import CompileError
+from flashkit.runtime.build import INCLUDE_DIR
+from flashkit.runtime.nvrtc import compile_cubin
+from flashkit.runtime.params import PARAMS_DTYPE, make_params
+
+PARAMS_CUH = INCLUDE_DIR / "flashkit" / "params.cuh"
+C_SIZES = {"index_t": 8, "int": 4, "float": 4}    # pointers are 8
+
+
+def struct_fields() -> list[tuple[str, str]]:
+    """(name, C type) of each member of struct Params, in declaration order, comments stripped."""
+    text = PARAMS_CUH.read_text()
+    body = re.search(r"struct\s+Params\s*\{(.*?)\n\};", text, re.S)
+    assert body, "struct Params not found in params.cuh"
+    code = re.sub(r"//[^\n]*|/\*.*?\*/", "", body.group(1), flags=re.S)
+    fields = []
+    for decl in code.split(";"):
+        decl = " ".join(decl.split())
+        if not decl:
+            continue
+        m = re.fullmatch(r"((?:const )?[A-Za-z_][\w:]*\s*\*?)\s*(.+)", decl)
+        assert m, f"cannot parse declaration {decl!r}"
+        ctype = m.group(1).replace(" ", "")
+        for name in m.group(2).split(","):
+            name = name.strip()
+            pointer = name.startswith("*")
+            fields.append((name.lstrip("*").strip(), ctype + ("*" if pointer else "")))
+    return fields
+
+
+def test_struct_parses_into_many_fields():
+    fields = struct_fields()
+    assert len(fields) >= 30
+    assert fields[0] == ("q", "constvoid*")
+    assert ("softmax_scale", "float") in fields
+
+
+def test_field_order_matches_the_numpy_mirror():
+    assert [n for n, _ in struct_fields()] == list(PARAMS_DTYPE.names)
+
+
+def test_field_sizes_and_kinds_match():
+    for name, ctype in struct_fields():
+        np_type = PARAMS_DTYPE.fields[name][0]
+        if ctype.endswith("*"):
+            assert np_type == np.uint64, f"{name}: a pointer is carried as uint64, got {np_type}"
+        elif ctype == "float":
+            assert np_type == np.float32, name
+        elif ctype == "int":
+            assert np_type == np.int32, name
+        elif ctype == "index_t":
+            assert np_type == np.int64, name
+        else:
+            pytest.fail(f"{name}: unexpected C type {ctype}")
+        assert np_type.itemsize == C_SIZES.get(ctype, 8)
+
+
+def layout_asserts(dtype: np.dtype) -> str:
+    lines = ['#include "flashkit/params.cuh"', "using flashkit::Params;"]
+    for name in dtype.names:
+        np_type, offset = dtype.fields[name][:2]
+        lines.append(f"static_assert(__builtin_offsetof(Params, {name}) == {offset}, \"offset of {name}\");")
+        lines.append(f"static_assert(sizeof(((Params*)0)->{name}) == {np_type.itemsize}, \"size of {name}\");")
+    lines.append(f"static_assert(sizeof(Params) == {dtype.itemsize}, \"sizeof(Params)\");")
+    lines.append(f"static_assert(alignof(Params) == {dtype.alignment}, \"alignof(Params)\");")
+    lines.append('extern "C" __global__ void flashkit_params_probe(const Params p) {}')
+    return "\n".join(lines) + "\n"
+
+
+def compile_layout(source: str):
+    return compile_cubin(source, "params_layout.cu", ["-arch=sm_80", "-std=c++17", f"-I{INCLUDE_DIR}"])
+
+
+def test_offsets_itemsize_and_alignment_match_the_c_struct():
+    """NVRTC (no GPU needed) compiles one static_assert per field: offsetof and sizeof as NumPy lays them out."""
+    compiled = compile_layout(layout_asserts(PARAMS_DTYPE))
+    assert compiled.cubin[:4] == b"\x7fELF"
+
+
+def test_the_layout_check_can_fail():
+    """A mirror with one field moved must not compile (the check above is not vacuous)."""
+    names = list(PARAMS_DTYPE.names)
+    names[-1], names[-2] = names[-2], names[-1]                  # swap two floats: same size, new offsets
+    formats = [PARAMS_DTYPE.fields[n][0] for n in names]
+    swapped = np.dtype({"names": names, "formats": formats,
+                        "offsets": [PARAMS_DTYPE.fields[n][1] for n in PARAMS_DTYPE.names],
+                        "itemsize": PARAMS_DTYPE.itemsize})
+    with pytest.raises(CompileError, match=r"offset of softmax_scale"):
+        compile_layout(layout_asserts(swapped))
+
+
+def test_make_params_sets_fields_and_zeroes_the_rest():
+    block = make_params(q=0x1000, seqlen_q=17, softmax_scale=0.125, q_row_stride=-3)
+    assert block.dtype == PARAMS_DTYPE and block.shape == ()
+    assert int(block["q"]) == 0x1000 and int(block["seqlen_q"]) == 17
+    assert float(block["softmax_scale"]) == 0.125 and int(block["q_row_stride"]) == -3
+    assert int(block["k"]) == 0 and int(block["lse"]) == 0 and float(block["softmax_scale_log2"]) == 0
+    raw = block.tobytes()
+    assert len(raw) == PARAMS_DTYPE.itemsize
+    off = PARAMS_DTYPE.fields["seqlen_q"][1]
+    assert int.from_bytes(raw[off:off + 4], "little") == 17
+
+
+def test_make_params_rejects_unknown_fields():
+    with pytest.raises(KeyError, match="Params has no field 'seqlen'"):
+        make_params(seqlen=3)

@@ -1,0 +1,130 @@
+"""The block_sparse variant on a GPU: every mask pattern against the reference, empty rows, mask building speed,
+and work that scales with density."""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import pytest
+
+import flashkit
+from flashkit.block_mask import BlockMask, compress
+from flashkit.block_mask_verify import block_sparse_checks
+from flashkit.registry import discover_kernels
+
+pytestmark = pytest.mark.gpu
+
+SPEC = discover_kernels().get("block_sparse")
+QUICK = block_sparse_checks(SPEC, SPEC.dtypes, SPEC.head_dims.examples(), (False, True), quick=True)
+# The full pattern set on one dtype / head dim (the 4097 shape included).
+FULL = block_sparse_checks(SPEC, ("bfloat16",), (128,), (False, True), quick=False)
+
+
+def _run(check, seed=0):
+    res = check.run(seed)
+    assert res.passed, f"{res.label}: err {res.max_error:.3g} > bound {res.bound:.3g}; lse err {res.lse_error} " \
+                       f"> {res.lse_bound}; {res.note}"
+
+
+@pytest.mark.parametrize("check", QUICK, ids=[c.label for c in QUICK])
+def test_quick_matrix(check):
+    _run(check)
+
+
+@pytest.mark.parametrize("check", FULL, ids=[c.label for c in FULL])
+def test_every_pattern(check):
+    _run(check, seed=1)
+
+
+def _qkv(b, sq, sk, h, hk, d, dtype="bfloat16", seed=0):
+    from flashkit.verify import Shape, random_qkv
+    return random_qkv(Shape(b, sq, sk, h, hk), d, dtype, seed)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("head_dim", [64, 128, 256])
+def test_dropped_rows_give_zero_and_minus_inf(causal, head_dim):
+    import cupy
+    q, k, v = _qkv(2, 300, 500, 4, 2, head_dim)
+    blocks = np.ones((2, 4, 3, 4), bool)
+    blocks[0, 1, 1, :] = False           # query block 1 of (batch 0, head 1) keeps nothing
+    blocks[1, :, 0, :] = False           # query block 0 of batch 1 keeps nothing
+    mask = BlockMask.from_blocks(cupy.asarray(blocks))
+    out, lse = flashkit.attention(q, k, v, block_mask=mask, causal=causal, return_lse=True)
+    out32 = out.astype(cupy.float32)
+    assert not bool(cupy.isnan(out32).any()) and not bool(cupy.isnan(lse).any())
+    assert bool((out32[0, 128:256, 1] == 0).all()) and bool((lse[0, 1, 128:256] == -cupy.inf).all())
+    assert bool((out32[1, :128] == 0).all()) and bool((lse[1, :, :128] == -cupy.inf).all())
+    assert bool(cupy.isfinite(lse[0, 0]).all())
+
+
+def test_all_dropped_mask_with_causal_above_the_diagonal():
+    """Blocks kept only above the causal diagonal: nothing is visible, so O = 0 and LSE = -inf everywhere."""
+    import cupy
+    q, k, v = _qkv(1, 512, 512, 2, 2, 128)
+    blocks = cupy.triu(cupy.ones((4, 4), bool), k=1)
+    out, lse = flashkit.attention(q, k, v, block_mask=BlockMask.from_blocks(blocks), causal=True, return_lse=True)
+    assert bool((out.astype(cupy.float32) == 0).all())
+    assert bool((lse == -cupy.inf).all())
+
+
+def test_gpu_compression_matches_numpy():
+    import cupy
+    blocks = np.random.default_rng(0).random((2, 3, 37, 41)) < 0.3
+    count, index = compress(cupy.asarray(blocks), cupy)
+    want_count, want_index = compress(blocks, np)
+    np.testing.assert_array_equal(cupy.asnumpy(count), want_count)
+    np.testing.assert_array_equal(cupy.asnumpy(index), want_index)
+
+
+@pytest.mark.parametrize("build", [
+    lambda: BlockMask.causal(32768),
+    lambda: BlockMask.sliding_window(32768, width=4096),
+    lambda: BlockMask.butterfly(32768),
+    lambda: BlockMask.random(1, 16, 32768, 32768, 0.1, seed=0),
+], ids=["causal", "sliding_window", "butterfly", "random-16-heads"])
+def test_building_a_32k_mask_takes_under_50ms(build):
+    import cupy
+    build()   # warm-up: CuPy compiles its elementwise kernels once
+    cupy.cuda.Device().synchronize()
+    start = time.perf_counter()
+    mask = build()
+    cupy.cuda.Device().synchronize()
+    elapsed = time.perf_counter() - start
+    assert isinstance(mask.kv_block_index, cupy.ndarray)
+    assert elapsed < 0.05, f"{elapsed * 1e3:.1f} ms"
+
+
+def test_mask_is_reused_across_calls():
+    import cupy
+    q, k, v = _qkv(1, 1000, 1000, 4, 4, 64)
+    mask = BlockMask.random(1, 4, 1000, 1000, 0.5, seed=3)
+    a = flashkit.attention(q, k, v, block_mask=mask)
+    count, index = mask.device_arrays()
+    b = flashkit.attention(q, k, v, block_mask=mask)
+    assert mask.device_arrays()[0] is count and mask.device_arrays()[1] is index
+    assert bool((a == b).all())
+
+
+def _median_ms(fn, reps=10):
+    import cupy
+    fn()
+    times = []
+    for _ in range(reps):
+        start, end = cupy.cuda.Event(), cupy.cuda.Event()
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        times.append(cupy.cuda.get_elapsed_time(start, end))
+    return float(np.median(times))
+
+
+def test_time_scales_with_density():
+    q, k, v = _qkv(1, 8192, 8192, 16, 16, 128)
+    dense = BlockMask.random(1, 16, 8192, 8192, 1.0, seed=0)
+    sparse = BlockMask.random(1, 16, 8192, 8192, 0.1, seed=0)
+    t_dense = _median_ms(lambda: flashkit.attention(q, k, v, block_mask=dense))
+    t_sparse = _median_ms(lambda: flashkit.attention(q, k, v, block_mask=sparse))
+    assert t_sparse < 0.3 * t_dense, f"density 0.1: {t_sparse:.3f} ms, density 1.0: {t_dense:.3f} ms"
