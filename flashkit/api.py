@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 from .arrays import describe, to_cupy
@@ -21,8 +22,10 @@ FP8_OUT_DTYPES = ("bfloat16", "float16")
 def attention(q: Any, k: Any, v: Any, *, causal: bool = False, softmax_scale: float | None = None,
               variant: str | None = None, return_lse: bool = False, block_mask: Any = None,
               fp8: bool = False, q_scale: Any = None, k_scale: Any = None, v_scale: Any = None,
-              out_dtype: str | None = None, out: Any = None):
+              out_dtype: str | None = None, out: Any = None, fp8_options: dict | None = None):
     """softmax(scale * q k^T [masked]) v for (batch, seqlen, heads, head_dim) CUDA arrays.
+
+    fp8=True quantizes q, k, v with flashkit.fp8.quantize_qkv(**fp8_options): block, hadamard, seed.
 
     Returns a CuPy array (and the float32 log-sum-exp, (batch, heads, seqlen_q), with return_lse=True).
     """
@@ -35,6 +38,8 @@ def attention(q: Any, k: Any, v: Any, *, causal: bool = False, softmax_scale: fl
     if prequantized and fp8:
         raise InputError("fp8: pass fp8=True with float16/bfloat16 inputs, or pre-quantized inputs with "
                          "scales, not both")
+    if fp8_options is not None and (not fp8 or not isinstance(fp8_options, dict)):
+        raise InputError("fp8_options: expected a dict (block, hadamard, seed) together with fp8=True")
     if variant is not None and not isinstance(variant, str):
         raise InputError(f"variant: expected a variant name (str), got {type(variant).__name__}")
     problem = validate_inputs(describe(q, "q"), describe(k, "k"), describe(v, "v"), softmax_scale, prequantized)
@@ -43,6 +48,8 @@ def attention(q: Any, k: Any, v: Any, *, causal: bool = False, softmax_scale: fl
     if block_mask is not None:
         _check_block_mask(block_mask, problem)
     out_name = _output_dtype(problem, fp8 or prequantized, out_dtype)
+    if fp8:   # the kernel sees the quantized inputs
+        problem = replace(problem, dtype=FLOAT8_E4M3.name)
     use_fp8 = fp8 or prequantized
     cc = device_info().cc
     req = request_for(problem, causal=causal, block_sparse=block_mask is not None, fp8=use_fp8,
@@ -54,8 +61,8 @@ def attention(q: Any, k: Any, v: Any, *, causal: bool = False, softmax_scale: fl
     extras: dict[str, int] = {}
     keep: list = []   # device arrays the launch reads, alive until it is queued
     if fp8:
-        from .fp8 import quantize_fp8
-        (qc, qs), (kc, ks), (vc, vs) = (quantize_fp8(x) for x in (qc, kc, vc))
+        from .fp8 import quantize_qkv
+        (qc, qs), (kc, ks), (vc, vs) = quantize_qkv(qc, kc, vc, **_fp8_options(fp8_options))
         scales = (qs, ks, vs)
     if use_fp8:
         from .fp8 import scale_fields
@@ -131,6 +138,13 @@ def _aligned(a):
     if a.data.ptr % ALIGN_BYTES or any(s % ALIGN_BYTES for s, n in zip(a.strides[:-1], a.shape[:-1]) if n > 1):
         return cupy_module().ascontiguousarray(a)
     return a
+
+
+def _fp8_options(options: dict | None) -> dict:
+    unknown = set(options or {}) - {"block", "hadamard", "seed"}
+    if unknown:
+        raise InputError(f"fp8_options: unknown key(s) {', '.join(sorted(unknown))}; known: block, hadamard, seed")
+    return dict(options or {})
 
 
 def _check_block_mask(mask: Any, problem: Problem) -> None:

@@ -8,8 +8,6 @@ block-sparse counts only the kept blocks. Inputs rotate among copies whose total
 from __future__ import annotations
 
 import datetime
-import json
-import math
 import platform
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, Sequence
@@ -222,7 +220,8 @@ def _free_pools() -> None:
         pass
 
 
-def _unavailable(row: BenchRow, exc: BaseException) -> BenchRow:
+def mark_unavailable(row: BenchRow, exc: BaseException) -> BenchRow:
+    """Record why a kernel did not run (first line of the exception) instead of raising."""
     row.available = False
     row.reason = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"[:300]
     return row
@@ -232,7 +231,7 @@ def bench_flashkit(shape: BenchShape, inputs, variant: str | None, config: Bench
                    mask: Any = None) -> BenchRow:
     """Time flashkit.attention on the rotated inputs; an exception records the row as unavailable."""
     from . import attention
-    row = BenchRow(f"flashkit:{variant}" if variant else "flashkit", shape.batch, shape.seqlen, shape.heads,
+    row = BenchRow(flashkit_label(shape, variant, mask is not None, config.dtype), shape.batch, shape.seqlen, shape.heads,
                    shape.head_dim, shape.causal, config.dtype, flops,
                    density=mask.density if mask is not None else None)
 
@@ -251,8 +250,22 @@ def bench_flashkit(shape: BenchShape, inputs, variant: str | None, config: Bench
         row.ms = time_cupy(call, config.warmup, config.iters)
         row.tflops = tflops(flops, row.ms)
     except Exception as exc:   # unsupported shape, compile failure, out of memory: a row, not a crash
-        _unavailable(row, exc)
+        mark_unavailable(row, exc)
     return row
+
+
+def flashkit_label(shape: BenchShape, variant: str | None, block_sparse: bool, dtype: str = "bfloat16") -> str:
+    """'flashkit:<variant>'; for automatic selection, the variant it picks here ('flashkit:auto' if unknown)."""
+    if variant:
+        return f"flashkit:{variant}"
+    try:
+        from .api import explain
+        from .runtime.device import device_info
+        sel = explain(dtype=dtype, head_dim=shape.head_dim, seqlen_q=shape.seqlen, heads=shape.heads,
+                      batch=shape.batch, causal=shape.causal, block_sparse=block_sparse, cc=device_info().cc)
+        return f"flashkit:{sel.chosen.name}" if sel.chosen else "flashkit:auto"
+    except Exception:
+        return "flashkit:auto"
 
 
 def run_benchmark(config: BenchConfig | None = None, progress: Progress | None = None,

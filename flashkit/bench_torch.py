@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-from .bench import BenchConfig, BenchRow, BenchShape, _unavailable, tflops, time_cuda
+from .bench import BenchConfig, BenchRow, BenchShape, mark_unavailable, tflops, time_cuda
 
 SDPA_BACKENDS = {"flash": "FLASH_ATTENTION", "cudnn": "CUDNN_ATTENTION", "efficient": "EFFICIENT_ATTENTION"}
 
@@ -118,5 +118,5 @@ def bench_backend(backend: str, shape: BenchShape, inputs, config: BenchConfig, 
         row.ms = time_torch(call, config.warmup, config.iters)
         row.tflops = tflops(flops, row.ms)
     except Exception as exc:
-        _unavailable(row, exc)
+        mark_unavailable(row, exc)
     return row

@@ -147,17 +147,21 @@ def _spec_from(path: Path, data: dict) -> KernelSpec:
     if not isinstance(arch, dict) or "min" not in arch:
         raise bad("arch", "a mapping with 'min', e.g. {min: \"8.0\"}")
     arch_min = parse_cc(arch["min"], f"{path}: field 'arch.min'")
-    targets = {parse_cc(k, f"{path}: field 'arch.targets'"): str(v) for k, v in (arch.get("targets") or {}).items()}
+    raw_targets = arch.get("targets") or {}
+    if not isinstance(raw_targets, dict) or not all(isinstance(v, str) for v in raw_targets.values()):
+        raise bad("arch", "'targets' as a mapping of compute capability to target, e.g. {\"9.0\": sm_90a}")
+    targets = {parse_cc(k, f"{path}: field 'arch.targets'"): v for k, v in raw_targets.items()}
 
     dtypes = data["dtypes"]
-    if not isinstance(dtypes, list) or not dtypes or any(d not in BY_NAME for d in dtypes):
+    if not isinstance(dtypes, list) or not dtypes or any(not isinstance(d, str) or d not in BY_NAME for d in dtypes):
         raise bad("dtypes", f"a list from {', '.join(BY_NAME)}")
 
     hd = data["head_dims"]
     if isinstance(hd, list) and hd and all(isinstance(x, int) and x > 0 for x in hd):
         head_dims = HeadDims(values=tuple(hd))
-    elif isinstance(hd, dict) and {"min", "max"} <= set(hd):
-        head_dims = HeadDims(low=int(hd["min"]), high=int(hd["max"]), multiple_of=int(hd.get("multiple_of", 1)))
+    elif (isinstance(hd, dict) and {"min", "max"} <= set(hd) <= {"min", "max", "multiple_of"}
+          and all(isinstance(v, int) and v > 0 for v in hd.values()) and hd["min"] <= hd["max"]):
+        head_dims = HeadDims(low=hd["min"], high=hd["max"], multiple_of=hd.get("multiple_of", 1))
     else:
         raise bad("head_dims", "a list of positive ints or {min, max, multiple_of}")
 

@@ -45,7 +45,8 @@ class BuildConfig:
         return flags + [f"-DFLASHKIT_{k.upper()}={v}" for k, v in self.launch]
 
     def describe(self) -> str:
-        parts = [self.dtype, f"hd{self.head_dim}"] + (["causal"] if self.causal else [])
+        parts = [self.dtype] + ([f"-> {self.out_dtype}"] if self.out_dtype not in (None, self.dtype) else [])
+        parts += [f"hd{self.head_dim}"] + (["causal"] if self.causal else [])
         parts += (["block_sparse"] if self.block_sparse else []) + [f"{k}={v}" for k, v in self.launch]
         return " ".join(parts)
 

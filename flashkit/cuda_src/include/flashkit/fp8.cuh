@@ -82,13 +82,42 @@ __device__ __forceinline__ void load_byte_tile_async(u32 smem_base, const u8* gm
 }
 
 // ---- tensor cores --------------------------------------------------------------------------
-// C += A * B for one m16n8k32 tile, e4m3 operands, f32 accumulation (sm_89+).
+// Two e4m3 bytes (bits 0..15) -> two f16 (exact), as one f16x2 register.
+__device__ __forceinline__ u32 e4m3x2_to_f16x2(u16 pair) {
+    u32 h2;
+    asm("cvt.rn.f16x2.e4m3x2 %0, %1;" : "=r"(h2) : "h"(pair));
+    return h2;
+}
+
+// C += A * B for one m16n8k32 tile, e4m3 operands, f32 accumulation.
+// sm_89 (and sm_120) run it natively (QMMA). sm_90 has no 8-bit mma.sync in hardware and ptxas
+// expands it into conversions plus two f16 mma.m16n8k16 per call, spilling at large head dims;
+// doing the same by hand (FLASHKIT_FP8_F16_MMA) keeps the register use in check. The split is
+// exact: e4m3 -> f16 is exact and the products accumulate in f32. Bytes {0, 1} of every
+// register (k = 4t, 4t + 1 and 16 + 4t, 16 + 4t + 1) go to the first m16n8k16, bytes {2, 3}
+// to the second; A and B split alike, so each k meets its partner.
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ != 890 && __CUDA_ARCH__ < 1200
+#define FLASHKIT_FP8_F16_MMA 1
+#endif
 __device__ __forceinline__ void mma_16832(float (&c)[4], const u32 (&a)[4], u32 b0, u32 b1) {
+#ifdef FLASHKIT_FP8_F16_MMA
+    u32 a_lo[4], a_hi[4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        a_lo[i] = e4m3x2_to_f16x2(static_cast<u16>(a[i] & 0xffffu));
+        a_hi[i] = e4m3x2_to_f16x2(static_cast<u16>(a[i] >> 16));
+    }
+    mma_16816<half_t>(c, a_lo, e4m3x2_to_f16x2(static_cast<u16>(b0 & 0xffffu)),
+                      e4m3x2_to_f16x2(static_cast<u16>(b1 & 0xffffu)));
+    mma_16816<half_t>(c, a_hi, e4m3x2_to_f16x2(static_cast<u16>(b0 >> 16)),
+                      e4m3x2_to_f16x2(static_cast<u16>(b1 >> 16)));
+#else
     asm volatile(
         "mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32 "
         "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
         : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+#endif
 }
 
 // Four floats -> four e4m3 bytes (x0 in bits 0..7), round to nearest even, saturating at 448.
@@ -119,18 +148,27 @@ __device__ __forceinline__ void transpose_4x4_bytes(u32 (&r)[4]) {
     r[3] = byte_perm(t1, t3, 0x7632u);
 }
 
+__device__ __forceinline__ u32 lds_u32(u32 addr) {
+    u32 v;
+    asm volatile("ld.shared.u32 %0, [%1];" : "=r"(v) : "r"(addr));
+    return v;
+}
+__device__ __forceinline__ void sts_u32(u32 addr, u32 v) {
+    asm volatile("st.shared.u32 [%0], %1;" ::"r"(addr), "r"(v));
+}
+
 // Vt[d][logical key] = V[physical key][d] for one (kBlockN x kHeadDim) tile: sv is the swizzled
-// row-major V tile (rows of kHeadDim bytes), svt the swizzled Vt tile (rows of kBlockN bytes).
-// A work item is (logical key word kw = 4 q + t, head-dim word w): it reads physical keys
-// 16 q + {2t, 2t+1, 2t+8, 2t+9} at bytes 4w..4w+3 and writes rows 4w..4w+3 of Vt at logical
-// bytes 4 kw..4 kw+3 (see the key permutation above).
+// row-major V tile (rows of kHeadDim bytes), svt the swizzled Vt tile (rows of kBlockN bytes),
+// both shared addresses. A work item is (logical key word kw = 4 q + t, head-dim word w): it
+// reads physical keys 16 q + {2t, 2t+1, 2t+8, 2t+9} at bytes 4w..4w+3 and writes rows
+// 4w..4w+3 of Vt at logical bytes 4 kw..4 kw+3 (see the key permutation above).
 template <int kBlockN, int kHeadDim, int kThreads>
-__device__ __forceinline__ void transpose_v_tile(const u8* sv, u8* svt, int tid) {
+__device__ __forceinline__ void transpose_v_tile(u32 sv, u32 svt, int tid) {
     constexpr int kKeyWords = kBlockN / 4;
     constexpr int kItems = kKeyWords * (kHeadDim / 4);
     static_assert(kItems % kThreads == 0 || kThreads % kItems == 0, "transpose work splits evenly");
     constexpr int kRounds = kItems >= kThreads ? kItems / kThreads : 1;
-#pragma unroll
+#pragma unroll 1
     for (int i = 0; i < kRounds; ++i) {
         const int item = tid + i * kThreads;
         if (kItems < kThreads && item >= kItems) break;
@@ -138,14 +176,13 @@ __device__ __forceinline__ void transpose_v_tile(const u8* sv, u8* svt, int tid)
         const int w = item / kKeyWords;
         const int key0 = 16 * (kw / 4) + 2 * (kw % 4);
         u32 r[4];
-        r[0] = *reinterpret_cast<const u32*>(sv + byte_offset<kHeadDim>(key0, 4 * w));
-        r[1] = *reinterpret_cast<const u32*>(sv + byte_offset<kHeadDim>(key0 + 1, 4 * w));
-        r[2] = *reinterpret_cast<const u32*>(sv + byte_offset<kHeadDim>(key0 + 8, 4 * w));
-        r[3] = *reinterpret_cast<const u32*>(sv + byte_offset<kHeadDim>(key0 + 9, 4 * w));
+        r[0] = lds_u32(sv + byte_offset<kHeadDim>(key0, 4 * w));
+        r[1] = lds_u32(sv + byte_offset<kHeadDim>(key0 + 1, 4 * w));
+        r[2] = lds_u32(sv + byte_offset<kHeadDim>(key0 + 8, 4 * w));
+        r[3] = lds_u32(sv + byte_offset<kHeadDim>(key0 + 9, 4 * w));
         transpose_4x4_bytes(r);
 #pragma unroll
-        for (int j = 0; j < 4; ++j)
-            *reinterpret_cast<u32*>(svt + byte_offset<kBlockN>(4 * w + j, 4 * kw)) = r[j];
+        for (int j = 0; j < 4; ++j) sts_u32(svt + byte_offset<kBlockN>(4 * w + j, 4 * kw), r[j]);
     }
 }
 

@@ -69,6 +69,29 @@ struct EpilogueTraits {
     static constexpr int kWarpRows = Kt::kWarpRows;
 };
 
+// Thread and block indices through volatile reads, so that the compiler re-reads them instead of
+// holding them in registers across the main loop.
+__device__ __forceinline__ int special_reg_tid_x() {
+    int v;
+    asm volatile("mov.u32 %0, %%tid.x;" : "=r"(v));
+    return v;
+}
+__device__ __forceinline__ int special_reg_ctaid_x() {
+    int v;
+    asm volatile("mov.u32 %0, %%ctaid.x;" : "=r"(v));
+    return v;
+}
+__device__ __forceinline__ int special_reg_ctaid_y() {
+    int v;
+    asm volatile("mov.u32 %0, %%ctaid.y;" : "=r"(v));
+    return v;
+}
+__device__ __forceinline__ int special_reg_ctaid_z() {
+    int v;
+    asm volatile("mov.u32 %0, %%ctaid.z;" : "=r"(v));
+    return v;
+}
+
 template <class Kt, class Mask>
 struct Mainloop {
     static constexpr int kD = Kt::kHeadDim;
@@ -76,17 +99,15 @@ struct Mainloop {
     static constexpr int kMTiles = Kt::kMTiles;
 
     const Mask& mask;
+    const Params& params;   // strides, seqlen_k and scale_block_rows read from the parameter space
     const u8* k_gmem;   // row 0 of this (batch, kv head)
     const u8* v_gmem;
-    const float* k_scale;   // this (batch, kv head)'s scale blocks
-    const float* v_scale;
-    index_t k_row_stride, v_row_stride;
-    int seqlen_k, scale_block_rows, tid;
-    u8* smem;                        // [ Q | K | V | Vt ]
-    u32 sK, sV;
+    int kv_scale0;          // this (batch, kv head)'s first scale block in k_scale / v_scale
+    u32 sK, sV;                      // [ Q | K | V | Vt ] from the Q tile's shared address
     u32 q_lane, k_lane, vt_lane;     // this lane's ldmatrix row address (chunk 0, unswizzled)
-    int q_key, k_key, vt_key;        // this lane's swizzle keys
-    int hi16, hi8;                   // chunk offsets: lane / 16 (A operands), (lane / 8) % 2 (B)
+    // This lane's swizzle key XOR its chunk offset within a k-step (lane / 16 for the A operand,
+    // (lane / 8) % 2 for B): chunk 2 kk + hi lands at (2 kk) ^ (key ^ hi).
+    int q_x, k_x, vt_x;
 
     u32 q_frag[kMTiles][Kt::kQKSteps][4];
     float acc_o[kMTiles][Kt::kDTiles][4];
@@ -97,35 +118,28 @@ struct Mainloop {
     __device__ __forceinline__ Mainloop(const Mask& mask_, const Params& p, u8* smem_, int m0,
                                         int head, int batch, int tid_)
         : mask(mask_),
-          k_row_stride(p.k_row_stride),
-          v_row_stride(p.v_row_stride),
-          seqlen_k(p.seqlen_k),
-          scale_block_rows(p.scale_block_rows),
-          tid(tid_),
-          smem(smem_) {
+          params(p) {
         const int kv_head = head / (p.heads / p.kv_heads);   // GQA / MQA
         k_gmem = static_cast<const u8*>(p.k) + batch * p.k_batch_stride + kv_head * p.k_head_stride;
         v_gmem = static_cast<const u8*>(p.v) + batch * p.v_batch_stride + kv_head * p.v_head_stride;
-        const index_t kv_blocks = (static_cast<index_t>(batch) * p.kv_heads + kv_head) * p.k_scale_blocks;
-        k_scale = p.k_scale + kv_blocks;
-        v_scale = p.v_scale + kv_blocks;
-        const u32 sQ = smem_u32(smem);
+        kv_scale0 = (batch * p.kv_heads + kv_head) * p.k_scale_blocks;
+        const u32 sQ = smem_u32(smem_);
         sK = sQ + Kt::kQBytes;
         sV = sK + Kt::kKVBytes;
         const u32 sVt = sV + Kt::kKVBytes;
         const int warp = tid_ / kWarpSize;
         const int lane = tid_ % kWarpSize;
-        hi16 = lane / 16;
-        hi8 = (lane / 8) % 2;
+        const int hi16 = lane / 16;
+        const int hi8 = (lane / 8) % 2;
         // Q (A): rows lane % 16 of the warp's tile. K and Vt (B): rows (lane / 16) * 8 + lane % 8.
         const int q_row = warp * Kt::kWarpRows + lane % 16;
         const int b_row = hi16 * kMmaN + lane % 8;
         q_lane = sQ + q_row * kD;
         k_lane = sK + b_row * kD;
         vt_lane = sVt + b_row * kBN;
-        q_key = swizzle_key<kD>(q_row);
-        k_key = swizzle_key<kD>(b_row);
-        vt_key = swizzle_key<kBN>(b_row);
+        q_x = swizzle_key<kD>(q_row) ^ hi16;
+        k_x = swizzle_key<kD>(b_row) ^ hi8;
+        vt_x = swizzle_key<kBN>(b_row) ^ hi8;
 
         const float* q_scale = p.q_scale + (static_cast<index_t>(batch) * p.heads + head) * p.q_scale_blocks;
         const int row0 = m0 + warp * Kt::kWarpRows + lane / kQuadLanes;
@@ -134,7 +148,7 @@ struct Mainloop {
 #pragma unroll
             for (int h = 0; h < 2; ++h) {
                 const int row = min(row0 + mi * kMmaM + h * kFragRowHalf, p.seqlen_q - 1);
-                row_scale[mi][h] = q_scale[row / scale_block_rows] * p.softmax_scale_log2;
+                row_scale[mi][h] = q_scale[row / p.scale_block_rows] * p.softmax_scale_log2;
             }
 #pragma unroll
         for (int mi = 0; mi < kMTiles; ++mi)
@@ -146,9 +160,13 @@ struct Mainloop {
         softmax.init();
     }
 
-    // Shared address of 16 B chunk `chunk` of a lane's row, given the row's swizzle key.
-    __device__ __forceinline__ static u32 chunk_addr(u32 lane_row, int chunk, int key) {
-        return lane_row + ((chunk ^ key) * kChunkBytes);
+    // Shared address of this lane's 16 B chunk of k-step kk in its row (x = key ^ hi < 8): the
+    // swizzle only permutes chunks within groups of 8, so the group offset is an immediate and
+    // only 4 distinct (chunk % 8) ^ x values stay in registers, however long the row.
+    __device__ __forceinline__ static u32 chunk_addr(u32 lane_row, int kk, int x) {
+        constexpr int kGroup = kSwizzleRows;
+        const int chunk = 2 * kk;
+        return lane_row + (chunk / kGroup) * kGroup * kChunkBytes + (((chunk % kGroup) ^ x) * kChunkBytes);
     }
 
     __device__ __forceinline__ void q_fragment(u32 (&a)[4], int mi, int kk) const {
@@ -156,7 +174,7 @@ struct Mainloop {
 #pragma unroll
             for (int e = 0; e < 4; ++e) a[e] = q_frag[mi][kk][e];
         } else {
-            ldsm_x4(a, chunk_addr(q_lane + mi * kMmaM * kD, 2 * kk + hi16, q_key));
+            ldsm_x4(a, chunk_addr(q_lane + mi * kMmaM * kD, kk, q_x));
         }
     }
 
@@ -165,7 +183,7 @@ struct Mainloop {
         for (int mi = 0; mi < kMTiles; ++mi)
 #pragma unroll
             for (int kk = 0; kk < Kt::kQKSteps; ++kk)
-                ldsm_x4(q_frag[mi][kk], chunk_addr(q_lane + mi * kMmaM * kD, 2 * kk + hi16, q_key));
+                ldsm_x4(q_frag[mi][kk], chunk_addr(q_lane + mi * kMmaM * kD, kk, q_x));
     }
 
     // S = Q K^T (raw e4m3 products) for the resident K tile.
@@ -181,7 +199,7 @@ struct Mainloop {
             u32 a[kMTiles][4];
 #pragma unroll
             for (int mi = 0; mi < kMTiles; ++mi) q_fragment(a[mi], mi, kk);
-            const u32 k_addr = chunk_addr(k_lane, 2 * kk + hi8, k_key);
+            const u32 k_addr = chunk_addr(k_lane, kk, k_x);
 #pragma unroll
             for (int np = 0; np < Kt::kNTiles / 2; ++np) {
                 u32 b[4];   // b0, b1 of key tile 2 np, then of 2 np + 1
@@ -210,7 +228,7 @@ struct Mainloop {
                     a[mi][2 * half] = pack_e4m3x4(lo[0], lo[1], hi[0], hi[1]);       // row g
                     a[mi][2 * half + 1] = pack_e4m3x4(lo[2], lo[3], hi[2], hi[3]);   // row g + 8
                 }
-            const u32 v_addr = chunk_addr(vt_lane, 2 * kk + hi8, vt_key);
+            const u32 v_addr = chunk_addr(vt_lane, kk, vt_x);
 #pragma unroll
             for (int dp = 0; dp < Kt::kDTiles / 2; ++dp) {
                 u32 b[4];   // b0, b1 of O column tile 2 dp, then of 2 dp + 1
@@ -227,7 +245,8 @@ struct Mainloop {
     __device__ __forceinline__ void load_kv_async(u32 dst, const u8* gmem, index_t stride,
                                                   int n_block) const {
         const int n0 = n_block * kBN;
-        load_byte_tile_async<kBN, kD, Kt::kThreads>(dst, gmem + n0 * stride, stride, seqlen_k - n0, tid);
+        load_byte_tile_async<kBN, kD, Kt::kThreads>(dst, gmem + n0 * stride, stride, params.seqlen_k - n0,
+                                                    special_reg_tid_x());
         cp_async_commit();
     }
 
@@ -235,12 +254,12 @@ struct Mainloop {
     template <bool kMasked>
     __device__ __forceinline__ void step(int it, int row0, int col_lane) {
         const int n_block = mask.kv_block(it);
-        const int scale_block = n_block * kBN / scale_block_rows;   // one per tile (kMinScaleBlock)
-        const float ks = k_scale[scale_block];
-        const float vs = v_scale[scale_block];
+        const int scale_block = n_block * kBN / params.scale_block_rows;   // one per tile (kMinScaleBlock)
+        const float ks = params.k_scale[kv_scale0 + scale_block];
+        const float vs = params.v_scale[kv_scale0 + scale_block];
         cp_async_wait<0>();
         __syncthreads();   // K_j resident; every warp is done reading Vt_{j-1}
-        load_kv_async(sV, v_gmem, v_row_stride, n_block);
+        load_kv_async(sV, v_gmem, params.v_row_stride, n_block);
         float s[kMTiles][Kt::kNTiles][4];
         gemm_qk(s);   // S = Q K_j^T
         // x = S * q_scale * k_scale * softmax_scale * log2(e), before masking (the scale may be < 0).
@@ -258,9 +277,8 @@ struct Mainloop {
         if constexpr (kMasked) apply_mask(mask, s, row0, n_block * kBN + col_lane);
         cp_async_wait<0>();
         __syncthreads();   // V_j resident; every warp is done reading K_j
-        if (it > 0) load_kv_async(sK, k_gmem, k_row_stride, mask.kv_block(it - 1));
-        transpose_v_tile<kBN, kD, Kt::kThreads>(smem + Kt::kQBytes + Kt::kKVBytes,
-                                                smem + Kt::kQBytes + 2 * Kt::kKVBytes, tid);
+        if (it > 0) load_kv_async(sK, k_gmem, params.k_row_stride, mask.kv_block(it - 1));
+        transpose_v_tile<kBN, kD, Kt::kThreads>(sV, sV + Kt::kKVBytes, special_reg_tid_x());
         softmax.update(s, acc_o, v_scale_cur / vs);   // S -> P, O *= alpha, O in units of vs
         v_scale_cur = vs;
         __syncthreads();   // Vt_j complete
@@ -268,7 +286,7 @@ struct Mainloop {
     }
 };
 
-// The whole FP8 forward of query block m_block of (head, batch).
+// The whole FP8 forward of query block m_block of (head, batch) (= blockIdx.x, .y, .z).
 template <class Kt, class Mask>
 __device__ __forceinline__ void fwd_block(const Params& p, const Mask& mask, int m_block, int head,
                                           int batch) {
@@ -288,7 +306,7 @@ __device__ __forceinline__ void fwd_block(const Params& p, const Mask& mask, int
         load_byte_tile_async<Kt::kBlockM, Kt::kHeadDim, Kt::kThreads>(smem_u32(smem_raw), q_gmem,
                                                                      p.q_row_stride, p.seqlen_q - m0, tid);
         cp_async_commit();
-        loop.load_kv_async(loop.sK, loop.k_gmem, loop.k_row_stride, mask.kv_block(n_blocks - 1));
+        loop.load_kv_async(loop.sK, loop.k_gmem, p.k_row_stride, mask.kv_block(n_blocks - 1));
         if constexpr (Kt::kQInRegs) {
             cp_async_wait<1>();   // Q landed (K may still be in flight)
             __syncthreads();
@@ -297,23 +315,27 @@ __device__ __forceinline__ void fwd_block(const Params& p, const Mask& mask, int
         const int row0 = m0 + warp * Kt::kWarpRows + lane / kQuadLanes;
         const int col_lane = kFragCols * (lane % kQuadLanes);
         int it = n_blocks - 1;
-        loop.v_scale_cur = loop.v_scale[mask.kv_block(it) * Kt::kBlockN / loop.scale_block_rows];
+        loop.v_scale_cur = p.v_scale[loop.kv_scale0 + mask.kv_block(it) * Kt::kBlockN / p.scale_block_rows];
         for (; it >= n_blocks - n_masked; --it) loop.template step<true>(it, row0, col_lane);
         for (; it >= 0; --it) loop.template step<false>(it, row0, col_lane);
     }
 
     float lse[Kt::kMTiles][2];
     loop.softmax.finalize(loop.acc_o, loop.v_scale_cur, lse);   // O *= v_scale / l
-    const int warp_row0 = m0 + warp * Kt::kWarpRows;
-    OutT* o_gmem = static_cast<OutT*>(p.o) + batch * p.o_batch_stride + head * p.o_head_stride +
+    // Indices re-read from special registers rather than kept live through the loop (at hd256
+    // the O accumulators leave no register to spare).
+    const int e_warp = special_reg_tid_x() / kWarpSize;
+    const int e_head = special_reg_ctaid_y(), e_batch = special_reg_ctaid_z();
+    const int warp_row0 = special_reg_ctaid_x() * Kt::kBlockM + e_warp * Kt::kWarpRows;
+    OutT* o_gmem = static_cast<OutT*>(p.o) + e_batch * p.o_batch_stride + e_head * p.o_head_stride +
                    warp_row0 * p.o_row_stride;
     float* lse_gmem = p.lse == nullptr
                           ? nullptr
-                          : p.lse + (static_cast<index_t>(batch) * p.heads + head) * p.seqlen_q + warp_row0;
+                          : p.lse + (static_cast<index_t>(e_batch) * p.heads + e_head) * p.seqlen_q + warp_row0;
     __syncthreads();   // O staging overwrites tiles other warps read
-    OutT* smem_warp = reinterpret_cast<OutT*>(smem_raw) + warp * Kt::kWarpRows * Kt::kHeadDim;
+    OutT* smem_warp = reinterpret_cast<OutT*>(smem_raw) + e_warp * Kt::kWarpRows * Kt::kHeadDim;
     store_output<EpilogueTraits<Kt>>(loop.acc_o, lse, smem_warp, o_gmem, p.o_row_stride, lse_gmem,
-                                     p.seqlen_q - warp_row0, lane);
+                                     p.seqlen_q - warp_row0, special_reg_tid_x() % kWarpSize);
 }
 
 }  // namespace fp8

@@ -1,0 +1,96 @@
+"""The fp8 variant on the GPU: the quantizer against its NumPy model, the verification checks, the
+attention(fp8=True) path, and the quantization cost. Skips (by name) below compute capability 8.9."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from gpu_checks import check_params, run_check
+
+pytestmark = pytest.mark.gpu
+
+
+@pytest.fixture
+def fp8_device():
+    from flashkit.runtime.device import device_info
+    cc = device_info().cc
+    if cc < (8, 9):
+        pytest.skip(f"fp8 needs compute capability >= 8.9; this device has {cc[0]}.{cc[1]}")
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16", "float32"])
+@pytest.mark.parametrize("block,hadamard", [(64, False), (128, False), (None, False), (128, True)])
+@pytest.mark.parametrize("d", [64, 128, 256])
+def test_quantize_matches_the_model(fp8_device, dtype, block, hadamard, d):
+    import cupy
+    from flashkit import fp8
+    from flashkit.dtypes import BY_NAME
+    rng = cupy.random.default_rng(d)
+    x = (rng.standard_normal((2, 300, 3, d), dtype=cupy.float32) * 3).astype(BY_NAME[dtype].storage)
+    x[0, 5, 1, 7] = 200   # an outlier
+    data, scales = fp8.quantize_fp8(x, block=block, hadamard=hadamard, seed=7)
+    want, want_scales = fp8.quantize_reference(cupy.asnumpy(x.astype(cupy.float32)), block, hadamard, 7)
+    assert data.dtype == cupy.uint8 and data.shape == x.shape and data.flags.c_contiguous
+    assert scales.dtype == cupy.float32 and scales.shape == want_scales.shape
+    np.testing.assert_allclose(cupy.asnumpy(scales), want_scales, rtol=1e-5 if hadamard else 0)
+    got = cupy.asnumpy(fp8.decode_e4m3(data))
+    if hadamard:   # butterflies vs a matmul: sums in another order may flip a rounding by one step
+        assert np.abs(got - want).max() <= np.abs(want).max() * 2.0 ** -3
+        assert (got != want).mean() < 1e-2
+    else:
+        np.testing.assert_array_equal(got, want)
+
+
+def test_quantize_strided_input(fp8_device):
+    import cupy
+    from flashkit import fp8
+    x = cupy.random.default_rng(0).standard_normal((1, 200, 4, 128), dtype=cupy.float32).astype(cupy.float16)
+    view = x[:, :, ::2]   # head stride 2 * d
+    data, scales = fp8.quantize_fp8(view)
+    data2, scales2 = fp8.quantize_fp8(cupy.ascontiguousarray(view))
+    assert bool((data == data2).all()) and bool((scales == scales2).all())
+
+
+@pytest.mark.parametrize("variant,check", check_params(["fp8"], quick=False))
+def test_fp8_checks(variant, check):
+    run_check(variant, check)
+
+
+def test_attention_fp8_true(fp8_device):
+    import cupy
+    import flashkit
+    from flashkit.reference import reference_attention
+    rng = cupy.random.default_rng(1)
+    q, k, v = (rng.standard_normal((2, 500, 8, 128), dtype=cupy.float32).astype(cupy.float16) for _ in range(3))
+    out = flashkit.attention(q, k, v, fp8=True, causal=True, fp8_options={"hadamard": True, "seed": 3})
+    assert out.dtype == cupy.float16
+    ref, _ = reference_attention(q, k, v, scale=128 ** -0.5, causal=True)
+    err = float(cupy.abs(out.astype(cupy.float64) - ref).max())
+    assert err < 0.1, err
+
+
+def test_quantization_costs_under_10_percent(fp8_device):
+    """hd128, seqlen 8k: quantizing q, k, v takes < 10% of the fp8 attention it feeds."""
+    import cupy
+    import flashkit
+    from flashkit.fp8 import quantize_qkv
+    rng = cupy.random.default_rng(2)
+    q, k, v = (rng.standard_normal((2, 8192, 16, 128), dtype=cupy.float32).astype(cupy.float16) for _ in range(3))
+    (qd, qs), (kd, ks), (vd, vs) = quantize_qkv(q, k, v)
+
+    def timed(fn, reps=5):
+        fn()
+        start, stop = cupy.cuda.Event(), cupy.cuda.Event()
+        times = []
+        for _ in range(reps):
+            start.record()
+            fn()
+            stop.record()
+            stop.synchronize()
+            times.append(cupy.cuda.get_elapsed_time(start, stop))
+        return sorted(times)[reps // 2]
+
+    t_quant = timed(lambda: quantize_qkv(q, k, v))
+    t_attn = timed(lambda: flashkit.attention(qd, kd, vd, q_scale=qs, k_scale=ks, v_scale=vs, variant="fp8"))
+    assert t_quant < 0.1 * t_attn, (t_quant, t_attn)
