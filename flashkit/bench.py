@@ -19,7 +19,8 @@ HEAD_DIMS = (64, 128, 256)
 TOKENS = 16384
 HIDDEN = 2048
 L2_BYTES_DEFAULT = 50 * 2**20      # H100 / H200 L2, used when the device does not say
-TORCH_BACKENDS = ("flash", "cudnn", "efficient", "flex")
+SDPA_BACKENDS = ("flash", "cudnn", "efficient")   # PyTorch's scaled_dot_product_attention backends
+TORCH_BACKENDS = SDPA_BACKENDS + ("flex",)         # + flex_attention, the block-sparse baseline
 
 Progress = Callable[[str], None]
 

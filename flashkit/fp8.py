@@ -66,7 +66,8 @@ def dequantize_fp8(data, scales, block: int | None = None):
     """float32 (batch, seqlen, heads, d) from e4m3 bits and (batch, heads, blocks) scales."""
     xp = _xp(data)
     seqlen = data.shape[1]
-    block = block or scale_block_rows(seqlen, scales.shape[2], seqlen, scales.shape[2]) or seqlen
+    n = scales.shape[2]
+    block = block or (seqlen if n == 1 else scale_block_rows(seqlen, n, seqlen, n) or -(-seqlen // n))
     idx = xp.arange(seqlen) // block                                  # row -> scale block
     s = xp.asarray(scales, dtype=xp.float32)[:, :, idx]               # (b, h, s)
     return decode_e4m3(data) * xp.transpose(s, (0, 2, 1))[..., None]

@@ -40,7 +40,7 @@ def command(variants, head_dims, seqlens, causal, density, dtype, compare, iters
         seqlens=_ints(seqlens) or bench.SEQLENS, head_dims=_ints(head_dims) or bench.HEAD_DIMS,
         causal=(False, True) if causal is None else (causal,), dtype=dtype,
         variants=tuple(variants) or (None,), densities=_floats(density), iters=iters, warmup=warmup,
-        torch_backends=bench.TORCH_BACKENDS if compare == "torch" else ())
+        torch_backends=(bench.TORCH_BACKENDS if density else bench.SDPA_BACKENDS) if compare == "torch" else ())
     say = (lambda msg: click.echo(msg, err=True)) if not as_json else (lambda msg: None)
     result = bench.run_benchmark(config, progress=say)
     text = bench.render_json(result.rows, result.meta)

@@ -9,7 +9,7 @@ features: {causal: true, block_sparse: false, fp8: false, backward: false, lse: 
 requires: {causal: true}
 priority: 60
 launch: {grid: q_blocks, block_m: 128, block_n: 64, warps: 4}
-overrides: {"hd128": {block_n: 32}, "hd256": {warps: 8}}
+overrides: {"hd128": {block_m: 128, block_n: 128, warps: 8}, "hd256": {warps: 8}}
 workspace: none
 ---*/
 // Causal FlashAttention-2 forward: always causal (bottom-right aligned: query i sees key j iff

@@ -8,7 +8,7 @@ head_dims: [64, 128, 256]
 features: {causal: true, block_sparse: false, fp8: false, backward: false, lse: true, gqa: true}
 priority: 50
 launch: {grid: q_blocks, block_m: 128, block_n: 64, warps: 4}
-overrides: {"hd128": {block_n: 32}, "hd256": {warps: 8}}
+overrides: {"hd128": {block_m: 128, block_n: 128, warps: 8}, "hd256": {warps: 8}}
 workspace: none
 ---*/
 // FlashAttention-2 forward (Dao, 2023), tensor cores through mma.sync.m16n8k16.

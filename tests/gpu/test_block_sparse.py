@@ -78,24 +78,6 @@ def test_gpu_compression_matches_numpy():
     np.testing.assert_array_equal(cupy.asnumpy(index), want_index)
 
 
-@pytest.mark.parametrize("build", [
-    lambda: BlockMask.causal(32768),
-    lambda: BlockMask.sliding_window(32768, width=4096),
-    lambda: BlockMask.butterfly(32768),
-    lambda: BlockMask.random(1, 16, 32768, 32768, 0.1, seed=0),
-], ids=["causal", "sliding_window", "butterfly", "random-16-heads"])
-def test_building_a_32k_mask_takes_under_50ms(build):
-    import cupy
-    build()   # warm-up: CuPy compiles its elementwise kernels once
-    cupy.cuda.Device().synchronize()
-    start = time.perf_counter()
-    mask = build()
-    cupy.cuda.Device().synchronize()
-    elapsed = time.perf_counter() - start
-    assert isinstance(mask.kv_block_index, cupy.ndarray)
-    assert elapsed < 0.05, f"{elapsed * 1e3:.1f} ms"
-
-
 def test_mask_is_reused_across_calls():
     import cupy
     q, k, v = _qkv(1, 1000, 1000, 4, 4, 64)
@@ -107,24 +89,3 @@ def test_mask_is_reused_across_calls():
     assert bool((a == b).all())
 
 
-def _median_ms(fn, reps=10):
-    import cupy
-    fn()
-    times = []
-    for _ in range(reps):
-        start, end = cupy.cuda.Event(), cupy.cuda.Event()
-        start.record()
-        fn()
-        end.record()
-        end.synchronize()
-        times.append(cupy.cuda.get_elapsed_time(start, end))
-    return float(np.median(times))
-
-
-def test_time_scales_with_density():
-    q, k, v = _qkv(1, 8192, 8192, 16, 16, 128)
-    dense = BlockMask.random(1, 16, 8192, 8192, 1.0, seed=0)
-    sparse = BlockMask.random(1, 16, 8192, 8192, 0.1, seed=0)
-    t_dense = _median_ms(lambda: flashkit.attention(q, k, v, block_mask=dense))
-    t_sparse = _median_ms(lambda: flashkit.attention(q, k, v, block_mask=sparse))
-    assert t_sparse < 0.3 * t_dense, f"density 0.1: {t_sparse:.3f} ms, density 1.0: {t_dense:.3f} ms"

@@ -12,7 +12,7 @@ from gpu_checks import check_params, run_check
 pytestmark = pytest.mark.gpu
 
 VARIANTS = ["fa1", "fa2", "causal"]
-PARAMS = check_params(VARIANTS, quick=False)
+PARAMS = check_params(VARIANTS, quick=True)
 
 
 @pytest.mark.parametrize("variant,check", PARAMS)

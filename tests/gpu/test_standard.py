@@ -8,7 +8,7 @@ from gpu_checks import check_params, run_check
 
 pytestmark = pytest.mark.gpu
 
-PARAMS = check_params(["standard"], quick=False)
+PARAMS = check_params(["standard"], quick=True)
 
 
 def test_the_matrix_is_not_empty():

@@ -1,0 +1,62 @@
+"""The figures `flashkit bench` does not sweep: BlockMask build time at 32k, the FP8 quantization pass
+against the attention it feeds, and peak device memory at seqlen 32k. Prints JSON lines."""
+import json
+
+import cupy as cp
+import ml_dtypes
+
+import flashkit
+from flashkit.bench import CupyPeak
+from flashkit.fp8 import quantize_qkv
+
+
+def median_ms(fn, reps=10):
+    fn()
+    start, end, times = cp.cuda.Event(), cp.cuda.Event(), []
+    for _ in range(reps):
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        times.append(cp.cuda.get_elapsed_time(start, end))
+    return sorted(times)[reps // 2]
+
+
+def randn(shape, dtype=ml_dtypes.bfloat16):
+    return cp.random.standard_normal(shape, dtype=cp.float32).astype(dtype)
+
+
+S = 32768
+for name, build in [("causal", lambda: flashkit.BlockMask.causal(S)),
+                    ("sliding_window_4096", lambda: flashkit.BlockMask.sliding_window(S, width=4096)),
+                    ("butterfly", lambda: flashkit.BlockMask.butterfly(S)),
+                    ("random_16_heads_0.1", lambda: flashkit.BlockMask.random(1, 16, S, S, 0.1, seed=0))]:
+    print(json.dumps({"mask_build": name, "seqlen": S, "ms": round(median_ms(build, 5), 3)}), flush=True)
+
+b, s, h, d = 2, 8192, 16, 128
+q, k, v = (randn((b, s, h, d)) for _ in range(3))
+flops = 4 * b * h * s * s * d
+(qd, qs), (kd, ks), (vd, vs) = quantize_qkv(q, k, v)
+t_quant = median_ms(lambda: quantize_qkv(q, k, v))
+t_quant_h = median_ms(lambda: quantize_qkv(q, k, v, hadamard=True))
+t_fp8 = median_ms(lambda: flashkit.attention(qd, kd, vd, q_scale=qs, k_scale=ks, v_scale=vs, variant="fp8"))
+t_fa2 = median_ms(lambda: flashkit.attention(q, k, v, variant="fa2"))
+print(json.dumps({"fp8": {"shape": [b, s, h, d], "quantize_ms": t_quant, "quantize_hadamard_ms": t_quant_h,
+                          "fp8_ms": t_fp8, "fa2_ms": t_fa2, "fp8_tflops": flops / t_fp8 / 1e9,
+                          "fa2_tflops": flops / t_fa2 / 1e9, "quantize_over_fp8": t_quant / t_fp8}}), flush=True)
+del q, k, v, qd, kd, vd
+
+b, s, h, d = 1, 32768, 8, 128
+q, k, v = (randn((b, s, h, d)) for _ in range(3))
+for variant in ("fa2", "causal", "fa1", "standard"):
+    causal = variant == "causal"
+    cp.get_default_memory_pool().free_all_blocks()
+    try:
+        with CupyPeak() as peak:
+            flashkit.attention(q, k, v, variant=variant, causal=causal)
+            cp.cuda.Device().synchronize()
+        extra = peak.extra
+    except Exception as e:  # standard's seqlen^2 scores may not fit
+        extra = f"{type(e).__name__}: {str(e)[:100]}"
+    print(json.dumps({"peak_memory": variant, "shape": [b, s, h, d], "extra_bytes": extra,
+                      "scores_bytes_if_materialized": b * h * s * s * 4}), flush=True)
