@@ -5,11 +5,14 @@ Both work on NumPy or CuPy arrays (the module of the inputs), layout (batch, seq
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import numpy as np
 
-from .dtypes import DType
+from .dtypes import FLOAT32, DType
+
+FLOAT32_EPS = FLOAT32.eps
 
 
 def array_module(x: Any):
@@ -90,3 +93,15 @@ def rounding_atol(ref, dtype: DType) -> float:
     compute = np.dtype(dtype.compute)
     shifted = (ref + 0.3).astype(compute).astype(xp.float64) - 0.3
     return 2.0 * float(xp.abs(shifted - ref).max()) if ref.size else 0.0
+
+
+def accumulation_atol(ref, reduction_len: int) -> float:
+    """fp32 accumulation's rounding over a length-n sum, eps32 * sqrt(n) * max|ref|.
+
+    Every kernel accumulates in fp32 in its own order, which no plain implementation can mirror; for
+    16-bit inputs this term is far below the input rounding, for float32 inputs it is what remains.
+    """
+    xp = array_module(ref)
+    fin = xp.isfinite(ref)
+    scale = float(xp.abs(xp.where(fin, ref, 0)).max()) if ref.size else 0.0
+    return FLOAT32_EPS * math.sqrt(reduction_len) * max(1.0, scale)

@@ -62,8 +62,12 @@ class Check:
 
 
 def judge(variant: str, label: str, out, ref, plain, atol: float, lse=None, lse_ref=None, lse_plain=None,
-          note: str = "") -> CheckResult:
-    """Apply the rule: max|out-ref| <= 2 max|plain-ref| + atol, no NaN/Inf (every element written)."""
+          note: str = "", head_dim: int = 1) -> CheckResult:
+    """Apply the rule: max|out-ref| <= 2 max|plain-ref| + atol, no NaN/Inf (every element written).
+
+    The LSE's atol is fp32's rounding of a head_dim-long dot product at the LSE's scale.
+    """
+    from .reference import accumulation_atol
     xp = cupy_module()
     out64 = out.astype(xp.float64)
     finite = bool(xp.isfinite(out64).all())
@@ -77,6 +81,7 @@ def judge(variant: str, label: str, out, ref, plain, atol: float, lse=None, lse_
         fin = xp.isfinite(lse_ref)
         lse_err = float(xp.abs(xp.where(fin, lse64 - lse_ref, 0)).max()) if same_inf else float("nan")
         lse_atol = 4 * BY_NAME["float32"].eps * max(1.0, float(xp.abs(xp.where(fin, lse_ref, 0)).max()))
+        lse_atol += accumulation_atol(lse_ref, head_dim)
         lse_bound = ERROR_FACTOR * float(xp.abs(xp.where(fin, lse_plain - lse_ref, 0)).max()) + lse_atol
         passed = passed and same_inf and lse_err <= lse_bound
         if not same_inf:
@@ -102,7 +107,7 @@ def dense_check(spec: KernelSpec, shape: Shape, head_dim: int, dtype: str, causa
 
     def run(seed: int) -> CheckResult:
         from .api import attention
-        from .reference import plain_attention, reference_attention, rounding_atol
+        from .reference import accumulation_atol, plain_attention, reference_attention, rounding_atol
         xp = cupy_module()
         q, k, v = random_qkv(shape, head_dim, dtype, seed)
         out = xp.full(q.shape, xp.nan, dtype=q.dtype)   # poisoned: an unwritten element stays NaN
@@ -112,7 +117,8 @@ def dense_check(spec: KernelSpec, shape: Shape, head_dim: int, dtype: str, causa
         scale = head_dim ** -0.5
         ref, lse_ref = reference_attention(q, k, v, scale=scale, causal=causal)
         plain, lse_plain = plain_attention(q, k, v, scale=scale, dtype=BY_NAME[dtype], causal=causal)
-        return judge(spec.name, label, out, ref, plain, rounding_atol(ref, BY_NAME[dtype]), lse, lse_ref, lse_plain)
+        atol = rounding_atol(ref, BY_NAME[dtype]) + accumulation_atol(ref, max(shape.seqlen_k, head_dim))
+        return judge(spec.name, label, out, ref, plain, atol, lse, lse_ref, lse_plain, head_dim=head_dim)
 
     return Check(spec.name, label, run)
 

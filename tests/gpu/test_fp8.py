@@ -63,10 +63,17 @@ def test_attention_fp8_true(fp8_device):
     from flashkit.reference import reference_attention
     rng = cupy.random.default_rng(1)
     q, k, v = (rng.standard_normal((2, 500, 8, 128), dtype=cupy.float32).astype(cupy.float16) for _ in range(3))
-    out = flashkit.attention(q, k, v, fp8=True, causal=True, fp8_options={"hadamard": True, "seed": 3})
+    from flashkit.fp8 import quantize_qkv
+    options = {"hadamard": True, "seed": 3}
+    out = flashkit.attention(q, k, v, fp8=True, causal=True, fp8_options=options)
     assert out.dtype == cupy.float16
+    # fp8=True is exactly quantize-then-run on the pre-quantized path...
+    (qd, qs), (kd, ks), (vd, vs) = quantize_qkv(q, k, v, **options)
+    pre = flashkit.attention(qd, kd, vd, q_scale=qs, k_scale=ks, v_scale=vs, causal=True, out_dtype="float16")
+    assert bool((out == pre).all())
+    # ...and lands at FP8's accuracy (FlashAttention-3 reports RMSE ~1e-2 on N(0,1) inputs).
     ref, _ = reference_attention(q, k, v, scale=128 ** -0.5, causal=True)
-    err = float(cupy.abs(out.astype(cupy.float64) - ref).max())
-    assert err < 0.1, err
+    rmse = float(cupy.sqrt(((out.astype(cupy.float64) - ref) ** 2).mean()))
+    assert rmse < 3e-2, rmse
 
 
