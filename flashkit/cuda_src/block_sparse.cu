@@ -9,7 +9,7 @@ features: {causal: true, block_sparse: true, fp8: false, backward: false, lse: t
 requires: {block_sparse: true}
 priority: 50
 launch: {grid: q_blocks, block_m: 128, block_n: 64, warps: 4}
-overrides: {"hd128": {warps: 8}, "hd256": {warps: 8}}
+overrides: {"hd128": {block_m: 128, block_n: 128, warps: 8}, "hd256": {warps: 8}}
 workspace: none
 ---*/
 // Block-sparse FlashAttention: the FlashAttention-2 forward of fa2.cu (fwd_mainloop.cuh) with
