@@ -6,7 +6,7 @@ from dataclasses import replace
 from typing import Any
 
 from .arrays import describe, to_cupy
-from .dtypes import BY_NAME, FLOAT8_E4M3
+from .dtypes import BY_NAME, FLOAT8_E4M3, dtype_by_name
 from .errors import InputError
 from .registry import Request, Selection, discover_kernels, select_kernel
 from .registry.manifest import KernelSpec
@@ -95,9 +95,7 @@ def explain(*, dtype: str = "bfloat16", head_dim: int = 128, seqlen_q: int = 102
             block_sparse: bool = False, fp8: bool = False, lse: bool = False,
             cc: tuple[int, int] | None = None, variant: str | None = None) -> Selection:
     """Which kernel a request would run, and why every other was rejected; launches nothing."""
-    dt = BY_NAME.get(dtype)
-    if dt is None:
-        raise InputError(f"dtype: unknown dtype {dtype!r}; expected one of {', '.join(BY_NAME)}")
+    dt = dtype_by_name(dtype)
     req = Request(dtype=dt.name, head_dim=head_dim, seqlen_q=seqlen_q, seqlen_k=seqlen_k or seqlen_q,
                   heads=heads, kv_heads=kv_heads or heads, batch=batch, causal=causal,
                   block_sparse=block_sparse, fp8=fp8 or dt is FLOAT8_E4M3, lse=lse, cc=cc)

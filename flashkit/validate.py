@@ -46,6 +46,8 @@ def _check_one(m: ArrayMeta, fp8: bool) -> None:
     elif m.fp8 or dtype_of_storage(m.dtype) is None:
         got = "float8_e4m3" if m.fp8 else str(m.dtype)
         hint = " (pass q_scale, k_scale and v_scale for pre-quantized fp8)" if m.fp8 or m.dtype == np.uint8 else ""
+        if m.dtype.kind == "V":
+            hint = " (an untyped 2-byte dtype is how __cuda_array_interface__ shows bfloat16: pass it through DLPack)"
         raise InputError(f"{m.name}: dtype {got} is not supported; expected float16, bfloat16 or float32{hint}")
 
 

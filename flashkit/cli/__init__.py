@@ -8,12 +8,13 @@ import sys
 
 import click
 
+from .. import __version__
 from ..errors import FlashkitError
 from . import compile_cmd, explain_cmd, info_cmd, list_cmd, verify_cmd
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
-@click.version_option(package_name="flashkit")
+@click.version_option(version=__version__, prog_name="flashkit")
 def cli() -> None:
     """Attention kernels for NVIDIA GPUs, compiled at run time."""
 

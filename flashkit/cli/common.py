@@ -16,7 +16,7 @@ def emit_json(data) -> None:
 
 
 def one_line_errors(fn):
-    """Turn a FlashkitError into a click error: one line, exit status 2, no traceback."""
+    """Turn a FlashkitError into a click error: one line, exit status 1, no traceback."""
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
         try:

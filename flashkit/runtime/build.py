@@ -66,15 +66,17 @@ def _header_digest(include_dir: Path, stamp: tuple) -> str:
     return h.hexdigest()
 
 
-def header_digest() -> str:
-    """A hash over every shared header, so that editing one invalidates every cached kernel."""
-    stamp = tuple((str(p), p.stat().st_mtime_ns, p.stat().st_size) for p in sorted(INCLUDE_DIR.rglob("*.cuh")))
-    return _header_digest(INCLUDE_DIR, stamp)
+def header_digest(include_dir: Path | None = None) -> str:
+    """A hash over every header under a directory (the shared one by default): editing one invalidates the cache."""
+    root = include_dir or INCLUDE_DIR
+    stamp = tuple((str(p), p.stat().st_mtime_ns, p.stat().st_size) for p in sorted(root.rglob("*.cuh")))
+    return _header_digest(root, stamp)
 
 
 def kernel_source(spec: KernelSpec) -> str:
-    """The variant's source with the header hash appended (it is the cache key's content)."""
-    return spec.path.read_text(encoding="utf-8") + f"\n// flashkit headers sha256 {header_digest()}\n"
+    """The variant's source with the hashes of the shared headers and of the headers beside it appended."""
+    return (spec.path.read_text(encoding="utf-8") + f"\n// flashkit headers sha256 {header_digest()}"
+            f"\n// local headers sha256 {header_digest(spec.path.parent)}\n")
 
 
 def compile_options(spec: KernelSpec, config: BuildConfig, target: str) -> list[str]:

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from synth import manifest, write_cu
+from .synth import manifest, write_cu
 
 
 @pytest.fixture(autouse=True)

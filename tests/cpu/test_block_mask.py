@@ -11,7 +11,7 @@ import flashkit
 from flashkit.block_mask import BLOCK_MULTIPLE, INDEX_PAD, BlockMask, compress
 from flashkit.errors import InputError, UnsupportedError
 from flashkit.validate import Problem
-from synth import qkv
+from .synth import qkv
 
 
 def naive_compress(blocks: np.ndarray):

@@ -9,7 +9,7 @@ import pytest
 import flashkit.runtime.build as build
 from flashkit.registry import discover_kernels
 from flashkit.runtime.build import BuildConfig, make_config
-from synth import spec_of
+from .synth import spec_of
 
 
 @pytest.fixture

@@ -14,7 +14,7 @@ from flashkit.cli import cli
 from flashkit.errors import InputError, ManifestError
 from flashkit.registry import discover
 from flashkit.registry.discover import BUILTIN_DIR, ENTRY_POINT_GROUP, discover_kernels, kernel_search_path
-from synth import manifest, write_cu
+from .synth import manifest, write_cu
 
 
 @pytest.fixture(autouse=True)

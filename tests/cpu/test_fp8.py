@@ -14,7 +14,7 @@ from flashkit.errors import InputError
 from flashkit.registry import discover_kernels
 from flashkit.registry.select import Request, reasons
 from flashkit.validate import Problem
-from synth import cuda
+from .synth import cuda
 
 E4M3 = ml_dtypes.float8_e4m3fn
 

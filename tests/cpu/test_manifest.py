@@ -7,7 +7,7 @@ import pytest
 from flashkit.errors import FlashkitError, ManifestError
 from flashkit.registry.discover import BUILTIN_DIR
 from flashkit.registry.manifest import FEATURES, REQUIRED, HeadDims, parse_manifest
-from synth import manifest, spec_of, write_cu
+from .synth import manifest, spec_of, write_cu
 
 BUILTIN_FILES = sorted(BUILTIN_DIR.glob("*.cu"))
 

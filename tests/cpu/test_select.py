@@ -6,7 +6,7 @@ import pytest
 
 from flashkit.errors import FlashkitError, UnsupportedError
 from flashkit.registry.select import Request, reasons, select_kernel
-from synth import spec_of
+from .synth import spec_of
 
 RANGE = {"min": 8, "max": 256, "multiple_of": 8}
 

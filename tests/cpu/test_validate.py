@@ -12,7 +12,7 @@ import flashkit
 from flashkit.arrays import describe
 from flashkit.errors import FlashkitError, InputError
 from flashkit.validate import Problem, check_flag, check_scale, validate_inputs
-from synth import B, D, H, SK, SQ, cuda, qkv
+from .synth import B, D, H, SK, SQ, cuda, qkv
 
 def input_error(fn, *args, **kwargs) -> str:
     """Run fn expecting an InputError; return its message after checking it is one line."""

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from gpu_checks import check_params, run_check
+from .gpu_checks import check_params, run_check
 
 pytestmark = pytest.mark.gpu
 

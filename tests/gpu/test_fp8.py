@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from gpu_checks import check_params, run_check
+from .gpu_checks import check_params, run_check
 
 pytestmark = pytest.mark.gpu
 
