@@ -59,11 +59,25 @@ def compile_cubin(source: str, filename: str, options: list[str]) -> Compiled:
         except Exception:
             log = nvrtc.getProgramLog(prog)
             raise CompileError(f"{filename}: NVRTC failed with {' '.join(options)}\n{log}") from None
-        return Compiled(nvrtc.getCUBIN(prog), nvrtc.getProgramLog(prog), time.perf_counter() - start)
+        return Compiled(_whole_elf(nvrtc.getCUBIN(prog)), nvrtc.getProgramLog(prog), time.perf_counter() - start)
     finally:
         nvrtc.destroyProgram(prog)
 
 
+def _whole_elf(cubin: bytes) -> bytes:
+    """CuPy's getCUBIN drops the image's last byte (it treats it as a C string's NUL); restore the
+    length the ELF64 header declares (its section or program header table ends the file), so that tools such as
+    nvdisasm accept the cached cubin too."""
+    if cubin[:4] != b"\x7fELF" or len(cubin) < ELF64_HEADER_BYTES:
+        return cubin
+    field = lambda lo, hi: int.from_bytes(cubin[lo:hi], "little")  # noqa: E731
+    section_table_end = field(0x28, 0x30) + field(0x3A, 0x3C) * field(0x3C, 0x3E)
+    program_table_end = field(0x20, 0x28) + field(0x36, 0x38) * field(0x38, 0x3A)
+    end = max(section_table_end, program_table_end)
+    return cubin + b"\0" * (end - len(cubin)) if end > len(cubin) else cubin
+
+
+ELF64_HEADER_BYTES = 0x40
 _ENTRY_RE = re.compile(r"Compiling entry function '(\w+)'")
 _FRAME_RE = re.compile(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads")
 _USED_RE = re.compile(r"Used (\d+) registers(?:.*?(\d+) bytes smem)?")

@@ -103,3 +103,15 @@ def test_compile_error_carries_the_log():
 def test_bad_option_is_a_compile_error():
     with pytest.raises(CompileError):
         compile_cubin(TINY, "tiny.cu", ["-arch=sm_80", "--no-such-option"])
+
+
+def test_cubin_is_the_whole_elf_image():
+    """The cubin ends where its ELF header says (CuPy's getCUBIN drops a byte; nvdisasm needs it)."""
+    from flashkit.runtime.nvrtc import compile_cubin
+    cubin = compile_cubin('extern "C" __global__ void k(float* x) { x[threadIdx.x] = 1.f; }',
+                          "k.cu", ["-arch=sm_80"]).cubin
+    field = lambda lo, hi: int.from_bytes(cubin[lo:hi], "little")  # noqa: E731
+    ends = (field(0x28, 0x30) + field(0x3A, 0x3C) * field(0x3C, 0x3E),
+            field(0x20, 0x28) + field(0x36, 0x38) * field(0x38, 0x3A))
+    assert cubin[:4] == b"\x7fELF"
+    assert len(cubin) == max(ends)
