@@ -98,20 +98,26 @@ def compress(blocks, xp):
     return count, index.astype(xp.int32)
 
 
+def _bool_4d(x, xp, what: str, expected_shape: str):
+    """x as a 4-d boolean array ((sq, sk)-like 2-d input gains two broadcast dims); InputError otherwise."""
+    arr = xp.asarray(x)
+    if arr.dtype != xp.bool_:
+        raise InputError(f"block_mask: expected a boolean {what}, got dtype {arr.dtype}")
+    if arr.ndim == 2:
+        arr = arr[None, None]
+    if arr.ndim != 4 or 0 in arr.shape:
+        raise InputError(f"block_mask: expected {expected_shape}, got {tuple(arr.shape)}")
+    return arr
+
+
 class BlockMask:
     """A block-sparsity pattern for `flashkit.attention(..., block_mask=)`; build with the classmethods."""
 
     def __init__(self, blocks, block_q: int = DEFAULT_BLOCK, block_k: int = DEFAULT_BLOCK,
                  seqlen_q: int | None = None, seqlen_k: int | None = None):
         xp = _module_of(blocks)
-        arr = xp.asarray(blocks)
-        if arr.dtype != xp.bool_:
-            raise InputError(f"block_mask: expected a boolean block array, got dtype {arr.dtype}")
-        if arr.ndim == 2:
-            arr = arr[None, None]
-        if arr.ndim != 4 or 0 in arr.shape:
-            raise InputError("block_mask: expected a non-empty block array of shape (batch or 1, heads or 1, "
-                             f"q_blocks, k_blocks) or (q_blocks, k_blocks), got {tuple(arr.shape)}")
+        arr = _bool_4d(blocks, xp, "block array", "a non-empty block array of shape (batch or 1, heads or 1, "
+                       "q_blocks, k_blocks) or (q_blocks, k_blocks)")
         if arr.size > INT32_LIMIT:
             raise InputError(f"block_mask: {arr.size} blocks; at most {INT32_LIMIT} are supported")
         self.block_q, self.block_k = _check_block(block_q, block_k)
@@ -149,14 +155,8 @@ class BlockMask:
         """
         bq, bk = _block_sizes(block)
         xp = _module_of(mask)
-        m = xp.asarray(mask)
-        if m.dtype != xp.bool_:
-            raise InputError(f"block_mask: expected a boolean element mask, got dtype {m.dtype}")
-        if m.ndim == 2:
-            m = m[None, None]
-        if m.ndim != 4 or 0 in m.shape:
-            raise InputError("block_mask: expected an element mask of shape (batch or 1, heads or 1, seqlen_q, "
-                             f"seqlen_k) or (seqlen_q, seqlen_k), got {tuple(m.shape)}")
+        m = _bool_4d(mask, xp, "element mask", "an element mask of shape (batch or 1, heads or 1, seqlen_q, "
+                     "seqlen_k) or (seqlen_q, seqlen_k)")
         b, h, sq, sk = m.shape
         qb, kb = -(-sq // bq), -(-sk // bk)
         hidden = None
