@@ -56,7 +56,7 @@ def block_sparse_check(spec: KernelSpec, shape: Shape, head_dim: int, dtype: str
 
     def run(seed: int) -> CheckResult:
         from .api import attention
-        from .reference import plain_attention, reference_attention, rounding_atol
+        from .reference import output_atol, plain_attention, reference_attention
         xp = cupy_module()
         mask = _patterns()[pattern](shape, seed)
         q, k, v = random_qkv(shape, head_dim, dtype, seed)
@@ -70,8 +70,8 @@ def block_sparse_check(spec: KernelSpec, shape: Shape, head_dim: int, dtype: str
         ref, lse_ref = reference_attention(q, k, v, scale=scale, causal=causal, mask=emask)
         plain, lse_plain = plain_attention(q, k, v, scale=scale, dtype=BY_NAME[dtype], causal=causal, mask=emask)
         note = f"density {mask.density:.3f}"
-        return judge(spec.name, label, out, ref, plain, rounding_atol(ref, BY_NAME[dtype]), lse, lse_ref,
-                     lse_plain, note=note)
+        atol = output_atol(ref, BY_NAME[dtype], max(shape.seqlen_k, head_dim))
+        return judge(spec.name, label, out, ref, plain, atol, lse, lse_ref, lse_plain, note=note, head_dim=head_dim)
 
     return Check(spec.name, label, run)
 

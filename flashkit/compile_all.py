@@ -12,9 +12,7 @@ from .runtime.build import BuildConfig, compile_variant, make_config, store_cubi
 
 def spec_configs(spec: KernelSpec, cc: tuple[int, int], dtypes=None, head_dims=None) -> list[BuildConfig]:
     """Every specialization a variant can be asked for on this arch."""
-    causal_opts = [c for c in (False, True) if spec.supports("causal") or not c]
-    if "causal" in spec.requires:
-        causal_opts = [spec.requires["causal"]]
+    causal_opts = spec.causal_options()
     sparse = spec.requires.get("block_sparse", False)
     out = []
     for dt in spec.dtypes:

@@ -18,10 +18,9 @@ def plain_fp8_attention(q, k, v, *, scale: float, causal: bool = False):
     """The textbook computation on dequantized float32 q, k, v, quantizing P as the kernel does:
     S in fp32, P = 448 exp(S - rowmax) rounded to e4m3, O = P V / rowsum(448 exp(S - rowmax))."""
     from .fp8 import E4M3_MAX, round_e4m3
-    from .reference import array_module, element_mask
+    from .reference import array_module, element_mask, expand_kv
     xp = array_module(q)
-    group = q.shape[2] // k.shape[2]
-    k, v = (xp.repeat(x, group, axis=2) if group > 1 else x for x in (k, v))
+    k, v = expand_kv(k, q.shape[2], xp), expand_kv(v, q.shape[2], xp)
     s = xp.einsum("bqhd,bkhd->bhqk", q, k).astype(xp.float32) * xp.float32(scale)
     mask = element_mask(q.shape[1], k.shape[1], causal, None, xp)
     if mask is not None:
@@ -48,7 +47,7 @@ def fp8_check(spec: KernelSpec, shape: Shape, head_dim: int, in_dtype: str, caus
     def run(seed: int) -> CheckResult:
         from .api import attention
         from .fp8 import dequantize_fp8, quantize_qkv
-        from .reference import reference_attention, rounding_atol
+        from .reference import output_atol, reference_attention
         xp = cupy_module()
         out_dt = BY_NAME[in_dtype]
         q, k, v = random_qkv(shape, head_dim, in_dtype, seed)
@@ -65,7 +64,8 @@ def fp8_check(spec: KernelSpec, shape: Shape, head_dim: int, in_dtype: str, caus
         plain, lse_plain = plain_fp8_attention(dequantize_fp8(qd, qs), dequantize_fp8(kd, ks),
                                                dequantize_fp8(vd, vs), scale=scale, causal=causal)
         plain = plain.astype(out_dt.storage)   # rounded to the output dtype, as the kernel's output
-        return judge(spec.name, label, out, ref, plain, rounding_atol(ref, out_dt), lse, lse_ref, lse_plain)
+        atol = output_atol(ref, out_dt, max(shape.seqlen_k, head_dim))
+        return judge(spec.name, label, out, ref, plain, atol, lse, lse_ref, lse_plain, head_dim=head_dim)
 
     return Check(spec.name, label, run)
 

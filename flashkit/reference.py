@@ -38,7 +38,7 @@ def element_mask(seqlen_q: int, seqlen_k: int, causal: bool, mask: Any = None, x
     return out
 
 
-def _expand_kv(x, heads: int, xp):
+def expand_kv(x, heads: int, xp):
     """Repeat kv heads so that query head h reads kv head h // (heads // kv_heads)."""
     group = heads // x.shape[2]
     return xp.repeat(x, group, axis=2) if group > 1 else x
@@ -47,7 +47,7 @@ def _expand_kv(x, heads: int, xp):
 def _softmax_attention(q, k, v, scale: float, mask, xp, round_to=None):
     """softmax(scale q k^T) v in q's float type; round_to rounds S and P as a same-precision kernel would."""
     heads = q.shape[2]
-    k, v = _expand_kv(k, heads, xp), _expand_kv(v, heads, xp)
+    k, v = expand_kv(k, heads, xp), expand_kv(v, heads, xp)
     s = xp.einsum("bqhd,bkhd->bhqk", q, k) * scale
     if round_to is not None:
         s = round_to(s)
@@ -93,6 +93,11 @@ def rounding_atol(ref, dtype: DType) -> float:
     compute = np.dtype(dtype.compute)
     shifted = (ref + 0.3).astype(compute).astype(xp.float64) - 0.3
     return 2.0 * float(xp.abs(shifted - ref).max()) if ref.size else 0.0
+
+
+def output_atol(ref, dtype: DType, reduction_len: int) -> float:
+    """The rule's absolute term: the input dtype's rounding plus fp32 accumulation over reduction_len terms."""
+    return rounding_atol(ref, dtype) + accumulation_atol(ref, reduction_len)
 
 
 def accumulation_atol(ref, reduction_len: int) -> float:

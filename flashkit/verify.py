@@ -107,7 +107,7 @@ def dense_check(spec: KernelSpec, shape: Shape, head_dim: int, dtype: str, causa
 
     def run(seed: int) -> CheckResult:
         from .api import attention
-        from .reference import accumulation_atol, plain_attention, reference_attention, rounding_atol
+        from .reference import output_atol, plain_attention, reference_attention
         xp = cupy_module()
         q, k, v = random_qkv(shape, head_dim, dtype, seed)
         out = xp.full(q.shape, xp.nan, dtype=q.dtype)   # poisoned: an unwritten element stays NaN
@@ -117,7 +117,7 @@ def dense_check(spec: KernelSpec, shape: Shape, head_dim: int, dtype: str, causa
         scale = head_dim ** -0.5
         ref, lse_ref = reference_attention(q, k, v, scale=scale, causal=causal)
         plain, lse_plain = plain_attention(q, k, v, scale=scale, dtype=BY_NAME[dtype], causal=causal)
-        atol = rounding_atol(ref, BY_NAME[dtype]) + accumulation_atol(ref, max(shape.seqlen_k, head_dim))
+        atol = output_atol(ref, BY_NAME[dtype], max(shape.seqlen_k, head_dim))
         return judge(spec.name, label, out, ref, plain, atol, lse, lse_ref, lse_plain, head_dim=head_dim)
 
     return Check(spec.name, label, run)
@@ -128,10 +128,7 @@ def checks_for(spec: KernelSpec, dtypes: Iterable[str] | None = None, head_dims:
     """The checks that verify a variant: the dense shape matrix, or the variant family's own set."""
     dtypes = [d for d in (dtypes or spec.dtypes) if d in spec.dtypes]
     head_dims = [d for d in (head_dims or spec.head_dims.examples()) if d in spec.head_dims]
-    causal_opts = [c for c in (causal if causal is not None else (False, True))
-                   if spec.supports("causal") or not c]
-    if "causal" in spec.requires:
-        causal_opts = [c for c in causal_opts if c == spec.requires["causal"]]
+    causal_opts = spec.causal_options(tuple(causal) if causal is not None else (False, True))
     if spec.requires.get("fp8"):
         from .fp8_verify import fp8_checks
         return fp8_checks(spec, dtypes, head_dims, causal_opts, quick)
@@ -144,11 +141,11 @@ def checks_for(spec: KernelSpec, dtypes: Iterable[str] | None = None, head_dims:
 
 def runnable_variants(names: Iterable[str] | None = None) -> tuple[list[KernelSpec], dict[str, str]]:
     """The variants to verify on this device, and why each other one is skipped."""
-    specs = discover_kernels().specs
+    catalogue = discover_kernels()
     cc = device_info().cc
     chosen, skipped = [], {}
-    for name in names or sorted(specs):
-        spec = specs[name] if name in specs else discover_kernels().get(name)
+    for name in names or sorted(catalogue.specs):
+        spec = catalogue.get(name)
         if cc < spec.arch_min:
             skipped[name] = f"needs compute capability >= {spec.arch_min[0]}.{spec.arch_min[1]}"
         else:

@@ -80,6 +80,11 @@ class KernelSpec:
     def supports(self, feature: str) -> bool:
         return self.features.get(feature, False)
 
+    def causal_options(self, wanted: tuple[bool, ...] = (False, True)) -> list[bool]:
+        """The causal settings among `wanted` this variant runs: it must support causal, and honour `requires`."""
+        return [c for c in wanted if (self.supports("causal") or not c)
+                and self.requires.get("causal", c) == c]
+
     def launch_config(self, cc: tuple[int, int] | None, head_dim: int) -> dict[str, int]:
         """The launch table with overrides applied: arch key, then hd key, then 'arch/hd' key."""
         config = dict(self.launch)
