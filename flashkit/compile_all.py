@@ -35,9 +35,9 @@ def plan_compiles(variants, ccs, dtypes=None, head_dims=None):
     jobs, skipped = [], []
     for cc in ccs:
         for spec in specs:
-            if cc < spec.arch_min:
-                skipped.append(f"{spec.name} on sm_{cc[0]}{cc[1]}: needs compute capability >= "
-                               f"{spec.arch_min[0]}.{spec.arch_min[1]}")
+            if not spec.runs_on(cc):
+                skipped.append(f"{spec.name} on sm_{cc[0]}{cc[1]}: needs compute capability "
+                               f"{spec.arch_requirement()}")
                 continue
             jobs += [(spec, cfg, spec.target(cc)) for cfg in spec_configs(spec, cc, dtypes, head_dims)]
     return jobs, skipped

@@ -146,8 +146,8 @@ def runnable_variants(names: Iterable[str] | None = None) -> tuple[list[KernelSp
     chosen, skipped = [], {}
     for name in names or sorted(catalogue.specs):
         spec = catalogue.get(name)
-        if cc < spec.arch_min:
-            skipped[name] = f"needs compute capability >= {spec.arch_min[0]}.{spec.arch_min[1]}"
+        if not spec.runs_on(cc):
+            skipped[name] = f"needs compute capability {spec.arch_requirement()}"
         else:
             chosen.append(spec)
     return chosen, skipped

@@ -11,7 +11,7 @@ from .common import device_cc_or_none, emit_json, one_line_errors
 def describe_spec(spec, cc) -> dict:
     runs = None
     if cc is not None:
-        runs = "yes" if cc >= spec.arch_min else f"no: needs compute capability >= {spec.arch_min[0]}.{spec.arch_min[1]}"
+        runs = "yes" if spec.runs_on(cc) else f"no: needs compute capability {spec.arch_requirement()}"
     return {"name": spec.name, "priority": spec.priority, "summary": spec.summary,
             "arch_min": f"{spec.arch_min[0]}.{spec.arch_min[1]}", "dtypes": list(spec.dtypes),
             "head_dims": spec.head_dims.describe(),

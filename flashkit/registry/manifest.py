@@ -16,8 +16,8 @@ MANIFEST_RE = re.compile(r"\A\s*/\*---\s*\n(.*?)\n\s*---\*/", re.S)
 NAME_RE = re.compile(r"^[a-z][a-z0-9_]*$")
 SYMBOL_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 FEATURES = ("causal", "block_sparse", "fp8", "backward", "lse", "gqa")
-GRID_KINDS = ("q_blocks", "heads", "score_tiles", "row_groups")
-WORKSPACE_KINDS = ("none", "scores", "running_state")
+GRID_KINDS = ("q_blocks", "heads", "score_tiles", "row_groups", "kv_tiles")
+WORKSPACE_KINDS = ("none", "scores", "running_state", "v_transposed")
 REQUIRED = ("name", "summary", "entry", "arch", "dtypes", "head_dims", "features", "launch")
 KNOWN = set(REQUIRED) | {"priority", "overrides", "workspace", "requires"}
 
@@ -67,6 +67,7 @@ class KernelSpec:
     entries: tuple[str, ...]
     grids: tuple[str, ...]
     arch_min: tuple[int, int]
+    arch_max: tuple[int, int] | None
     targets: dict[tuple[int, int], str]
     dtypes: tuple[str, ...]
     head_dims: HeadDims
@@ -84,6 +85,18 @@ class KernelSpec:
         """The causal settings among `wanted` this variant runs: it must support causal, and honour `requires`."""
         return [c for c in wanted if (self.supports("causal") or not c)
                 and self.requires.get("causal", c) == c]
+
+    def runs_on(self, cc: tuple[int, int]) -> bool:
+        """Whether the declared architecture range holds compute capability cc."""
+        return self.arch_min <= cc and (self.arch_max is None or cc <= self.arch_max)
+
+    def arch_requirement(self) -> str:
+        """The architecture range in words: '>= 8.9', '9.0 exactly' or 'from 8.0 to 9.0'."""
+        lo = f"{self.arch_min[0]}.{self.arch_min[1]}"
+        if self.arch_max is None:
+            return f">= {lo}"
+        hi = f"{self.arch_max[0]}.{self.arch_max[1]}"
+        return f"{lo} exactly" if self.arch_max == self.arch_min else f"from {lo} to {hi}"
 
     def launch_config(self, cc: tuple[int, int] | None, head_dim: int) -> dict[str, int]:
         """The launch table with overrides applied: arch key, then hd key, then 'arch/hd' key."""
@@ -104,7 +117,7 @@ class KernelSpec:
 
     def declared_archs(self) -> list[str]:
         """The targets to compile in CI: the minimum arch, 8.0 and 9.0 where supported, and each declared target."""
-        ccs = {self.arch_min} | {cc for cc in ((8, 0), (9, 0)) if cc >= self.arch_min} | set(self.targets)
+        ccs = {self.arch_min} | {cc for cc in ((8, 0), (9, 0)) if self.runs_on(cc)} | set(self.targets)
         return sorted({self.target(cc) for cc in ccs})
 
 
@@ -151,7 +164,12 @@ def _spec_from(path: Path, data: dict) -> KernelSpec:
     arch = data["arch"]
     if not isinstance(arch, dict) or "min" not in arch:
         raise bad("arch", "a mapping with 'min', e.g. {min: \"8.0\"}")
+    if set(arch) - {"min", "max", "targets"}:
+        raise bad("arch", "keys among min, max, targets")
     arch_min = parse_cc(arch["min"], f"{path}: field 'arch.min'")
+    arch_max = parse_cc(arch["max"], f"{path}: field 'arch.max'") if "max" in arch else None
+    if arch_max is not None and arch_max < arch_min:
+        raise bad("arch", "max >= min")
     raw_targets = arch.get("targets") or {}
     if not isinstance(raw_targets, dict) or not all(isinstance(v, str) for v in raw_targets.values()):
         raise bad("arch", "'targets' as a mapping of compute capability to target, e.g. {\"9.0\": sm_90a}")
@@ -199,7 +217,7 @@ def _spec_from(path: Path, data: dict) -> KernelSpec:
         raise bad("priority", "an integer")
     return KernelSpec(
         name=name, summary=data["summary"], path=path, entries=tuple(entries), grids=tuple(grids),
-        arch_min=arch_min, targets=targets, dtypes=tuple(dtypes), head_dims=head_dims,
+        arch_min=arch_min, arch_max=arch_max, targets=targets, dtypes=tuple(dtypes), head_dims=head_dims,
         features={f: bool(features.get(f, False)) for f in FEATURES}, requires=dict(requires),
         priority=priority, launch=ints, overrides={str(k): dict(v) for k, v in overrides.items()},
         workspace=workspace)

@@ -47,6 +47,9 @@ def reasons(spec: KernelSpec, req: Request) -> list[str]:
     if req.cc is not None and req.cc < spec.arch_min:
         out.append(f"needs compute capability >= {spec.arch_min[0]}.{spec.arch_min[1]}; "
                    f"device has {req.cc[0]}.{req.cc[1]}")
+    if req.cc is not None and spec.arch_max is not None and req.cc > spec.arch_max:
+        out.append(f"needs compute capability <= {spec.arch_max[0]}.{spec.arch_max[1]} (architecture-specific "
+                   f"instructions); device has {req.cc[0]}.{req.cc[1]}")
     if req.dtype not in spec.dtypes:
         out.append(f"dtype={req.dtype} not supported: supported {', '.join(spec.dtypes)}")
     if req.head_dim not in spec.head_dims:

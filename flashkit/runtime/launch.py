@@ -29,10 +29,14 @@ def grid_for(kind: str, p: Problem, cfg: dict[str, int]) -> tuple[int, int, int]
         return (cdiv(p.seqlen_k, cfg["block_n"]), cdiv(p.seqlen_q, cfg["block_m"]), p.batch * p.heads)
     if kind == "row_groups":
         return (cdiv(p.seqlen_q, cfg["warps"]), p.heads, p.batch)
+    if kind == "kv_tiles":
+        return (cdiv(p.seqlen_k, cfg["block_n"]), p.kv_heads, p.batch)
     raise ValueError(f"unknown grid kind {kind!r}")
 
 
-def workspace_bytes(kind: str, p: Problem) -> int:
+def workspace_bytes(kind: str, p: Problem, cfg: dict[str, int]) -> int:
+    if kind == "v_transposed":   # fp8 V as (batch, kv_heads, head_dim, keys), keys padded to block_n
+        return p.batch * p.kv_heads * p.head_dim * -(-p.seqlen_k // cfg["block_n"]) * cfg["block_n"]
     if kind == "scores":
         return p.batch * p.heads * p.seqlen_q * p.seqlen_k * FLOAT32_BYTES
     if kind == "running_state":
@@ -61,7 +65,8 @@ class LaunchInputs:
 def launch(spec: KernelSpec, loaded: LoadedKernel, config: BuildConfig, p: Problem, io: LaunchInputs) -> None:
     """Launch every entry of the variant in order on the current stream."""
     cupy = cupy_module()
-    ws_bytes = workspace_bytes(spec.workspace, p)
+    cfg = config.launch_dict
+    ws_bytes = workspace_bytes(spec.workspace, p, cfg)
     workspace = cupy.empty(ws_bytes, dtype=cupy.uint8) if ws_bytes else None
     params = make_params(
         q=io.q.data.ptr, k=io.k.data.ptr, v=io.v.data.ptr, o=io.out.data.ptr,
@@ -71,7 +76,6 @@ def launch(spec: KernelSpec, loaded: LoadedKernel, config: BuildConfig, p: Probl
         batch=p.batch, heads=p.heads, kv_heads=p.kv_heads, seqlen_q=p.seqlen_q, seqlen_k=p.seqlen_k,
         head_dim=p.head_dim, softmax_scale=p.softmax_scale, softmax_scale_log2=p.softmax_scale * LOG2E,
         **io.extras)
-    cfg = config.launch_dict
     block = (cfg["warps"] * WARP_SIZE, 1, 1)
     arg = params[()]
     for fn, kind in zip(loaded.functions, spec.grids):

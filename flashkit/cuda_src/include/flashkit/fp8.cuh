@@ -32,6 +32,17 @@ constexpr int kMmaK8 = 32;                    // k of mma.m16n8k32 (bytes)
 // K/V tile of kBlockN <= kMinScaleBlock keys never straddles two scale blocks.
 constexpr int kMinScaleBlock = 64;
 
+// What epilogue.cuh's store_output reads, for a 16-bit output staged in shared memory.
+template <class Kt>
+struct EpilogueTraits {
+    typedef typename Kt::OutT Element;
+    typedef typename Kt::OutT OutT;
+    static constexpr int kMTiles = Kt::kMTiles;
+    static constexpr int kDTiles = Kt::kDTiles;
+    static constexpr int kHeadDim = Kt::kHeadDim;
+    static constexpr int kWarpRows = Kt::kWarpRows;
+};
+
 // ---- byte tiles in shared memory --------------------------------------------------------
 // Row-major (rows x kRowBytes) with the 16 B chunk index XOR-swizzled by the row, so that an
 // ldmatrix phase (8 rows, one chunk each) hits 8 distinct 16 B bank groups. With C chunks per
@@ -210,40 +221,73 @@ struct Softmax {
             }
     }
 
-    template <int kNTiles, int kDTiles>
-    __device__ __forceinline__ void update(float (&x)[kMTiles][kNTiles][4],
-                                           float (&o)[kMTiles][kDTiles][4], float o_rescale) {
+    // S -> P in place, l updated; alpha[mi][h] = exp2(m_old - m_new), the factor O still owes.
+    template <int kNTiles, int kChains = (kNTiles % 4 == 0 ? 4 : 1)>
+    __device__ __forceinline__ void to_probabilities(float (&x)[kMTiles][kNTiles][4],
+                                                     float (&alpha)[kMTiles][kRowsPerTile]) {
 #pragma unroll
         for (int mi = 0; mi < kMTiles; ++mi)
 #pragma unroll
             for (int h = 0; h < kRowsPerTile; ++h) {
-                float m_tile = row_max[mi][h];
+                // Max and sum over kChains independent chains (short dependency chains).
+                float chain[kChains];
+#pragma unroll
+                for (int c = 0; c < kChains; ++c) chain[c] = row_max[mi][h];
 #pragma unroll
                 for (int ni = 0; ni < kNTiles; ++ni)
-                    m_tile = fmaxf(m_tile, fmaxf(x[mi][ni][2 * h], x[mi][ni][2 * h + 1]));
+                    chain[ni % kChains] = fmaxf(chain[ni % kChains], fmaxf(x[mi][ni][2 * h], x[mi][ni][2 * h + 1]));
+                float m_tile = chain[0];
+#pragma unroll
+                for (int c = 1; c < kChains; ++c) m_tile = fmaxf(m_tile, chain[c]);
                 const float m_new = quad_max(m_tile);
                 // A row with no visible key yet subtracts 0, never -inf - -inf.
                 const float m_safe = m_new == FLASHKIT_NEG_INF ? 0.f : m_new;
-                const float alpha = fast_exp2(row_max[mi][h] - m_safe);
+                alpha[mi][h] = fast_exp2(row_max[mi][h] - m_safe);
                 row_max[mi][h] = m_new;
                 const float bias = m_safe - kLog2PScale;
-                float sum = 0.f;
+#pragma unroll
+                for (int c = 0; c < kChains; ++c) chain[c] = 0.f;
 #pragma unroll
                 for (int ni = 0; ni < kNTiles; ++ni)
 #pragma unroll
                     for (int e = 0; e < 2; ++e) {
                         float& p = x[mi][ni][2 * h + e];
                         p = fast_exp2(p - bias);
-                        sum += p;
+                        chain[ni % kChains] += p;
                     }
-                row_sum[mi][h] = fmaf(row_sum[mi][h], alpha, sum);
-                const float o_alpha = alpha * o_rescale;
+                float sum = chain[0];
+#pragma unroll
+                for (int c = 1; c < kChains; ++c) sum += chain[c];
+                row_sum[mi][h] = fmaf(row_sum[mi][h], alpha[mi][h], sum);
+            }
+    }
+
+    // O *= factor, one factor per row.
+    template <int kDTiles>
+    __device__ __forceinline__ static void rescale(float (&o)[kMTiles][kDTiles][4],
+                                                   const float (&factor)[kMTiles][kRowsPerTile]) {
+#pragma unroll
+        for (int mi = 0; mi < kMTiles; ++mi)
+#pragma unroll
+            for (int h = 0; h < kRowsPerTile; ++h)
 #pragma unroll
                 for (int nd = 0; nd < kDTiles; ++nd) {
-                    o[mi][nd][2 * h] *= o_alpha;
-                    o[mi][nd][2 * h + 1] *= o_alpha;
+                    o[mi][nd][2 * h] *= factor[mi][h];
+                    o[mi][nd][2 * h + 1] *= factor[mi][h];
                 }
-            }
+    }
+
+    // Both at once: S -> P and O *= alpha * o_rescale.
+    template <int kNTiles, int kDTiles>
+    __device__ __forceinline__ void update(float (&x)[kMTiles][kNTiles][4],
+                                           float (&o)[kMTiles][kDTiles][4], float o_rescale) {
+        float alpha[kMTiles][kRowsPerTile];
+        to_probabilities(x, alpha);
+#pragma unroll
+        for (int mi = 0; mi < kMTiles; ++mi)
+#pragma unroll
+            for (int h = 0; h < kRowsPerTile; ++h) alpha[mi][h] *= o_rescale;
+        rescale(o, alpha);
     }
 
     template <int kDTiles>

@@ -58,17 +58,6 @@ struct Fp8Traits {
     static_assert(sizeof(OutT) == 2, "output: float16 or bfloat16");
 };
 
-// What epilogue.cuh's store_output reads, for a 16-bit output staged in shared memory.
-template <class Kt>
-struct EpilogueTraits {
-    typedef typename Kt::OutT Element;
-    typedef typename Kt::OutT OutT;
-    static constexpr int kMTiles = Kt::kMTiles;
-    static constexpr int kDTiles = Kt::kDTiles;
-    static constexpr int kHeadDim = Kt::kHeadDim;
-    static constexpr int kWarpRows = Kt::kWarpRows;
-};
-
 // Thread and block indices through volatile reads, so that the compiler re-reads them instead of
 // holding them in registers across the main loop.
 __device__ __forceinline__ int special_reg_tid_x() {
