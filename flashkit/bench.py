@@ -240,7 +240,15 @@ def bench_flashkit(shape: BenchShape, inputs, variant: str | None, config: Bench
         q, k, v = inputs[i % len(inputs)]
         return attention(q, k, v, causal=shape.causal, variant=variant, block_mask=mask)
 
+    def call_fp8(i: int):   # fp8 variants time the attention on pre-quantized inputs
+        (qd, qs), (kd, ks), (vd, vs) = quantized[i % len(quantized)]
+        return attention(qd, kd, vd, q_scale=qs, k_scale=ks, v_scale=vs, causal=shape.causal, variant=variant)
+
     try:
+        if is_fp8_variant(variant):
+            from .fp8 import quantize_qkv
+            quantized = [quantize_qkv(q, k, v) for q, k, v in inputs]
+            call = call_fp8
         call(0)
         import cupy
         cupy.cuda.runtime.deviceSynchronize()
@@ -253,6 +261,13 @@ def bench_flashkit(shape: BenchShape, inputs, variant: str | None, config: Bench
     except Exception as exc:   # unsupported shape, compile failure, out of memory: a row, not a crash
         mark_unavailable(row, exc)
     return row
+
+
+def is_fp8_variant(variant: str | None) -> bool:
+    """Whether a variant runs only on fp8 inputs (its manifest requires fp8)."""
+    from .registry import discover_kernels
+    spec = discover_kernels().specs.get(variant) if variant else None
+    return bool(spec and spec.requires.get("fp8"))
 
 
 def flashkit_label(shape: BenchShape, variant: str | None, block_sparse: bool, dtype: str = "bfloat16") -> str:

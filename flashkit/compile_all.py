@@ -46,7 +46,8 @@ def plan_compiles(variants, ccs, dtypes=None, head_dims=None):
 def _compile_one(job, to_cache: bool) -> dict:
     spec, config, target = job
     row = {"variant": spec.name, "target": target, "config": config.describe(), "error": None,
-           "registers": 0, "smem_bytes": 0, "stack_bytes": 0, "spill_bytes": 0, "seconds": 0.0}
+           "registers": 0, "smem_bytes": 0, "stack_bytes": 0, "spill_bytes": 0, "serialized_wgmma": [],
+           "seconds": 0.0}
     try:
         compiled = compile_variant(spec, config, target)
         if to_cache:
@@ -59,6 +60,7 @@ def _compile_one(job, to_cache: bool) -> dict:
                smem_bytes=max((r.static_smem for r in reports), default=0),
                stack_bytes=max((r.stack_bytes for r in reports), default=0),
                spill_bytes=sum(r.spill_stores + r.spill_loads for r in reports),
+               serialized_wgmma=[r.entry for r in reports if r.serialized_wgmma],
                seconds=compiled.seconds, entries=[r.__dict__ for r in reports])
     return row
 

@@ -32,7 +32,9 @@ def command(variants, archs, dtypes, head_dims, jobs, as_json) -> None:
     failed = [r for r in rows if r["error"]]
     if not as_json:
         spills = sum(1 for r in rows if r["spill_bytes"])
-        click.echo(f"{len(rows)} compiled, {len(failed)} failed, {spills} with spills")
+        serialized = sum(1 for r in rows if r.get("serialized_wgmma"))
+        click.echo(f"{len(rows)} compiled, {len(failed)} failed, {spills} with spills, "
+                   f"{serialized} with serialized wgmma")
     if failed:
         raise SystemExit(1)
 
@@ -42,4 +44,4 @@ def format_row(r: dict) -> str:
         return f"FAIL {r['variant']:<13} {r['target']:<7} {r['config']}\n{r['error']}"
     return (f"ok   {r['variant']:<13} {r['target']:<7} {r['config']:<60} regs {r['registers']:>3}  "
             f"smem {r['smem_bytes']:>6}  stack {r['stack_bytes']:>3}  spill {r['spill_bytes']:>3}  "
-            f"{r['seconds']:.1f}s")
+            f"{r['seconds']:.1f}s" + ("  SERIALIZED wgmma" if r.get("serialized_wgmma") else ""))

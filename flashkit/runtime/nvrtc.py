@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from ..errors import CompileError, DeviceError
 
@@ -19,6 +19,7 @@ class CompileReport:
     spill_loads: int
     stack_bytes: int
     static_smem: int
+    serialized_wgmma: bool = False   # ptxas could not pipeline the entry's wgmma (C7510-C7515)
 
 
 @dataclass
@@ -81,6 +82,7 @@ ELF64_HEADER_BYTES = 0x40
 _ENTRY_RE = re.compile(r"Compiling entry function '(\w+)'")
 _FRAME_RE = re.compile(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads")
 _USED_RE = re.compile(r"Used (\d+) registers(?:.*?(\d+) bytes smem)?")
+_SERIALIZED_RE = re.compile(r"wgmma\.mma_async instructions are serialized.*?in the function '(\w+)'")
 
 
 def parse_ptxas_log(log: str) -> list[CompileReport]:
@@ -95,4 +97,5 @@ def parse_ptxas_log(log: str) -> list[CompileReport]:
             smem = int(m.group(2) or 0)
             reports.append(CompileReport(entry, int(m.group(1)), frame[1], frame[2], frame[0], smem))
             entry = None
-    return reports
+    serialized = set(_SERIALIZED_RE.findall(log))
+    return [replace(r, serialized_wgmma=r.entry in serialized) for r in reports]

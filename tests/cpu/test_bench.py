@@ -190,3 +190,9 @@ def test_flashkit_label_names_a_forced_variant_and_falls_back_without_a_gpu():
     shape = BenchShape(1, 512, 16, 128)
     assert bench.flashkit_label(shape, "standard", False) == "flashkit:standard"
     assert bench.flashkit_label(shape, None, False).startswith("flashkit:")
+
+
+def test_fp8_variants_are_recognised_by_their_manifest():
+    assert bench.is_fp8_variant("fp8_hopper") and bench.is_fp8_variant("fp8")
+    assert not bench.is_fp8_variant("fa2") and not bench.is_fp8_variant(None)
+    assert not bench.is_fp8_variant("no_such_variant")

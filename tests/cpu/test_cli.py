@@ -164,7 +164,7 @@ def test_compile_standard_for_sm80(monkeypatch, tmp_path):
     out = invoke("compile", "--arch", "sm_80", "--variant", "standard", "-j", "2").stdout
     spec = discover_kernels().get("standard")
     n = len(spec.dtypes) * len(spec.head_dims.examples()) * 2
-    assert out.splitlines()[-1] == f"{n} compiled, 0 failed, 0 with spills"
+    assert out.splitlines()[-1] == f"{n} compiled, 0 failed, 0 with spills, 0 with serialized wgmma"
     assert sum(line.startswith("ok   standard      sm_80") for line in out.splitlines()) == n
     assert not (tmp_path / "cache").exists() or not any((tmp_path / "cache").iterdir()), \
         "--arch compiles must not write the cache"
@@ -183,7 +183,7 @@ def test_compile_json_subset():
 def test_compile_reports_skipped_archs():
     out = invoke("compile", "--arch", "sm_70", "--variant", "standard").stdout
     assert "skipped: standard on sm_70: needs compute capability >= 7.5" in out
-    assert out.splitlines()[-1] == "0 compiled, 0 failed, 0 with spills"
+    assert out.splitlines()[-1] == "0 compiled, 0 failed, 0 with spills, 0 with serialized wgmma"
 
 
 def test_compile_failure_exits_1(monkeypatch, tmp_path, variant_dir):

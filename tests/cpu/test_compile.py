@@ -1,6 +1,6 @@
 """The GPU-less NVRTC compile of every kernel for every architecture its manifest declares.
 
-Fails on any compile error, any spill, any stack frame, or an entry ptxas did not report. Nothing is cached.
+Fails on any compile error, any spill, any stack frame, any wgmma ptxas serialized, or an entry ptxas did not report. Nothing is cached.
 Compiles run in 2 processes (compile_all.compile_matrix); the whole matrix takes a few minutes on 2 cores.
 """
 
@@ -74,6 +74,8 @@ def test_compiles_without_spills(variant, target):
             problems.append(f"{where}: {row['spill_bytes']} bytes of spills")
         if row["stack_bytes"]:
             problems.append(f"{where}: {row['stack_bytes']} bytes stack frame")
+        if row["serialized_wgmma"]:
+            problems.append(f"{where}: ptxas serialized the wgmma of {row['serialized_wgmma']}")
         reported = {e["entry"] for e in row["entries"]}
         missing = set(spec.entries) - reported
         if missing:

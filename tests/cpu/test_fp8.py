@@ -181,3 +181,27 @@ def test_quantize_kernel_compiles_without_spills(arch, dtype, d, hadamard):
     (report,) = compiled.reports()
     assert report.entry == "flashkit_fp8_quantize"
     assert report.spill_stores == report.spill_loads == report.stack_bytes == 0
+
+
+def test_fp8_hopper_manifest_and_selection():
+    from flashkit.registry import Request, discover_kernels, select_kernel
+    specs = discover_kernels(refresh=True).specs
+    spec = specs["fp8_hopper"]
+    assert spec.arch_min == spec.arch_max == (9, 0) and spec.target((9, 0)) == "sm_90a"
+    assert spec.requires == {"fp8": True} and spec.workspace == "v_transposed"
+    assert spec.grids == ("kv_tiles", "q_blocks") and spec.priority > specs["fp8"].priority
+    fp8_req = dict(dtype="float8_e4m3", head_dim=128, fp8=True)
+    assert select_kernel(Request(cc=(9, 0), **fp8_req), specs).chosen.name == "fp8_hopper"
+    assert select_kernel(Request(cc=(8, 9), **fp8_req), specs).chosen.name == "fp8"      # Ada: mma.sync e4m3
+    assert select_kernel(Request(cc=(10, 0), **fp8_req), specs).chosen.name == "fp8"     # wgmma is Hopper-only
+    assert select_kernel(Request(cc=(9, 0), dtype="bfloat16", head_dim=128), specs).chosen.name != "fp8_hopper"
+
+
+def test_v_transposed_workspace_and_kv_tiles_grid():
+    from flashkit.runtime.launch import grid_for, workspace_bytes
+    from flashkit.validate import Problem
+    p = Problem(batch=2, seqlen_q=300, seqlen_k=300, heads=8, kv_heads=2, head_dim=128, dtype="float8_e4m3",
+                softmax_scale=0.1)
+    cfg = {"block_m": 64, "block_n": 128, "warps": 4}
+    assert grid_for("kv_tiles", p, cfg) == (3, 2, 2)                       # ceil(300 / 128) key tiles per kv head
+    assert workspace_bytes("v_transposed", p, cfg) == 2 * 2 * 128 * 384    # keys padded to whole tiles, 1 B each

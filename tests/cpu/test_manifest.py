@@ -199,3 +199,20 @@ def test_builtin_manifest_parses(path):
         f"{path.name}: must declare FLASHKIT_EXPORT_SMEM_BYTES exactly once (docs/kernel-contract.md)"
     assert "#include <" not in body, f"{path.name}: device code includes no toolkit header"
     assert spec.summary and "\n" not in spec.summary
+
+
+def test_arch_max_bounds_the_range_and_reads_in_words(tmp_path):
+    spec = spec_of(tmp_path, "hopper_only", arch={"min": "9.0", "max": "9.0", "targets": {"9.0": "sm_90a"}})
+    assert spec.arch_max == (9, 0) and spec.runs_on((9, 0))
+    assert not spec.runs_on((8, 9)) and not spec.runs_on((10, 0))
+    assert spec.arch_requirement() == "9.0 exactly" and spec.declared_archs() == ["sm_90a"]
+    ranged = spec_of(tmp_path, "ranged", arch={"min": "8.0", "max": "9.0"})
+    assert ranged.arch_requirement() == "from 8.0 to 9.0" and not ranged.runs_on((12, 0))
+    open_ended = spec_of(tmp_path, "open", arch={"min": "8.0"})
+    assert open_ended.arch_max is None and open_ended.runs_on((12, 0)) and open_ended.arch_requirement() == ">= 8.0"
+
+
+@pytest.mark.parametrize("arch,needle", [({"min": "9.0", "max": "8.0"}, "max >= min"),
+                                          ({"min": "8.0", "maximum": "9.0"}, "keys among min, max, targets")])
+def test_bad_arch_ranges_are_rejected(tmp_path, arch, needle):
+    assert needle in reject(tmp_path, manifest(arch=arch))

@@ -35,6 +35,19 @@ def test_parse_ptxas_log():
     ]
 
 
+def test_serialized_wgmma_is_reported_per_entry():
+    log = ("ptxas info    : Compiling entry function 'slow' for 'sm_90a'\n"
+           "ptxas info    : Used 200 registers\n"
+           "ptxas info    : (C7514) Potential Performance Loss: wgmma.mma_async instructions are serialized due "
+           "to non wgmma instructions reading accumulator registers of  a wgmma between start and end of the "
+           "pipeline stage in the function 'slow' in line 0\n"
+           "ptxas info    : Compiling entry function 'fast' for 'sm_90a'\n"
+           "ptxas info    : Used 100 registers\n")
+    slow, fast = parse_ptxas_log(log)
+    assert (slow.entry, slow.serialized_wgmma) == ("slow", True)
+    assert (fast.entry, fast.serialized_wgmma) == ("fast", False)
+
+
 def test_parse_ptxas_log_empty_and_unrelated():
     assert parse_ptxas_log("") == []
     assert parse_ptxas_log("ptxas info    : Used 10 registers\n") == []     # no entry announced

@@ -61,6 +61,8 @@ REASON_CASES = [
     (dict(dtype="float32"), {}, "dtype=float32 not supported: supported float16, bfloat16"),
     (dict(cc=(7, 5)), {}, "needs compute capability >= 8.0; device has 7.5"),
     (dict(cc=(8, 6)), dict(arch={"min": "9.0"}), "needs compute capability >= 9.0; device has 8.6"),
+    (dict(cc=(10, 0)), dict(arch={"min": "9.0", "max": "9.0"}),
+     "needs compute capability <= 9.0 (architecture-specific instructions); device has 10.0"),
     (dict(causal=True), dict(features={"causal": False}), "causal masks not supported"),
     (dict(block_sparse=True), {}, "block masks not supported"),
     (dict(fp8=True), {}, "fp8 inputs not supported"),

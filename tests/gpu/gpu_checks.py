@@ -34,8 +34,8 @@ def run_check(name: str, check) -> None:
     from flashkit.runtime.device import device_info
     spec = discover_kernels().get(name)
     cc = device_info().cc
-    if cc < spec.arch_min:
-        pytest.skip(f"{name} needs compute capability >= {spec.arch_min[0]}.{spec.arch_min[1]}; "
+    if not spec.runs_on(cc):
+        pytest.skip(f"{name} needs compute capability {spec.arch_requirement()}; "
                     f"this device has {cc[0]}.{cc[1]}")
     result = check.run(zlib.crc32(check.label.encode()))
     assert result.variant == name and result.label == check.label

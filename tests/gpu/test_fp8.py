@@ -1,5 +1,6 @@
 """The fp8 variant on the GPU: the quantizer against its NumPy model, the verification checks, the
-attention(fp8=True) path, and the quantization cost. Skips (by name) below compute capability 8.9."""
+attention(fp8=True) path, and the quantization cost. Skips (by name) below compute capability 8.9;
+fp8_hopper's checks skip on anything but 9.0."""
 
 from __future__ import annotations
 
@@ -52,7 +53,7 @@ def test_quantize_strided_input(fp8_device):
     assert bool((data == data2).all()) and bool((scales == scales2).all())
 
 
-@pytest.mark.parametrize("variant,check", check_params(["fp8"], quick=True))
+@pytest.mark.parametrize("variant,check", check_params(["fp8", "fp8_hopper"], quick=True))
 def test_fp8_checks(variant, check):
     run_check(variant, check)
 
