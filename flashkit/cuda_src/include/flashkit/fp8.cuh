@@ -140,6 +140,29 @@ __device__ __forceinline__ u32 pack_e4m3x4(float x0, float x1, float x2, float x
     return static_cast<u32>(lo) | (static_cast<u32>(hi) << 16);
 }
 
+// ---- the P V key permutation ---------------------------------------------------------------
+constexpr int kPermKeys = 16;   // the permutation acts within groups of 16 keys
+
+// Physical key (within its group of 16) of logical k-index l = 4 t + i: 2 t + (i & 1) + 8 (i >> 1).
+__device__ __forceinline__ int pv_physical_key(int l) {
+    const int t = l / 4, i = l % 4;
+    return 2 * t + (i & 1) + 8 * (i >> 1);
+}
+
+// The e4m3 A fragment of P V k-step kk from P in the S accumulator layout (p[ni] = column tile ni):
+// it covers column tiles 4 kk .. 4 kk + 3 (32 keys); a0 = P[g][keys 2t, 2t+1, 2t+8, 2t+9] (logical
+// k-indices 4t .. 4t+3), a1 the same of row g + 8, a2 / a3 the same 16 keys later.
+template <int kNTiles>
+__device__ __forceinline__ void pack_p_fragment(u32 (&a)[4], const float (&p)[kNTiles][4], int kk) {
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+        const float(&lo)[4] = p[4 * kk + 2 * half];
+        const float(&hi)[4] = p[4 * kk + 2 * half + 1];
+        a[2 * half] = pack_e4m3x4(lo[0], lo[1], hi[0], hi[1]);       // row g
+        a[2 * half + 1] = pack_e4m3x4(lo[2], lo[3], hi[2], hi[3]);   // row g + 8
+    }
+}
+
 // ---- the byte transpose of V ---------------------------------------------------------------
 __device__ __forceinline__ u32 byte_perm(u32 a, u32 b, u32 selector) {
     u32 d;
@@ -185,12 +208,11 @@ __device__ __forceinline__ void transpose_v_tile(u32 sv, u32 svt, int tid) {
         if (kItems < kThreads && item >= kItems) break;
         const int kw = item % kKeyWords;
         const int w = item / kKeyWords;
-        const int key0 = 16 * (kw / 4) + 2 * (kw % 4);
+        const int group = kPermKeys * (kw / 4);   // logical keys 4 kw .. 4 kw + 3
         u32 r[4];
-        r[0] = lds_u32(sv + byte_offset<kHeadDim>(key0, 4 * w));
-        r[1] = lds_u32(sv + byte_offset<kHeadDim>(key0 + 1, 4 * w));
-        r[2] = lds_u32(sv + byte_offset<kHeadDim>(key0 + 8, 4 * w));
-        r[3] = lds_u32(sv + byte_offset<kHeadDim>(key0 + 9, 4 * w));
+#pragma unroll
+        for (int j = 0; j < 4; ++j)
+            r[j] = lds_u32(sv + byte_offset<kHeadDim>(group + pv_physical_key(4 * (kw % 4) + j), 4 * w));
         transpose_4x4_bytes(r);
 #pragma unroll
         for (int j = 0; j < 4; ++j) sts_u32(svt + byte_offset<kBlockN>(4 * w + j, 4 * kw), r[j]);

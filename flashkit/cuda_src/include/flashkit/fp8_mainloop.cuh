@@ -202,21 +202,13 @@ struct Mainloop {
         }
     }
 
-    // O += e4m3(P) Vt: k-step kk covers S column tiles 4 kk .. 4 kk + 3 (32 keys), in the key
-    // permutation of fp8.cuh: a0 = P[g][keys 2t, 2t+1, 2t+8, 2t+9], a2 the same 16 keys later.
+    // O += e4m3(P) Vt, P packed per k-step by pack_p_fragment (fp8.cuh).
     __device__ __forceinline__ void gemm_pv(const float (&p)[kMTiles][Kt::kNTiles][4]) {
 #pragma unroll
         for (int kk = 0; kk < Kt::kPVSteps; ++kk) {
             u32 a[kMTiles][4];
 #pragma unroll
-            for (int mi = 0; mi < kMTiles; ++mi)
-#pragma unroll
-                for (int half = 0; half < 2; ++half) {
-                    const float(&lo)[4] = p[mi][4 * kk + 2 * half];
-                    const float(&hi)[4] = p[mi][4 * kk + 2 * half + 1];
-                    a[mi][2 * half] = pack_e4m3x4(lo[0], lo[1], hi[0], hi[1]);       // row g
-                    a[mi][2 * half + 1] = pack_e4m3x4(lo[2], lo[3], hi[2], hi[3]);   // row g + 8
-                }
+            for (int mi = 0; mi < kMTiles; ++mi) pack_p_fragment(a[mi], p[mi], kk);
             const u32 v_addr = chunk_addr(vt_lane, kk, vt_x);
 #pragma unroll
             for (int dp = 0; dp < Kt::kDTiles / 2; ++dp) {

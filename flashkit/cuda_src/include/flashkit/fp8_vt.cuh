@@ -8,19 +8,11 @@
 // thread writes 16 logical keys of one Vt row with a 16 B store.
 #pragma once
 
+#include "flashkit/fp8.cuh"
 #include "flashkit/mask.cuh"
-#include "flashkit/tile.cuh"
 
 namespace flashkit {
 namespace fp8 {
-
-constexpr int kPermKeys = 16;   // the P V permutation acts within groups of 16 keys
-
-// Physical key (within its group of 16) of logical key l.
-__device__ __forceinline__ int pv_physical_key(int l) {
-    const int t = l / 4, i = l % 4;
-    return 2 * t + (i & 1) + 8 * (i >> 1);
-}
 
 template <int kHeadDim, int kBlockN, int kThreads>
 __device__ __forceinline__ void transpose_v_block(const Params& p, u8* staging, int n_block, int kv_head,

@@ -218,22 +218,13 @@ struct WgmmaMainloop {
         }
     }
 
-    // After the previous P V completed: O *= o_factor, and P (s) -> e4m3 A fragments. k-step kk
-    // covers S column tiles 4 kk .. 4 kk + 3 (32 keys), in the key permutation of fp8.cuh:
-    // a0 = P[g][keys 2t, 2t+1, 2t+8, 2t+9], a2 the same 16 keys later.
+    // After the previous P V completed: O *= o_factor, and P (s) -> e4m3 A fragments.
     __device__ __forceinline__ void rescale_and_pack() {
         gmma::fence_accumulators(acc_o[0]);
         // Once the row maxima settle most tiles owe nothing: skip the multiply warp by warp.
         if (!__all_sync(kFullWarp, o_factor[0][0] == 1.f && o_factor[0][1] == 1.f)) Softmax<1>::rescale(acc_o, o_factor);
 #pragma unroll
-        for (int kk = 0; kk < Kt::kPVSteps; ++kk)
-#pragma unroll
-            for (int half = 0; half < 2; ++half) {
-                const float(&lo)[4] = s[0][4 * kk + 2 * half];
-                const float(&hi)[4] = s[0][4 * kk + 2 * half + 1];
-                p_frag[kk][2 * half] = pack_e4m3x4(lo[0], lo[1], hi[0], hi[1]);       // row g
-                p_frag[kk][2 * half + 1] = pack_e4m3x4(lo[2], lo[3], hi[2], hi[3]);   // row g + 8
-            }
+        for (int kk = 0; kk < Kt::kPVSteps; ++kk) pack_p_fragment(p_frag[kk], s[0], kk);
     }
 };
 
