@@ -26,7 +26,8 @@ MIN_SCALE_BLOCK = 64         # rows per scale block: a power of two >= this (fp8
 DEFAULT_BLOCK = 128
 MAX_HEAD_DIM = 1024
 FP8_MIN_CC = (8, 9)
-QUANT_THREADS = 256          # fp8_quantize.cuh kThreads
+QUANT_THREADS = 512          # the quantizer's block size (FLASHKIT_QUANT_THREADS)
+MAX_VECTOR_BYTES = 16        # its widest load (FLASHKIT_ALIGN)
 MODE_FUSED, MODE_AMAX, MODE_GIVEN_AMAX = 0, 1, 2
 INPUT_DTYPES = ("float16", "bfloat16", "float32")
 
@@ -129,14 +130,36 @@ def _source() -> str:
     return f'#include "flashkit/fp8_quantize.cuh"\n// flashkit headers sha256 {header_digest()}\n'
 
 
-@lru_cache(maxsize=None)
-def _quantize_kernel(dtype_code: int, head_dim: int, hadamard: bool, device: int):
+def quantize_options(dtype_code: int, head_dim: int, hadamard: bool, align: int = MAX_VECTOR_BYTES) -> tuple:
+    """NVRTC options of the quantizer: input dtype, head dim, Hadamard, block size, and `align`, a
+    power of two <= 16 dividing the input's address and strides in bytes (the widest safe load)."""
     from .runtime.build import INCLUDE_DIR
+    return ("-std=c++17", f"-I{INCLUDE_DIR}", f"-DFLASHKIT_DTYPE={dtype_code}", f"-DFLASHKIT_HEAD_DIM={head_dim}",
+            f"-DFLASHKIT_HADAMARD={int(hadamard)}", f"-DFLASHKIT_QUANT_THREADS={QUANT_THREADS}",
+            f"-DFLASHKIT_ALIGN={align}")
+
+
+def alignment(pointer: int, byte_strides) -> int:
+    """The largest power of two <= 16 dividing the address and every stride (in bytes)."""
+    g = MAX_VECTOR_BYTES
+    for n in (pointer, *byte_strides):
+        while n % g:
+            g //= 2
+    return g
+
+
+@lru_cache(maxsize=None)
+def _quantize_kernel(dtype_code: int, head_dim: int, hadamard: bool, align: int, device: int):
     from .runtime.device import cupy_module
-    cupy = cupy_module()
-    options = ("-std=c++17", f"-I{INCLUDE_DIR}", f"-DFLASHKIT_DTYPE={dtype_code}",
-               f"-DFLASHKIT_HEAD_DIM={head_dim}", f"-DFLASHKIT_HADAMARD={int(hadamard)}")
-    return cupy.RawModule(code=_source(), options=options).get_function("flashkit_fp8_quantize")
+    module = cupy_module().RawModule(code=_source(), options=quantize_options(dtype_code, head_dim, hadamard, align))
+    return module.get_function("flashkit_fp8_quantize")
+
+
+@lru_cache(maxsize=None)
+def _signs(head_dim: int, seed: int | None, device: int):
+    """The Hadamard signs on the device (seed None: a placeholder the kernel never reads), made once."""
+    from .runtime.device import cupy_module
+    return cupy_module().asarray(np.ones(1, dtype=np.float32) if seed is None else random_signs(head_dim, seed))
 
 
 def quantize_fp8(x: Any, block: int | None = DEFAULT_BLOCK, hadamard: bool = False, seed: int = 0,
@@ -166,8 +189,8 @@ def quantize_fp8(x: Any, block: int | None = DEFAULT_BLOCK, hadamard: bool = Fal
         raise InputError(f"hadamard: expected True or False, got {hadamard!r}")
     if hadamard and d & (d - 1):
         raise InputError(f"hadamard: {name}'s head_dim must be a power of two, got {d}")
-    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)):
-        raise InputError(f"seed: expected an int, got {seed!r}")
+    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
+        raise InputError(f"seed: expected a non-negative int, got {seed!r}")
     block = _check_block(block)
     info = device_info()
     if info.cc < FP8_MIN_CC:
@@ -183,8 +206,9 @@ def quantize_fp8(x: Any, block: int | None = DEFAULT_BLOCK, hadamard: bool = Fal
     rows = DEFAULT_BLOCK if block is None else block
     n = -(-s // rows)
     scales = cupy.empty((b, h, n), dtype=cupy.float32)
-    signs = cupy.asarray(random_signs(d, seed) if hadamard else np.ones(1, dtype=np.float32))
-    kernel = _quantize_kernel(BY_NAME[dt.name].code, d, bool(hadamard), info.index)
+    signs = _signs(d, int(seed) if hadamard else None, info.index)
+    align = alignment(xc.data.ptr, xc.strides[:3])
+    kernel = _quantize_kernel(BY_NAME[dt.name].code, d, bool(hadamard), align, info.index)
 
     def launch(mode: int) -> None:
         kernel((n, h, b), (QUANT_THREADS,), (xc, *strides, out, scales, signs, np.int32(s), np.int32(h),

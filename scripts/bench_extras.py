@@ -1,6 +1,7 @@
 """The figures `flashkit bench` does not sweep: BlockMask build time at 32k, the FP8 quantization pass
 against the attention it feeds, and peak device memory at seqlen 32k. Prints JSON lines."""
 import json
+import time
 
 import cupy as cp
 import ml_dtypes
@@ -22,6 +23,19 @@ def median_ms(fn, reps=10):
     return sorted(times)[reps // 2]
 
 
+def host_ms(fn, reps=20):
+    """Host (Python) time of a call: validation, allocation and launches (they are asynchronous)."""
+    fn()
+    cp.cuda.Device().synchronize()
+    times = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        fn()
+        times.append((time.perf_counter() - t0) * 1e3)
+    cp.cuda.Device().synchronize()
+    return sorted(times)[reps // 2]
+
+
 def randn(shape, dtype=ml_dtypes.bfloat16):
     return cp.random.standard_normal(shape, dtype=cp.float32).astype(dtype)
 
@@ -40,7 +54,8 @@ flops = 4 * b * h * s * s * d
 t_quant = median_ms(lambda: quantize_qkv(q, k, v))
 t_quant_h = median_ms(lambda: quantize_qkv(q, k, v, hadamard=True))
 t_fa2 = median_ms(lambda: flashkit.attention(q, k, v, variant="fa2"))
-report = {"shape": [b, s, h, d], "quantize_ms": t_quant, "quantize_hadamard_ms": t_quant_h, "fa2_ms": t_fa2,
+report = {"shape": [b, s, h, d], "quantize_ms": t_quant, "quantize_hadamard_ms": t_quant_h,
+          "quantize_host_ms": host_ms(lambda: quantize_qkv(q, k, v)), "fa2_ms": t_fa2,
           "fa2_tflops": flops / t_fa2 / 1e9}
 for variant in ("fp8", "fp8_hopper"):
     try:

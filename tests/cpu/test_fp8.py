@@ -164,18 +164,25 @@ def test_plain_fp8_attention_is_close_to_the_reference():
         np.testing.assert_allclose(lse, lse_ref, atol=1e-5)
 
 
-@pytest.mark.parametrize("arch,dtype,d,hadamard", list(itertools.product(
-    ("sm_89", "sm_90"), (1, 2), (64, 128, 256), (False, True))))
-def test_quantize_kernel_compiles_without_spills(arch, dtype, d, hadamard):
+QUANTIZE_BUILDS = [(arch, dtype, d, hadamard, 16) for arch, dtype, d, hadamard in itertools.product(
+    ("sm_89", "sm_90"), (1, 2, 3), (64, 128, 256), (False, True))] + [
+    # narrower alignments (strided views), odd and tiny head dims, the largest head dim
+    ("sm_90", 1, 128, False, 2), ("sm_90", 2, 64, True, 4), ("sm_90", 3, 128, False, 4), ("sm_90", 1, 96, False, 8),
+    ("sm_90", 1, 7, False, 2), ("sm_90", 2, 1, True, 2), ("sm_90", 1, 2, True, 4), ("sm_90", 3, 5, False, 4),
+    ("sm_89", 2, 40, False, 16)] + [
+    # wide rows: where the register budget changes (kMinBlocksPerSm, kKeepRotated)
+    ("sm_90", dtype, d, hadamard, 16) for dtype, d, hadamard in itertools.product((1, 2, 3), (512, 1024), (False, True))]
+
+
+@pytest.mark.parametrize("arch,dtype,d,hadamard,align", QUANTIZE_BUILDS)
+def test_quantize_kernel_compiles_without_spills(arch, dtype, d, hadamard, align):
     pytest.importorskip("cupy")
     from flashkit.errors import DeviceError
-    from flashkit.runtime.build import INCLUDE_DIR
     from flashkit.runtime.nvrtc import compile_cubin
     try:
         compiled = compile_cubin(fp8._source(), "fp8_quantize.cu",
-                                 [f"-arch={arch}", "-std=c++17", "--ptxas-options=-v", f"-I{INCLUDE_DIR}",
-                                  f"-DFLASHKIT_DTYPE={dtype}", f"-DFLASHKIT_HEAD_DIM={d}",
-                                  f"-DFLASHKIT_HADAMARD={int(hadamard)}"])
+                                 [f"-arch={arch}", "--ptxas-options=-v",
+                                  *fp8.quantize_options(dtype, d, hadamard, align)])
     except DeviceError as e:
         pytest.skip(str(e))
     (report,) = compiled.reports()
@@ -205,3 +212,17 @@ def test_v_transposed_workspace_and_kv_tiles_grid():
     cfg = {"block_m": 64, "block_n": 128, "warps": 4}
     assert grid_for("kv_tiles", p, cfg) == (3, 2, 2)                       # ceil(300 / 128) key tiles per kv head
     assert workspace_bytes("v_transposed", p, cfg) == 2 * 2 * 128 * 384    # keys padded to whole tiles, 1 B each
+
+
+def test_alignment_is_the_widest_safe_load():
+    assert fp8.alignment(0x7f0000000000, (2 ** 21, 2048, 256)) == 16
+    assert fp8.alignment(0x7f0000000000, (2 ** 21, 2048, 24)) == 8    # a head stride of 12 bf16
+    assert fp8.alignment(0x7f0000000002, (4096, 256, 128)) == 2        # a view one element in
+    assert fp8.alignment(0x7f0000000000, (4, 4, 4)) == 4
+
+
+def test_quantize_options_name_every_define():
+    options = fp8.quantize_options(2, 128, True, 8)
+    for define in ("FLASHKIT_DTYPE=2", "FLASHKIT_HEAD_DIM=128", "FLASHKIT_HADAMARD=1",
+                   f"FLASHKIT_QUANT_THREADS={fp8.QUANT_THREADS}", "FLASHKIT_ALIGN=8"):
+        assert f"-D{define}" in options

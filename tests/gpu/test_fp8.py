@@ -21,15 +21,28 @@ def fp8_device():
 
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16", "float32"])
-@pytest.mark.parametrize("block,hadamard", [(64, False), (128, False), (None, False), (128, True)])
+@pytest.mark.parametrize("block,hadamard", [(64, False), (128, False), (None, False), (128, True), (256, False),
+                                            (512, True)])
 @pytest.mark.parametrize("d", [64, 128, 256])
 def test_quantize_matches_the_model(fp8_device, dtype, block, hadamard, d):
+    # blocks of 256 and 512 rows span several register tiles: the two-pass path
+    check_quantize(dtype, (2, 300, 3, d), block, hadamard)
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+@pytest.mark.parametrize("d,hadamard", [(7, False), (40, False), (96, False), (16, True), (512, True)])
+def test_quantize_odd_and_wide_head_dims(fp8_device, dtype, d, hadamard):
+    check_quantize(dtype, (1, 200, 2, d), 64, hadamard)
+
+
+def check_quantize(dtype, shape, block, hadamard):
     import cupy
     from flashkit import fp8
     from flashkit.dtypes import BY_NAME
+    d = shape[3]
     rng = cupy.random.default_rng(d)
-    x = (rng.standard_normal((2, 300, 3, d), dtype=cupy.float32) * 3).astype(BY_NAME[dtype].storage)
-    x[0, 5, 1, 7] = 200   # an outlier
+    x = (rng.standard_normal(shape, dtype=cupy.float32) * 3).astype(BY_NAME[dtype].storage)
+    x[0, 5, 1, d // 2] = 200   # an outlier
     data, scales = fp8.quantize_fp8(x, block=block, hadamard=hadamard, seed=7)
     want, want_scales = fp8.quantize_reference(cupy.asnumpy(x.astype(cupy.float32)), block, hadamard, 7)
     assert data.dtype == cupy.uint8 and data.shape == x.shape and data.flags.c_contiguous
@@ -50,6 +63,18 @@ def test_quantize_strided_input(fp8_device):
     view = x[:, :, ::2]   # head stride 2 * d
     data, scales = fp8.quantize_fp8(view)
     data2, scales2 = fp8.quantize_fp8(cupy.ascontiguousarray(view))
+    assert bool((data == data2).all()) and bool((scales == scales2).all())
+
+
+@pytest.mark.parametrize("hadamard", [False, True])
+def test_quantize_misaligned_view(fp8_device, hadamard):
+    import cupy
+    from flashkit import fp8
+    big = cupy.random.default_rng(1).standard_normal((2, 150, 3, 130), dtype=cupy.float32).astype(cupy.float16)
+    view = big[..., 1:129]   # rows start 2 bytes past a 16-byte boundary: 2-byte loads
+    assert fp8.alignment(view.data.ptr, view.strides[:3]) == 2
+    data, scales = fp8.quantize_fp8(view, hadamard=hadamard, seed=5)
+    data2, scales2 = fp8.quantize_fp8(cupy.ascontiguousarray(view), hadamard=hadamard, seed=5)
     assert bool((data == data2).all()) and bool((scales == scales2).all())
 
 

@@ -25,7 +25,6 @@
 namespace flashkit {
 namespace fp8 {
 
-constexpr float kE4m3Max = 448.f;             // largest finite e4m3 (e4m3fn)
 constexpr float kLog2PScale = 8.807354922057604f;   // log2(448): P is quantized as 448 * exp(s - m)
 constexpr int kMmaK8 = 32;                    // k of mma.m16n8k32 (bytes)
 // Rows per scale block are a power of two >= this (flashkit/fp8.py MIN_SCALE_BLOCK), so that a
@@ -129,15 +128,6 @@ __device__ __forceinline__ void mma_16832(float (&c)[4], const u32 (&a)[4], u32 
         : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 #endif
-}
-
-// Four floats -> four e4m3 bytes (x0 in bits 0..7), round to nearest even, saturating at 448.
-// PTX cvt.rn.satfinite.e4m3x2.f32 d, a, b puts a in the upper byte and b in the lower.
-__device__ __forceinline__ u32 pack_e4m3x4(float x0, float x1, float x2, float x3) {
-    u16 lo, hi;
-    asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(lo) : "f"(x1), "f"(x0));
-    asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(hi) : "f"(x3), "f"(x2));
-    return static_cast<u32>(lo) | (static_cast<u32>(hi) << 16);
 }
 
 // ---- the P V key permutation ---------------------------------------------------------------

@@ -10,8 +10,9 @@
 //   pack_float2<T>(lo, hi)                            two floats -> one 32-bit register of 2 x T
 //                                                     (lo in bits 0..15, hi in bits 16..31)
 //   unpack_float2<T>(u, lo, hi)                       inverse of pack_float2 (16-bit T)
+//   pack_e4m3x4(x0, x1, x2, x3)                       four floats -> four e4m3 bytes (sm_89+)
 //   fast_exp2(x), fast_log2(x)                        ex2.approx.ftz / lg2.approx.ftz
-//   kLog2e, kLn2, FLASHKIT_NEG_INF                    named constants (-inf is a macro)
+//   kLog2e, kLn2, kE4m3Max, FLASHKIT_NEG_INF          named constants (-inf is a macro)
 #pragma once
 
 #include "flashkit/params.cuh"
@@ -25,6 +26,7 @@ typedef unsigned char u8;
 // log2(e) and ln(2): exp(x) = exp2(x * kLog2e), log(x) = log2(x) * kLn2.
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kLn2 = 0.6931471805599453f;
+constexpr float kE4m3Max = 448.f;   // largest finite e4m3 (e4m3fn)
 // -inf as a float bit pattern (no <cmath>, no INFINITY macro under bare NVRTC).
 #define FLASHKIT_NEG_INF (__int_as_float(0xff800000))
 
@@ -85,6 +87,15 @@ __device__ __forceinline__ float to_float(float8_e4m3_t x) {
     half_t lo;
     lo.bits = static_cast<u16>(h2 & 0xffffu);
     return to_float(lo);
+}
+
+// Four floats -> four e4m3 bytes (x0 in bits 0..7), round to nearest even, saturating at
+// +-kE4m3Max. PTX cvt.rn.satfinite.e4m3x2.f32 d, a, b puts a in the upper byte and b in the lower.
+__device__ __forceinline__ u32 pack_e4m3x4(float x0, float x1, float x2, float x3) {
+    u16 lo, hi;
+    asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(lo) : "f"(x1), "f"(x0));
+    asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(hi) : "f"(x3), "f"(x2));
+    return static_cast<u32>(lo) | (static_cast<u32>(hi) << 16);
 }
 #endif
 
