@@ -17,11 +17,11 @@ workspace: v_transposed
 // Inputs as the fp8 variant: e4m3 q, k, v in the contract's (batch, seqlen, heads, D) layout with
 // float32 scales per (batch, head, block of rows). Two entries:
 //   flashkit_fp8_hopper_vt    V -> Vt (D x keys per kv head) in the workspace: e4m3 wgmma takes
-//                             K-major operands only (fp8_vt.cuh)
-//   flashkit_fp8_hopper_fwd   the attention (fp8_wgmma_mainloop.cuh)
+//                             K-major operands only (v_transpose.cuh, keys in fp8.cuh's PvKeys order)
+//   flashkit_fp8_hopper_fwd   the attention (wgmma_attention.cuh's pipeline, fp8_wgmma_mainloop.cuh)
 // Output float16 or bfloat16 (FLASHKIT_OUT_DTYPE); LSE as every variant; causal via mask types.
-#include "flashkit/fp8_vt.cuh"
 #include "flashkit/fp8_wgmma_mainloop.cuh"
+#include "flashkit/v_transpose.cuh"
 
 typedef flashkit::fp8::WgmmaTraits<FLASHKIT_HEAD_DIM, FLASHKIT_BLOCK_M, FLASHKIT_BLOCK_N, FLASHKIT_WARPS,
                                    flashkit::OutT>
@@ -38,8 +38,8 @@ FLASHKIT_EXPORT_SMEM_BYTES(Traits::kSmemBytes);
 extern "C" __global__ void __launch_bounds__(Traits::kThreads)
     flashkit_fp8_hopper_vt(const flashkit::Params params) {
     extern __shared__ __align__(16) unsigned char staging[];
-    flashkit::fp8::transpose_v_block<Traits::kHeadDim, Traits::kBlockN, Traits::kThreads>(
-        params, staging, blockIdx.x, blockIdx.y, blockIdx.z);
+    flashkit::transpose_v_block<flashkit::float8_e4m3_t, flashkit::fp8::PvKeys, Traits::kHeadDim, Traits::kBlockN,
+                                Traits::kThreads>(params, staging, blockIdx.x, blockIdx.y, blockIdx.z);
 }
 
 extern "C" __global__ void __launch_bounds__(Traits::kThreads, Traits::kCtasPerSm)
@@ -48,5 +48,6 @@ extern "C" __global__ void __launch_bounds__(Traits::kThreads, Traits::kCtasPerS
     const int head = blockIdx.y;
     const int batch = blockIdx.z;
     const FwdMask mask(params, m_block);
-    flashkit::fp8::fwd_block_wgmma<Traits, FwdMask>(params, mask, m_block, head, batch);
+    flashkit::gmma::fwd_block<Traits, FwdMask, flashkit::fp8::WgmmaMainloop<Traits, FwdMask>>(params, mask, m_block,
+                                                                                             head, batch);
 }

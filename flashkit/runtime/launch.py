@@ -6,6 +6,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..dtypes import BY_NAME
 from ..registry.manifest import KernelSpec
 from ..validate import Problem
 from .build import BuildConfig, LoadedKernel
@@ -35,8 +36,9 @@ def grid_for(kind: str, p: Problem, cfg: dict[str, int]) -> tuple[int, int, int]
 
 
 def workspace_bytes(kind: str, p: Problem, cfg: dict[str, int]) -> int:
-    if kind == "v_transposed":   # fp8 V as (batch, kv_heads, head_dim, keys), keys padded to block_n
-        return p.batch * p.kv_heads * p.head_dim * -(-p.seqlen_k // cfg["block_n"]) * cfg["block_n"]
+    if kind == "v_transposed":   # V as (batch, kv_heads, head_dim, keys), keys padded to block_n
+        keys = -(-p.seqlen_k // cfg["block_n"]) * cfg["block_n"]
+        return p.batch * p.kv_heads * p.head_dim * keys * BY_NAME[p.dtype].itemsize
     if kind == "scores":
         return p.batch * p.heads * p.seqlen_q * p.seqlen_k * FLOAT32_BYTES
     if kind == "running_state":

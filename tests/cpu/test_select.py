@@ -188,3 +188,25 @@ def test_report_lists_choice_outranked_and_rejected(tmp_path, specs):
         "  slow: fits, lower priority",
         "  tiny: head_dim=128 not supported: supported 32",
     ]
+
+
+def test_the_registered_kernels_by_architecture():
+    """On the real registry: hopper (wgmma) wins bf16 / f16 on 9.0 only, fa2 / causal elsewhere."""
+    from flashkit.registry import discover_kernels
+    specs = discover_kernels(refresh=True).specs
+    hopper = specs["hopper"]
+    assert hopper.arch_min == hopper.arch_max == (9, 0) and hopper.target((9, 0)) == "sm_90a"
+    assert hopper.workspace == "v_transposed" and hopper.grids == ("kv_tiles", "q_blocks")
+
+    def chosen(cc, causal=False, head_dim=128, dtype="bfloat16"):
+        req = Request(dtype=dtype, head_dim=head_dim, causal=causal, cc=cc)
+        return select_kernel(req, specs).chosen.name
+
+    for causal in (False, True):
+        assert chosen((9, 0), causal) == "hopper"
+        assert chosen((9, 0), causal, head_dim=64, dtype="float16") == "hopper"
+        assert chosen((8, 0), causal) == ("causal" if causal else "fa2")
+        assert chosen((10, 0), causal) == ("causal" if causal else "fa2")
+        assert chosen((9, 0), causal, head_dim=256) == ("causal" if causal else "fa2")   # not declared
+    assert any("needs compute capability <= 9.0" in r for r in reasons(hopper, Request(
+        dtype="bfloat16", head_dim=128, cc=(10, 0))))

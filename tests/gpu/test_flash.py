@@ -1,4 +1,5 @@
-"""The flash variants (FlashAttention-1, -2, and the causal specialist) against the float64 reference.
+"""The flash variants (FlashAttention-1, -2, the causal specialist and the Hopper wgmma kernel) against the
+float64 reference. hopper's checks skip on anything but compute capability 9.0.
 
 A variant not in the registry yet skips, by name.
 """
@@ -11,7 +12,7 @@ from .gpu_checks import check_params, run_check
 
 pytestmark = pytest.mark.gpu
 
-VARIANTS = ["fa1", "fa2", "causal"]
+VARIANTS = ["fa1", "fa2", "causal", "hopper"]
 PARAMS = check_params(VARIANTS, quick=True)
 
 

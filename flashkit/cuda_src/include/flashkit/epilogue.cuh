@@ -8,6 +8,18 @@
 
 namespace flashkit {
 
+// What store_output reads of a kernel whose input type differs from its 16-bit output (fp8,
+// or any kernel staging O where its inputs were): store_output<EpilogueTraits<Kt>>.
+template <class Kt>
+struct EpilogueTraits {
+    typedef typename Kt::OutT Element;
+    typedef typename Kt::OutT OutT;
+    static constexpr int kMTiles = Kt::kMTiles;
+    static constexpr int kDTiles = Kt::kDTiles;
+    static constexpr int kHeadDim = Kt::kHeadDim;
+    static constexpr int kWarpRows = Kt::kWarpRows;
+};
+
 // o_frag: the warp's O in mma C layout; smem_warp: the warp's kWarpRows x kHeadDim slice;
 // o_gmem / lse_gmem: the warp's first row (lse_gmem null when no LSE is asked for);
 // rows_valid: how many of the warp's rows exist (may be <= 0).

@@ -31,17 +31,6 @@ constexpr int kMmaK8 = 32;                    // k of mma.m16n8k32 (bytes)
 // K/V tile of kBlockN <= kMinScaleBlock keys never straddles two scale blocks.
 constexpr int kMinScaleBlock = 64;
 
-// What epilogue.cuh's store_output reads, for a 16-bit output staged in shared memory.
-template <class Kt>
-struct EpilogueTraits {
-    typedef typename Kt::OutT Element;
-    typedef typename Kt::OutT OutT;
-    static constexpr int kMTiles = Kt::kMTiles;
-    static constexpr int kDTiles = Kt::kDTiles;
-    static constexpr int kHeadDim = Kt::kHeadDim;
-    static constexpr int kWarpRows = Kt::kWarpRows;
-};
-
 // ---- byte tiles in shared memory --------------------------------------------------------
 // Row-major (rows x kRowBytes) with the 16 B chunk index XOR-swizzled by the row, so that an
 // ldmatrix phase (8 rows, one chunk each) hits 8 distinct 16 B bank groups. With C chunks per
@@ -138,6 +127,11 @@ __device__ __forceinline__ int pv_physical_key(int l) {
     const int t = l / 4, i = l % 4;
     return 2 * t + (i & 1) + 8 * (i >> 1);
 }
+
+// The permutation over a whole key range, as the V pre-pass (v_transpose.cuh) takes it.
+struct PvKeys {
+    __device__ __forceinline__ static int physical(int l) { return l / kPermKeys * kPermKeys + pv_physical_key(l % kPermKeys); }
+};
 
 // The e4m3 A fragment of P V k-step kk from P in the S accumulator layout (p[ni] = column tile ni):
 // it covers column tiles 4 kk .. 4 kk + 3 (32 keys); a0 = P[g][keys 2t, 2t+1, 2t+8, 2t+9] (logical

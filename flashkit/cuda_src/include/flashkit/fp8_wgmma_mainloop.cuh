@@ -1,9 +1,6 @@
 // The FP8 forward of one query block on Hopper warpgroup products (fp8_hopper.cu, sm_90a).
 //
-// One CTA: kBlockM = 64 x (warpgroups) query rows of one (head, batch); warpgroup w owns rows
-// [64 w, 64 w + 64), warp 4 w + i of it rows [16 i, 16 i + 16) of those -- the same per-warp rows
-// as the mma.sync kernels (kWarpRows = 16), so fp8::Softmax, apply_mask and store_output serve
-// unchanged. Per visited K/V tile j (keys [n0, n0 + kBlockN)):
+// Per visited K/V tile j (keys [n0, n0 + kBlockN)):
 //   S = Q K_j^T                          wgmma m64{kBlockN}k32 e4m3, Q and K from shared memory
 //   x = S * q_scale(row) * k_scale(key block) * softmax_scale * log2(e),  masked to -inf
 //   {m, l}, P = 448 exp2(x - m)          fp8::Softmax; O *= alpha * v_ref(j-1) / v_ref(j)
@@ -11,21 +8,12 @@
 //   O += e4m3(P) Vt_j                    wgmma m64{kHeadDim}k32, P from registers (A), Vt (B)
 // O stays in units of v_ref of the current tile; the epilogue multiplies by it and divides by l.
 // Vt_j is the V tile transposed (K-major for the second product, as e4m3 wgmma requires) by
-// fp8_vt.cuh's pre-pass, its keys in the P V permutation of fp8.cuh.
-// Shared memory: [ Q | K stages | Vt stages ] (kStages = 3), each 1024 B aligned. Pipeline, per
-// visited tile i (FlashAttention-3's intra-warpgroup overlap):
-//   barrier (tile i + 1 resident; every warpgroup done with tile i - 1)
-//   cp.async tile i + 2 into the stage tile i - 1 used
-//   issue S_{i+1} = Q K_{i+1}^T, then O += P_i Vt_i       (asynchronous, in that order)
-//   wait for S_{i+1}; its softmax runs while the tensor cores compute P_i Vt_i
-//   wait for P_i Vt_i; O *= alpha_{i+1}; P_{i+1} -> e4m3 registers
-// The Q region stages O in the epilogue.
+// the pre-pass of v_transpose.cuh, its keys in the P V permutation of fp8.cuh (PvKeys).
+// Tiles and pipeline: wgmma_attention.cuh (this is its main-loop type, with the scales).
 #pragma once
 
-#include "flashkit/epilogue.cuh"
 #include "flashkit/fp8.cuh"
-#include "flashkit/mask.cuh"
-#include "flashkit/wgmma.cuh"
+#include "flashkit/wgmma_attention.cuh"
 
 namespace flashkit {
 namespace fp8 {
@@ -33,48 +21,11 @@ namespace fp8 {
 constexpr unsigned kFullWarp = 0xffffffffu;
 
 template <int kHeadDim_, int kBlockM_, int kBlockN_, int kWarps_, typename OutT_>
-struct WgmmaTraits {
-    typedef OutT_ OutT;
-    static constexpr int kHeadDim = kHeadDim_;
-    static constexpr int kBlockM = kBlockM_;
-    static constexpr int kBlockN = kBlockN_;
-    static constexpr int kWarps = kWarps_;
-    static constexpr int kThreads = kWarps * kWarpSize;
-    static constexpr int kWarpgroups = kThreads / gmma::kWarpgroupThreads;
-    static constexpr int kWarpRows = kMmaM;                  // rows per warp
-    static constexpr int kMTiles = 1;
-    static constexpr int kNTiles = kBlockN / kMmaN;          // 8-key column tiles of S
-    static constexpr int kDTiles = kHeadDim / kMmaN;         // 8-wide column tiles of O
-    static constexpr int kQKSteps = kHeadDim / gmma::kK8;
-    static constexpr int kPVSteps = kBlockN / gmma::kK8;
-    static constexpr int kStages = 3;
-    // One warpgroup a CTA: two CTAs share an SM (<= 255 registers a thread) and drift apart, so
-    // one's softmax overlaps the other's products.
-    static constexpr int kCtasPerSm = kWarpgroups == 1 ? 2 : 1;
+struct WgmmaTraits : gmma::AttentionTraits<float8_e4m3_t, kHeadDim_, kBlockM_, kBlockN_, kWarps_, OutT_> {
+    typedef gmma::AttentionTraits<float8_e4m3_t, kHeadDim_, kBlockM_, kBlockN_, kWarps_, OutT_> Base;
     // Scale blocks a tile may span (rows per scale block: a power of two >= kMinScaleBlock).
-    static constexpr int kScaleParts = kBlockN > kMinScaleBlock ? kBlockN / kMinScaleBlock : 1;
-    static constexpr int kPartTiles = kNTiles / kScaleParts;
-
-    typedef gmma::KMajorTile<kBlockM, kHeadDim> QTile;
-    typedef gmma::KMajorTile<kBlockN, kHeadDim> KTile;
-    typedef gmma::KMajorTile<kHeadDim, kBlockN> VtTile;   // rows: head dim; K: keys
-
-    __host__ __device__ static constexpr int align(int bytes) { return (bytes + gmma::kTileAlign - 1) / gmma::kTileAlign * gmma::kTileAlign; }
-    static constexpr int kQOffset = 0;
-    static constexpr int kKOffset = align(QTile::kBytes);
-    static constexpr int kKStageBytes = align(KTile::kBytes);
-    static constexpr int kVtOffset = kKOffset + kStages * kKStageBytes;
-    static constexpr int kVtStageBytes = align(VtTile::kBytes);
-    static constexpr int kTileBytes = kVtOffset + kStages * kVtStageBytes;
-    static constexpr int kOStageBytes = kBlockM * kHeadDim * static_cast<int>(sizeof(OutT));
-    // Slack to round the dynamic shared memory base up to kTileAlign.
-    static constexpr int kSmemBytes = (kTileBytes > kOStageBytes ? kTileBytes : kOStageBytes) + gmma::kTileAlign;
-
-    static_assert(kThreads % gmma::kWarpgroupThreads == 0, "whole warpgroups");
-    static_assert(kBlockM == kWarpgroups * gmma::kWarpgroupRows, "64 query rows per warpgroup");
-    static_assert(kBlockN == 64 || kBlockN == 128, "K/V tiles of 64 or 128 keys");
-    static_assert(kHeadDim == 64 || kHeadDim == 128 || kHeadDim == 256, "head dim 64, 128 or 256");
-    static_assert(sizeof(OutT) == 2, "output: float16 or bfloat16");
+    static constexpr int kScaleParts = Base::kBlockN > kMinScaleBlock ? Base::kBlockN / kMinScaleBlock : 1;
+    static constexpr int kPartTiles = Base::kNTiles / kScaleParts;
 };
 
 template <class Kt, class Mask>
@@ -167,8 +118,8 @@ struct WgmmaMainloop {
         gmma::fence();
 #pragma unroll
         for (int kk = 0; kk < Kt::kQKSteps; ++kk)
-            gmma::MmaE4m3<kBN>::ss(s[0], QTile::desc(smem + Kt::kQOffset, q_row0, kk * gmma::kK8),
-                                   KTile::desc(k_stage(stage), 0, kk * gmma::kK8), kk > 0);
+            gmma::Mma<float8_e4m3_t, kBN>::ss(s[0], QTile::desc(smem + Kt::kQOffset, q_row0, kk * gmma::kKBytes),
+                                   KTile::desc(k_stage(stage), 0, kk * gmma::kKBytes), kk > 0);
         gmma::commit();
     }
 
@@ -178,10 +129,12 @@ struct WgmmaMainloop {
         gmma::fence();
 #pragma unroll
         for (int kk = 0; kk < Kt::kPVSteps; ++kk)
-            gmma::MmaE4m3<Kt::kHeadDim>::rs(acc_o[0], p_frag[kk], VtTile::desc(vt_stage(stage), 0, kk * gmma::kK8),
+            gmma::Mma<float8_e4m3_t, Kt::kHeadDim>::rs(acc_o[0], p_frag[kk], VtTile::desc(vt_stage(stage), 0, kk * gmma::kKBytes),
                                             1);
         gmma::commit();
     }
+
+    __device__ __forceinline__ void q_resident(int) {}   // Q is read from shared memory (8-bit A: no ldmatrix)
 
     // Fetch the K and V scales of tile n_block into registers (issued before the products whose
     // wait would otherwise expose the load latency).
@@ -226,77 +179,9 @@ struct WgmmaMainloop {
 #pragma unroll
         for (int kk = 0; kk < Kt::kPVSteps; ++kk) pack_p_fragment(p_frag[kk], s[0], kk);
     }
+
+    __device__ __forceinline__ void finalize(float (&lse)[1][2]) { softmax.finalize(acc_o, v_ref, lse); }   // O *= v_ref / l
 };
-
-// The whole FP8 forward of query block m_block of (head, batch).
-template <class Kt, class Mask>
-__device__ __forceinline__ void fwd_block_wgmma(const Params& p, const Mask& mask, int m_block, int head,
-                                                int batch) {
-    typedef typename Kt::OutT OutT;
-    extern __shared__ __align__(1024) unsigned char smem_raw[];
-    const u32 smem = (smem_u32(smem_raw) + gmma::kTileAlign - 1) & ~static_cast<u32>(gmma::kTileAlign - 1);
-    unsigned char* smem_ptr = smem_raw + (smem - smem_u32(smem_raw));
-    const int tid = threadIdx.x;
-    const int warp = tid / kWarpSize;
-    const int lane = tid % kWarpSize;
-    const int m0 = m_block * Kt::kBlockM;
-    WgmmaMainloop<Kt, Mask> loop(mask, p, smem, m0, head, batch, tid);
-
-    const int n_blocks = mask.num_kv_blocks();
-    const int n_masked = mask.num_masked_blocks();   // the first n_masked visited tiles
-    if (n_blocks > 0) {
-        const u8* q_gmem = static_cast<const u8*>(p.q) + batch * p.q_batch_stride + head * p.q_head_stride +
-                           m0 * p.q_row_stride;
-        const int row0 = m0 + warp * Kt::kWarpRows + lane / kQuadLanes;
-        const int col_lane = kFragCols * (lane % kQuadLanes);
-        // Visit i is tile mask.kv_block(n_blocks - 1 - i), in stage i % kStages.
-        Kt::QTile::template load_async<Kt::kThreads>(smem + Kt::kQOffset, q_gmem, p.q_row_stride, p.seqlen_q - m0,
-                                                     tid);
-        loop.load_kv_async(0, mask.kv_block(n_blocks - 1), tid);   // Q and tile 0: one group
-        if (n_blocks > 1) {
-            loop.load_kv_async(1, mask.kv_block(n_blocks - 2), tid);
-            cp_async_wait<1>();
-        } else {
-            cp_async_wait<0>();
-        }
-        gmma::fence_proxy_async();
-        __syncthreads();
-        loop.prefetch_scales(mask.kv_block(n_blocks - 1));
-        loop.issue_scores(0);
-        gmma::wait<0>();
-        loop.softmax_step(mask.kv_block(n_blocks - 1), n_masked > 0, row0, col_lane);
-        loop.rescale_and_pack();
-        for (int i = 0; i + 1 < n_blocks; ++i) {
-            cp_async_wait<0>();   // tile i + 1 landed (the only group in flight)
-            gmma::fence_proxy_async();
-            __syncthreads();      // ... for every thread; every warpgroup is done with tile i - 1
-            if (i + 2 < n_blocks) loop.load_kv_async((i + 2) % Kt::kStages, mask.kv_block(n_blocks - 3 - i), tid);
-            loop.prefetch_scales(mask.kv_block(n_blocks - 2 - i));
-            loop.issue_scores((i + 1) % Kt::kStages);
-            loop.issue_pv(i % Kt::kStages);
-            gmma::wait<1>();   // S_{i+1} landed; P_i Vt_i still running
-            loop.softmax_step(mask.kv_block(n_blocks - 2 - i), i + 1 < n_masked, row0, col_lane);
-            gmma::wait<0>();
-            loop.rescale_and_pack();
-        }
-        loop.issue_pv((n_blocks - 1) % Kt::kStages);
-        gmma::wait<0>();
-        gmma::fence_accumulators(loop.acc_o[0]);
-    }
-
-    float lse[1][2];
-    loop.softmax.finalize(loop.acc_o, loop.v_ref, lse);   // O *= v_ref / l
-    const int warp_row0 = m0 + warp * Kt::kWarpRows;
-    OutT* o_gmem = static_cast<OutT*>(p.o) + batch * p.o_batch_stride + head * p.o_head_stride +
-                   warp_row0 * p.o_row_stride;
-    float* lse_gmem = p.lse == nullptr
-                          ? nullptr
-                          : p.lse + (static_cast<index_t>(batch) * p.heads + head) * p.seqlen_q + warp_row0;
-    __syncthreads();   // O staging overwrites tiles other warps' products read
-    OutT* smem_warp = reinterpret_cast<OutT*>(smem_ptr) + warp * Kt::kWarpRows * Kt::kHeadDim;
-    store_output<EpilogueTraits<Kt>>(loop.acc_o, lse, smem_warp, o_gmem, p.o_row_stride, lse_gmem,
-                                     p.seqlen_q - warp_row0, lane);
-}
 
 }  // namespace fp8
 }  // namespace flashkit

@@ -123,12 +123,7 @@ struct FwdMainloop {
         for (int kk = 0; kk < Kt::kPVSteps; ++kk) {
             u32 a[kMTiles][4];
 #pragma unroll
-            for (int mi = 0; mi < kMTiles; ++mi) {
-                a[mi][0] = pack_float2<Element>(p[mi][2 * kk][0], p[mi][2 * kk][1]);
-                a[mi][1] = pack_float2<Element>(p[mi][2 * kk][2], p[mi][2 * kk][3]);
-                a[mi][2] = pack_float2<Element>(p[mi][2 * kk + 1][0], p[mi][2 * kk + 1][1]);
-                a[mi][3] = pack_float2<Element>(p[mi][2 * kk + 1][2], p[mi][2 * kk + 1][3]);
-            }
+            for (int mi = 0; mi < kMTiles; ++mi) pack_a_fragment<Element>(a[mi], p[mi], kk);
 #pragma unroll
             for (int dp = 0; dp < Kt::kDTiles / 2; ++dp) {
                 u32 b[4];   // b0, b1 of O column tile 2 dp, then of 2 dp + 1

@@ -42,6 +42,16 @@ struct OnlineSoftmax {
     template <int kNTiles, int kDTiles>
     __device__ __forceinline__ void update(float (&s)[kMTiles][kNTiles][4],
                                            float (&o)[kMTiles][kDTiles][4], float scale_log2) {
+        float alpha[kMTiles][kRowsPerTile];
+        to_probabilities(s, alpha, scale_log2);
+        rescale(o, alpha);
+    }
+
+    // The softmax half of update: s becomes P, and alpha what O owes (O *= alpha) before the
+    // next O += P V. Split from rescale for main loops whose O is busy in an asynchronous product.
+    template <int kNTiles>
+    __device__ __forceinline__ void to_probabilities(float (&s)[kMTiles][kNTiles][4],
+                                                     float (&alpha)[kMTiles][kRowsPerTile], float scale_log2) {
 #pragma unroll
         for (int mi = 0; mi < kMTiles; ++mi)
 #pragma unroll
@@ -54,7 +64,7 @@ struct OnlineSoftmax {
                 const float m_new = quad_max(m_tile);
                 const float m_scaled = scaled_row_max(m_new, scale_log2);
                 // alpha = exp2((m_old - m_new) * c); exp2(-inf) = 0 for a first visible tile.
-                const float alpha = fast_exp2(row_max[mi][h] * scale_log2 - m_scaled);
+                alpha[mi][h] = fast_exp2(row_max[mi][h] * scale_log2 - m_scaled);
                 row_max[mi][h] = m_new;
                 // p = exp2(s * c - m_new * c); l = alpha * l + rowsum(p).
                 float sum = 0.f;
@@ -66,14 +76,23 @@ struct OnlineSoftmax {
                         x = fast_exp2(fmaf(x, scale_log2, -m_scaled));
                         sum += x;
                     }
-                row_sum[mi][h] = fmaf(row_sum[mi][h], alpha, sum);
-                // O *= alpha (deferred normalization: O is divided by l only at the end).
+                row_sum[mi][h] = fmaf(row_sum[mi][h], alpha[mi][h], sum);
+            }
+    }
+
+    // O *= alpha (deferred normalization: O is divided by l only at the end).
+    template <int kDTiles>
+    __device__ __forceinline__ static void rescale(float (&o)[kMTiles][kDTiles][4],
+                                                   const float (&alpha)[kMTiles][kRowsPerTile]) {
+#pragma unroll
+        for (int mi = 0; mi < kMTiles; ++mi)
+#pragma unroll
+            for (int h = 0; h < kRowsPerTile; ++h)
 #pragma unroll
                 for (int nd = 0; nd < kDTiles; ++nd) {
-                    o[mi][nd][2 * h] *= alpha;
-                    o[mi][nd][2 * h + 1] *= alpha;
+                    o[mi][nd][2 * h] *= alpha[mi][h];
+                    o[mi][nd][2 * h + 1] *= alpha[mi][h];
                 }
-            }
     }
 
     // O /= l (O = 0 where l = 0) and the natural-log LSE of each owned row (-inf where l = 0).

@@ -1,14 +1,16 @@
 // Hopper warpgroup matrix multiply (wgmma, sm_90a): shared-memory matrix descriptors, the
-// ordering instructions, and e4m3 x e4m3 -> f32 products of shape m64nNk32 (N = 64, 128, 256).
+// ordering instructions, and e4m3 (m64nNk32) or bf16 / f16 (m64nNk16) products into f32
+// (N = 64, 128, 256): 32 bytes of k per instruction either way.
 //
 // A warpgroup is 4 consecutive warps starting at a warp index divisible by 4; all 128 threads
 // issue every wgmma together. Accumulator layout (PTX ISA, "Register Fragments" of wgmma), for
 // the warp w of its warpgroup, g = lane / 4, t = lane % 4: d[i][0..1] = D[16 w + g][8 i + 2 t + {0, 1}],
 // d[i][2..3] = D[16 w + g + 8][same columns] -- per warp exactly the C fragments of N / 8
 // mma.m16n8 tiles, so masks, softmax and the epilogue of the mma.sync kernels apply unchanged.
-// A from registers (8-bit, k32): a0 = A[16 w + g][4 t .. 4 t + 3], a1 = rows + 8, a2 / a3 = the
-// same 16 k-indices later (the bytes of the m16n8k32 A fragment).
-// 8-bit operands must be K-major in shared memory (no transpose for e4m3).
+// A from registers: the warp's rows 16 w .. 16 w + 15 in the A fragment of mma.m16n8k32 (8-bit:
+// a0 = A[16 w + g][4 t .. 4 t + 3], a1 = rows + 8, a2 / a3 = 16 k-indices later) or of
+// mma.m16n8k16 (16-bit: a0 = A[16 w + g][2 t, 2 t + 1], a1 = rows + 8, a2 / a3 = 8 k later).
+// Both operands are read K-major here (8-bit operands have no other layout).
 //
 // Shared-memory operands (K-major, swizzled): a tile of R rows x K bytes is stored as panels of
 // kPanelBytes = min(K, 128) bytes of every row; panel p holds bytes [p W, (p + 1) W) of each row,
@@ -26,7 +28,7 @@ typedef unsigned long long u64;
 
 constexpr int kWarpgroupThreads = 128;
 constexpr int kWarpgroupRows = 64;       // m of every wgmma
-constexpr int kK8 = 32;                  // k of an 8-bit wgmma, in bytes
+constexpr int kKBytes = 32;              // k of a wgmma in bytes (k32 e4m3, k16 bf16 / f16)
 constexpr int kMaxPanelBytes = 128;      // the widest swizzle
 constexpr int kSwizzleRepeatRows = 8;    // rows per swizzle pattern
 constexpr int kTileAlign = 1024;         // 8 rows x 128 B: a tile start keeps the pattern's phase
@@ -126,77 +128,70 @@ __device__ __forceinline__ void fence_accumulators(float (&d)[kTiles][4]) {
         for (int e = 0; e < 4; ++e) asm volatile("" : "+f"(d[i][e])::"memory");
 }
 
-// ---- D (+)= A B, e4m3 x e4m3 -> f32, m64nNk32 -------------------------------------------------
-// accumulate = 0 overwrites D (the hardware's scale-d); A and B by descriptor (SS) or A in
-// registers (RS). The operand lists are spelled out per N (inline asm takes no loops).
-template <int kN>
-struct MmaE4m3;
+// ---- D (+)= A B -> f32, m64nNk(32 bytes) -------------------------------------------------------
+// Mma<T, kN>: T = float8_e4m3_t (k32), bfloat16_t or half_t (k16); kN = 64, 128, 256.
+// ss: A and B by descriptor; rs: A from registers (four 32-bit registers a thread: the
+// m16n8k32 / m16n8k16 A fragment of the thread's warp). accumulate = 0 overwrites D (the
+// hardware's scale-d). Both operands are K-major (16-bit types pass transpose = 0; e4m3 has no
+// transpose). Inline asm takes no loops, so a macro spells out each (type, N): FLASHKIT_GMMA_N<N>_*
+// are the accumulator operand list and the operand numbers after it.
+#define FLASHKIT_GMMA_ACC4(i) "+f"(d[i][0]), "+f"(d[i][1]), "+f"(d[i][2]), "+f"(d[i][3])
+#define FLASHKIT_GMMA_ACC32(b)                                                                         \
+    FLASHKIT_GMMA_ACC4(b), FLASHKIT_GMMA_ACC4(b + 1), FLASHKIT_GMMA_ACC4(b + 2), FLASHKIT_GMMA_ACC4(b + 3), \
+        FLASHKIT_GMMA_ACC4(b + 4), FLASHKIT_GMMA_ACC4(b + 5), FLASHKIT_GMMA_ACC4(b + 6), FLASHKIT_GMMA_ACC4(b + 7)
+#define FLASHKIT_GMMA_N64_ACC FLASHKIT_GMMA_ACC32(0)
+#define FLASHKIT_GMMA_N128_ACC FLASHKIT_GMMA_ACC32(0), FLASHKIT_GMMA_ACC32(8)
+#define FLASHKIT_GMMA_N256_ACC \
+    FLASHKIT_GMMA_ACC32(0), FLASHKIT_GMMA_ACC32(8), FLASHKIT_GMMA_ACC32(16), FLASHKIT_GMMA_ACC32(24)
+#define FLASHKIT_GMMA_N64_REGS "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}"
+#define FLASHKIT_GMMA_N64_SS "%32, %33"
+#define FLASHKIT_GMMA_N64_SS_PRED "%34"
+#define FLASHKIT_GMMA_N64_RS "{%32, %33, %34, %35}, %36"
+#define FLASHKIT_GMMA_N64_RS_PRED "%37"
+#define FLASHKIT_GMMA_N128_REGS "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}"
+#define FLASHKIT_GMMA_N128_SS "%64, %65"
+#define FLASHKIT_GMMA_N128_SS_PRED "%66"
+#define FLASHKIT_GMMA_N128_RS "{%64, %65, %66, %67}, %68"
+#define FLASHKIT_GMMA_N128_RS_PRED "%69"
+#define FLASHKIT_GMMA_N256_REGS "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, %80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, %96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, %112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127}"
+#define FLASHKIT_GMMA_N256_SS "%128, %129"
+#define FLASHKIT_GMMA_N256_SS_PRED "%130"
+#define FLASHKIT_GMMA_N256_RS "{%128, %129, %130, %131}, %132"
+#define FLASHKIT_GMMA_N256_RS_PRED "%133"
 
-template <>
-struct MmaE4m3<64> {
-    __device__ __forceinline__ static void ss(float (&d)[8][4], u64 a, u64 b, int accumulate) {
-        asm volatile(
-            "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
-            "wgmma.mma_async.sync.aligned.m64n64k32.f32.e4m3.e4m3 "
-            "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "
-            "%32, %33, p, 1, 1;\n}\n"
-            : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]), "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]), "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]), "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]), "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3])
-            : "l"(a), "l"(b), "r"(accumulate));
-    }
-    __device__ __forceinline__ static void rs(float (&d)[8][4], const u32 (&a)[4], u64 b, int accumulate) {
-        asm volatile(
-            "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
-            "wgmma.mma_async.sync.aligned.m64n64k32.f32.e4m3.e4m3 "
-            "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "
-            "{%32, %33, %34, %35}, %36, p, 1, 1;\n}\n"
-            : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]), "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]), "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]), "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]), "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3])
-            : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(accumulate));
-    }
-};
+template <typename T, int kN>
+struct Mma;
 
-template <>
-struct MmaE4m3<128> {
-    __device__ __forceinline__ static void ss(float (&d)[16][4], u64 a, u64 b, int accumulate) {
-        asm volatile(
-            "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
-            "wgmma.mma_async.sync.aligned.m64n128k32.f32.e4m3.e4m3 "
-            "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, "
-            "%64, %65, p, 1, 1;\n}\n"
-            : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]), "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]), "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]), "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]), "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3]), "+f"(d[8][0]), "+f"(d[8][1]), "+f"(d[8][2]), "+f"(d[8][3]), "+f"(d[9][0]), "+f"(d[9][1]), "+f"(d[9][2]), "+f"(d[9][3]), "+f"(d[10][0]), "+f"(d[10][1]), "+f"(d[10][2]), "+f"(d[10][3]), "+f"(d[11][0]), "+f"(d[11][1]), "+f"(d[11][2]), "+f"(d[11][3]), "+f"(d[12][0]), "+f"(d[12][1]), "+f"(d[12][2]), "+f"(d[12][3]), "+f"(d[13][0]), "+f"(d[13][1]), "+f"(d[13][2]), "+f"(d[13][3]), "+f"(d[14][0]), "+f"(d[14][1]), "+f"(d[14][2]), "+f"(d[14][3]), "+f"(d[15][0]), "+f"(d[15][1]), "+f"(d[15][2]), "+f"(d[15][3])
-            : "l"(a), "l"(b), "r"(accumulate));
-    }
-    __device__ __forceinline__ static void rs(float (&d)[16][4], const u32 (&a)[4], u64 b, int accumulate) {
-        asm volatile(
-            "{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
-            "wgmma.mma_async.sync.aligned.m64n128k32.f32.e4m3.e4m3 "
-            "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, "
-            "{%64, %65, %66, %67}, %68, p, 1, 1;\n}\n"
-            : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]), "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]), "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]), "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]), "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3]), "+f"(d[8][0]), "+f"(d[8][1]), "+f"(d[8][2]), "+f"(d[8][3]), "+f"(d[9][0]), "+f"(d[9][1]), "+f"(d[9][2]), "+f"(d[9][3]), "+f"(d[10][0]), "+f"(d[10][1]), "+f"(d[10][2]), "+f"(d[10][3]), "+f"(d[11][0]), "+f"(d[11][1]), "+f"(d[11][2]), "+f"(d[11][3]), "+f"(d[12][0]), "+f"(d[12][1]), "+f"(d[12][2]), "+f"(d[12][3]), "+f"(d[13][0]), "+f"(d[13][1]), "+f"(d[13][2]), "+f"(d[13][3]), "+f"(d[14][0]), "+f"(d[14][1]), "+f"(d[14][2]), "+f"(d[14][3]), "+f"(d[15][0]), "+f"(d[15][1]), "+f"(d[15][2]), "+f"(d[15][3])
-            : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(accumulate));
-    }
-};
+// SHAPE_TYPES: "k32.f32.e4m3.e4m3"-like suffix of m64nN; SS_IMM / RS_IMM: the immediates after
+// the predicate (scale-a, scale-b[, transpose-a][, transpose-b]).
+#define FLASHKIT_GMMA_DEFINE(T, N, SHAPE_TYPES, SS_IMM, RS_IMM)                                      \
+    template <>                                                                                   \
+    struct Mma<T, N> {                                                                            \
+        __device__ __forceinline__ static void ss(float (&d)[N / 8][4], u64 a, u64 b, int accumulate) { \
+            asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, " FLASHKIT_GMMA_N##N##_SS_PRED ", 0;\n"     \
+                         "wgmma.mma_async.sync.aligned.m64n" #N SHAPE_TYPES " " FLASHKIT_GMMA_N##N##_REGS   \
+                         ", " FLASHKIT_GMMA_N##N##_SS ", p, " SS_IMM ";\n}\n"                          \
+                         : FLASHKIT_GMMA_N##N##_ACC                                                 \
+                         : "l"(a), "l"(b), "r"(accumulate));                                        \
+        }                                                                                         \
+        __device__ __forceinline__ static void rs(float (&d)[N / 8][4], const u32 (&a)[4], u64 b,    \
+                                                  int accumulate) {                               \
+            asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, " FLASHKIT_GMMA_N##N##_RS_PRED ", 0;\n"     \
+                         "wgmma.mma_async.sync.aligned.m64n" #N SHAPE_TYPES " " FLASHKIT_GMMA_N##N##_REGS   \
+                         ", " FLASHKIT_GMMA_N##N##_RS ", p, " RS_IMM ";\n}\n"                          \
+                         : FLASHKIT_GMMA_N##N##_ACC                                                 \
+                         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(accumulate));    \
+        }                                                                                         \
+    };
 
-template <>
-struct MmaE4m3<256> {
-    __device__ __forceinline__ static void ss(float (&d)[32][4], u64 a, u64 b, int accumulate) {
-        asm volatile(
-            "{\n.reg .pred p;\nsetp.ne.b32 p, %130, 0;\n"
-            "wgmma.mma_async.sync.aligned.m64n256k32.f32.e4m3.e4m3 "
-            "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, %80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, %96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, %112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127}, "
-            "%128, %129, p, 1, 1;\n}\n"
-            : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]), "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]), "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]), "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]), "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3]), "+f"(d[8][0]), "+f"(d[8][1]), "+f"(d[8][2]), "+f"(d[8][3]), "+f"(d[9][0]), "+f"(d[9][1]), "+f"(d[9][2]), "+f"(d[9][3]), "+f"(d[10][0]), "+f"(d[10][1]), "+f"(d[10][2]), "+f"(d[10][3]), "+f"(d[11][0]), "+f"(d[11][1]), "+f"(d[11][2]), "+f"(d[11][3]), "+f"(d[12][0]), "+f"(d[12][1]), "+f"(d[12][2]), "+f"(d[12][3]), "+f"(d[13][0]), "+f"(d[13][1]), "+f"(d[13][2]), "+f"(d[13][3]), "+f"(d[14][0]), "+f"(d[14][1]), "+f"(d[14][2]), "+f"(d[14][3]), "+f"(d[15][0]), "+f"(d[15][1]), "+f"(d[15][2]), "+f"(d[15][3]), "+f"(d[16][0]), "+f"(d[16][1]), "+f"(d[16][2]), "+f"(d[16][3]), "+f"(d[17][0]), "+f"(d[17][1]), "+f"(d[17][2]), "+f"(d[17][3]), "+f"(d[18][0]), "+f"(d[18][1]), "+f"(d[18][2]), "+f"(d[18][3]), "+f"(d[19][0]), "+f"(d[19][1]), "+f"(d[19][2]), "+f"(d[19][3]), "+f"(d[20][0]), "+f"(d[20][1]), "+f"(d[20][2]), "+f"(d[20][3]), "+f"(d[21][0]), "+f"(d[21][1]), "+f"(d[21][2]), "+f"(d[21][3]), "+f"(d[22][0]), "+f"(d[22][1]), "+f"(d[22][2]), "+f"(d[22][3]), "+f"(d[23][0]), "+f"(d[23][1]), "+f"(d[23][2]), "+f"(d[23][3]), "+f"(d[24][0]), "+f"(d[24][1]), "+f"(d[24][2]), "+f"(d[24][3]), "+f"(d[25][0]), "+f"(d[25][1]), "+f"(d[25][2]), "+f"(d[25][3]), "+f"(d[26][0]), "+f"(d[26][1]), "+f"(d[26][2]), "+f"(d[26][3]), "+f"(d[27][0]), "+f"(d[27][1]), "+f"(d[27][2]), "+f"(d[27][3]), "+f"(d[28][0]), "+f"(d[28][1]), "+f"(d[28][2]), "+f"(d[28][3]), "+f"(d[29][0]), "+f"(d[29][1]), "+f"(d[29][2]), "+f"(d[29][3]), "+f"(d[30][0]), "+f"(d[30][1]), "+f"(d[30][2]), "+f"(d[30][3]), "+f"(d[31][0]), "+f"(d[31][1]), "+f"(d[31][2]), "+f"(d[31][3])
-            : "l"(a), "l"(b), "r"(accumulate));
-    }
-    __device__ __forceinline__ static void rs(float (&d)[32][4], const u32 (&a)[4], u64 b, int accumulate) {
-        asm volatile(
-            "{\n.reg .pred p;\nsetp.ne.b32 p, %133, 0;\n"
-            "wgmma.mma_async.sync.aligned.m64n256k32.f32.e4m3.e4m3 "
-            "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, %80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, %96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, %112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127}, "
-            "{%128, %129, %130, %131}, %132, p, 1, 1;\n}\n"
-            : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]), "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]), "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]), "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]), "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3]), "+f"(d[8][0]), "+f"(d[8][1]), "+f"(d[8][2]), "+f"(d[8][3]), "+f"(d[9][0]), "+f"(d[9][1]), "+f"(d[9][2]), "+f"(d[9][3]), "+f"(d[10][0]), "+f"(d[10][1]), "+f"(d[10][2]), "+f"(d[10][3]), "+f"(d[11][0]), "+f"(d[11][1]), "+f"(d[11][2]), "+f"(d[11][3]), "+f"(d[12][0]), "+f"(d[12][1]), "+f"(d[12][2]), "+f"(d[12][3]), "+f"(d[13][0]), "+f"(d[13][1]), "+f"(d[13][2]), "+f"(d[13][3]), "+f"(d[14][0]), "+f"(d[14][1]), "+f"(d[14][2]), "+f"(d[14][3]), "+f"(d[15][0]), "+f"(d[15][1]), "+f"(d[15][2]), "+f"(d[15][3]), "+f"(d[16][0]), "+f"(d[16][1]), "+f"(d[16][2]), "+f"(d[16][3]), "+f"(d[17][0]), "+f"(d[17][1]), "+f"(d[17][2]), "+f"(d[17][3]), "+f"(d[18][0]), "+f"(d[18][1]), "+f"(d[18][2]), "+f"(d[18][3]), "+f"(d[19][0]), "+f"(d[19][1]), "+f"(d[19][2]), "+f"(d[19][3]), "+f"(d[20][0]), "+f"(d[20][1]), "+f"(d[20][2]), "+f"(d[20][3]), "+f"(d[21][0]), "+f"(d[21][1]), "+f"(d[21][2]), "+f"(d[21][3]), "+f"(d[22][0]), "+f"(d[22][1]), "+f"(d[22][2]), "+f"(d[22][3]), "+f"(d[23][0]), "+f"(d[23][1]), "+f"(d[23][2]), "+f"(d[23][3]), "+f"(d[24][0]), "+f"(d[24][1]), "+f"(d[24][2]), "+f"(d[24][3]), "+f"(d[25][0]), "+f"(d[25][1]), "+f"(d[25][2]), "+f"(d[25][3]), "+f"(d[26][0]), "+f"(d[26][1]), "+f"(d[26][2]), "+f"(d[26][3]), "+f"(d[27][0]), "+f"(d[27][1]), "+f"(d[27][2]), "+f"(d[27][3]), "+f"(d[28][0]), "+f"(d[28][1]), "+f"(d[28][2]), "+f"(d[28][3]), "+f"(d[29][0]), "+f"(d[29][1]), "+f"(d[29][2]), "+f"(d[29][3]), "+f"(d[30][0]), "+f"(d[30][1]), "+f"(d[30][2]), "+f"(d[30][3]), "+f"(d[31][0]), "+f"(d[31][1]), "+f"(d[31][2]), "+f"(d[31][3])
-            : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(accumulate));
-    }
-};
+#define FLASHKIT_GMMA_DEFINE_TYPE(T, SHAPE_TYPES, SS_IMM, RS_IMM)  \
+    FLASHKIT_GMMA_DEFINE(T, 64, SHAPE_TYPES, SS_IMM, RS_IMM)       \
+    FLASHKIT_GMMA_DEFINE(T, 128, SHAPE_TYPES, SS_IMM, RS_IMM)      \
+    FLASHKIT_GMMA_DEFINE(T, 256, SHAPE_TYPES, SS_IMM, RS_IMM)
+
+FLASHKIT_GMMA_DEFINE_TYPE(float8_e4m3_t, "k32.f32.e4m3.e4m3", "1, 1", "1, 1")
+FLASHKIT_GMMA_DEFINE_TYPE(bfloat16_t, "k16.f32.bf16.bf16", "1, 1, 0, 0", "1, 1, 0")
+FLASHKIT_GMMA_DEFINE_TYPE(half_t, "k16.f32.f16.f16", "1, 1, 0, 0", "1, 1, 0")
 
 }  // namespace gmma
 }  // namespace flashkit
