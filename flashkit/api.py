@@ -69,6 +69,8 @@ def attention(q: Any, k: Any, v: Any, *, causal: bool = False, softmax_scale: fl
         extras.update(scale_fields(problem, *scales, keep=keep))
     if block_mask is not None:
         extras.update(block_mask.kernel_fields(problem, keep=keep))
+    if problem.softmax_scale < 0:   # the kernels take row maxima of the raw scores: hand them a positive scale
+        qc, problem = _negate_scale(qc, problem, cupy)
     out_arr = _output(out, problem, out_name, cupy)
     lse = cupy.empty((problem.batch, problem.heads, problem.seqlen_q), dtype=cupy.float32) if return_lse else None
     run(sel.chosen, problem, causal, LaunchInputs(qc, kc, vc, out_arr, lse, extras),
@@ -129,6 +131,18 @@ def _output(out: Any, problem: Problem, dtype: str, cupy):
     if arr.strides[-1] != arr.itemsize or arr.data.ptr % ALIGN_BYTES or any(s % ALIGN_BYTES for s in arr.strides[:-1]):
         raise InputError("out: expected a 16-byte aligned array with a contiguous last dimension")
     return arr
+
+
+def _negate_scale(q, problem: Problem, cupy):
+    """softmax(c q k^T) = softmax(|c| (-q) k^T): -q (its sign bits flipped, any element type) and |c|.
+
+    The kernels' online softmax subtracts the running maximum of the raw scores, which is the maximum
+    of the scaled ones only when c > 0 (with c < 0 it overflows and turns O into NaN).
+    """
+    bits = q.dtype.itemsize * 8
+    unsigned = cupy.dtype(f"uint{bits}")
+    flipped = cupy.bitwise_xor(q.view(unsigned), unsigned.type(1 << (bits - 1)))
+    return flipped.view(q.dtype), replace(problem, softmax_scale=-problem.softmax_scale)
 
 
 def _aligned(a):

@@ -144,7 +144,9 @@ struct WgmmaMainloop {
 
     // The landed scores of the prefetched tile n_block -> P (floats, in s); o_factor: what O owes
     // before the next product (alpha times the change of V scale unit).
-    __device__ __forceinline__ void softmax_step(int n_block, bool masked, int row0, int col_lane) {
+    static constexpr bool kSplitSoftmax = false;   // the whole softmax runs under P V
+    template <bool kMasked>
+    __device__ __forceinline__ void softmax_step(int n_block, int row0, int col_lane) {
         gmma::fence_accumulators(s[0]);
         // x = S * q_scale * k_scale * softmax_scale * log2(e), before masking (the scale may be < 0).
 #pragma unroll
@@ -155,7 +157,7 @@ struct WgmmaMainloop {
                 s[0][ni][2 * h] *= c;
                 s[0][ni][2 * h + 1] *= c;
             }
-        if (masked) apply_mask(mask, s, row0, n_block * kBN + col_lane);
+        if constexpr (kMasked) apply_mask(mask, s, row0, n_block * kBN + col_lane);
         softmax.to_probabilities(s, o_factor);
         const float unit_change = __fdividef(v_ref, next_v_ref);   // O moves to units of this tile's V scale
 #pragma unroll

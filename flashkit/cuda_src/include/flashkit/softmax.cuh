@@ -52,31 +52,58 @@ struct OnlineSoftmax {
     template <int kNTiles>
     __device__ __forceinline__ void to_probabilities(float (&s)[kMTiles][kNTiles][4],
                                                      float (&alpha)[kMTiles][kRowsPerTile], float scale_log2) {
+        update_max(s, alpha, scale_log2);
+        exponentiate(s, scale_log2);
+    }
+
+    // First half: m_new = max(m, rowmax(s)) over the quad (the only cross-lane step) and
+    // alpha = exp2((m_old - m_new) * c) (exp2(-inf) = 0 for a first visible tile).
+    template <int kNTiles, int kChains = (kNTiles % 4 == 0 ? 4 : 1)>
+    __device__ __forceinline__ void update_max(const float (&s)[kMTiles][kNTiles][4],
+                                               float (&alpha)[kMTiles][kRowsPerTile], float scale_log2) {
 #pragma unroll
         for (int mi = 0; mi < kMTiles; ++mi)
 #pragma unroll
             for (int h = 0; h < kRowsPerTile; ++h) {
-                // m_new = max(m, rowmax(s)) over the quad's columns.
-                float m_tile = row_max[mi][h];
+                float chain[kChains];   // independent chains: short dependency chains
+#pragma unroll
+                for (int c = 0; c < kChains; ++c) chain[c] = row_max[mi][h];
 #pragma unroll
                 for (int ni = 0; ni < kNTiles; ++ni)
-                    m_tile = fmaxf(m_tile, fmaxf(s[mi][ni][2 * h], s[mi][ni][2 * h + 1]));
+                    chain[ni % kChains] = fmaxf(chain[ni % kChains], fmaxf(s[mi][ni][2 * h], s[mi][ni][2 * h + 1]));
+                float m_tile = chain[0];
+#pragma unroll
+                for (int c = 1; c < kChains; ++c) m_tile = fmaxf(m_tile, chain[c]);
                 const float m_new = quad_max(m_tile);
-                const float m_scaled = scaled_row_max(m_new, scale_log2);
-                // alpha = exp2((m_old - m_new) * c); exp2(-inf) = 0 for a first visible tile.
-                alpha[mi][h] = fast_exp2(row_max[mi][h] * scale_log2 - m_scaled);
+                alpha[mi][h] = fast_exp2(row_max[mi][h] * scale_log2 - scaled_row_max(m_new, scale_log2));
                 row_max[mi][h] = m_new;
-                // p = exp2(s * c - m_new * c); l = alpha * l + rowsum(p).
-                float sum = 0.f;
+                row_sum[mi][h] *= alpha[mi][h];
+            }
+    }
+
+    // Second half, lane-local: p = exp2(s * c - m_new * c) in place; l += rowsum(p).
+    template <int kNTiles, int kChains = (kNTiles % 4 == 0 ? 4 : 1)>
+    __device__ __forceinline__ void exponentiate(float (&s)[kMTiles][kNTiles][4], float scale_log2) {
+#pragma unroll
+        for (int mi = 0; mi < kMTiles; ++mi)
+#pragma unroll
+            for (int h = 0; h < kRowsPerTile; ++h) {
+                const float m_scaled = scaled_row_max(row_max[mi][h], scale_log2);
+                float chain[kChains];
+#pragma unroll
+                for (int c = 0; c < kChains; ++c) chain[c] = 0.f;
 #pragma unroll
                 for (int ni = 0; ni < kNTiles; ++ni)
 #pragma unroll
                     for (int e = 0; e < 2; ++e) {
                         float& x = s[mi][ni][2 * h + e];
                         x = fast_exp2(fmaf(x, scale_log2, -m_scaled));
-                        sum += x;
+                        chain[ni % kChains] += x;
                     }
-                row_sum[mi][h] = fmaf(row_sum[mi][h], alpha[mi][h], sum);
+                float sum = chain[0];
+#pragma unroll
+                for (int c = 1; c < kChains; ++c) sum += chain[c];
+                row_sum[mi][h] += sum;
             }
     }
 

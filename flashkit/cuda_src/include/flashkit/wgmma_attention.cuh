@@ -84,13 +84,38 @@ __device__ __forceinline__ const u8* slice_bytes(const void* base, index_t batch
     return reinterpret_cast<const u8*>(static_cast<const Element*>(base) + batch_offset + head_offset);
 }
 
+// Visit i + 1 of the pipeline: tile i + 1 resident, products S_{i+1} and P_i Vt_i in flight, the
+// softmax of S_{i+1} under P_i Vt_i.
+template <class Kt, bool kMasked, class Loop, class Mask>
+__device__ __forceinline__ void pipeline_step(Loop& loop, const Mask& mask, int i, int n_blocks, int row0,
+                                              int col_lane, int tid) {
+    cp_async_wait<0>();   // tile i + 1 landed (the only group in flight)
+    fence_proxy_async();
+    __syncthreads();      // ... for every thread; every warpgroup is done with tile i - 1
+    if (i + 2 < n_blocks) loop.load_kv_async((i + 2) % Kt::kStages, mask.kv_block(n_blocks - 3 - i), tid);
+    loop.prefetch_scales(mask.kv_block(n_blocks - 2 - i));
+    loop.issue_scores((i + 1) % Kt::kStages);
+    if constexpr (Loop::kSplitSoftmax) {
+        wait<0>();   // S_{i+1} landed
+        loop.template softmax_max<kMasked>(mask.kv_block(n_blocks - 2 - i), row0, col_lane);
+        loop.issue_pv(i % Kt::kStages);
+        loop.softmax_exp();   // under P_i Vt_i
+    } else {
+        loop.issue_pv(i % Kt::kStages);
+        wait<1>();   // S_{i+1} landed; P_i Vt_i still running
+        loop.template softmax_step<kMasked>(mask.kv_block(n_blocks - 2 - i), row0, col_lane);
+    }
+    wait<0>();
+    loop.rescale_and_pack();
+}
+
 // The whole forward of query block m_block of (head, batch), through the main loop `Loop`:
 //   Loop(mask, params, smem, m0, head, batch, tid)
 //   load_kv_async(stage, n_block, tid)    K_j and Vt_j into a stage, one cp.async group
 //   q_resident(tid)                       Q has landed in shared memory (e.g. to take it into registers)
 //   prefetch_scales(n_block)              per-tile scales, ahead of the wait that needs them
 //   issue_scores(stage), issue_pv(stage)  the two asynchronous products (one commit each)
-//   softmax_step(n_block, masked, row0, col_lane), rescale_and_pack()
+//   softmax_step<kMasked>(n_block, row0, col_lane), rescale_and_pack()
 //   finalize(lse)                         O /= l (and any scale), LSE; acc_o is then O
 template <class Kt, class Mask, class Loop>
 __device__ __forceinline__ void fwd_block(const Params& p, const Mask& mask, int m_block, int head, int batch) {
@@ -127,21 +152,16 @@ __device__ __forceinline__ void fwd_block(const Params& p, const Mask& mask, int
         loop.prefetch_scales(mask.kv_block(n_blocks - 1));
         loop.issue_scores(0);
         wait<0>();
-        loop.softmax_step(mask.kv_block(n_blocks - 1), n_masked > 0, row0, col_lane);
+        if (n_masked > 0) loop.template softmax_step<true>(mask.kv_block(n_blocks - 1), row0, col_lane);
+        else loop.template softmax_step<false>(mask.kv_block(n_blocks - 1), row0, col_lane);
         loop.rescale_and_pack();
-        for (int i = 0; i + 1 < n_blocks; ++i) {
-            cp_async_wait<0>();   // tile i + 1 landed (the only group in flight)
-            fence_proxy_async();
-            __syncthreads();      // ... for every thread; every warpgroup is done with tile i - 1
-            if (i + 2 < n_blocks) loop.load_kv_async((i + 2) % Kt::kStages, mask.kv_block(n_blocks - 3 - i), tid);
-            loop.prefetch_scales(mask.kv_block(n_blocks - 2 - i));
-            loop.issue_scores((i + 1) % Kt::kStages);
-            loop.issue_pv(i % Kt::kStages);
-            wait<1>();   // S_{i+1} landed; P_i Vt_i still running
-            loop.softmax_step(mask.kv_block(n_blocks - 2 - i), i + 1 < n_masked, row0, col_lane);
-            wait<0>();
-            loop.rescale_and_pack();
-        }
+        // Visits 1 .. n_masked - 1 need the element mask, the rest not: two copies of the step, so
+        // that no branch sits between the wgmma wait of S and the one of P V (across a branch
+        // ptxas waits for both before the softmax, and the overlap is lost).
+        int i = 0;
+        for (; i + 1 < n_blocks && i + 1 < n_masked; ++i)
+            pipeline_step<Kt, true>(loop, mask, i, n_blocks, row0, col_lane, tid);
+        for (; i + 1 < n_blocks; ++i) pipeline_step<Kt, false>(loop, mask, i, n_blocks, row0, col_lane, tid);
         loop.issue_pv((n_blocks - 1) % Kt::kStages);
         wait<0>();
         fence_accumulators(loop.acc_o[0]);

@@ -105,11 +105,22 @@ struct HopperMainloop {
         gmma::commit();
     }
 
-    // The landed scores of tile n_block -> P (floats, in s); alpha: what O owes.
-    __device__ __forceinline__ void softmax_step(int n_block, bool masked, int row0, int col_lane) {
+    // The softmax in two halves around the issue of the previous tile's P V (kSplitSoftmax): the
+    // row maxima of the landed scores (with the quad shuffles: a basic-block split, at which ptxas
+    // would wait for a wgmma in flight), then, under P V, the exponentials and sums.
+    static constexpr bool kSplitSoftmax = true;
+    template <bool kMasked>
+    __device__ __forceinline__ void softmax_max(int n_block, int row0, int col_lane) {
         gmma::fence_accumulators(s[0]);
-        if (masked) apply_mask(mask, s, row0, n_block * kBN + col_lane);
-        softmax.to_probabilities(s, alpha, params.softmax_scale_log2);
+        if constexpr (kMasked) apply_mask(mask, s, row0, n_block * kBN + col_lane);
+        softmax.update_max(s, alpha, params.softmax_scale_log2);
+    }
+    __device__ __forceinline__ void softmax_exp() { softmax.exponentiate(s, params.softmax_scale_log2); }
+
+    template <bool kMasked>
+    __device__ __forceinline__ void softmax_step(int n_block, int row0, int col_lane) {
+        softmax_max<kMasked>(n_block, row0, col_lane);
+        softmax_exp();
     }
 
     // After the previous P V completed: O *= alpha, and P (s) -> 16-bit A fragments.
