@@ -1,25 +1,23 @@
 /*---
 name: hopper
 summary: FlashAttention forward on Hopper warpgroup products (wgmma bf16 / f16, sm_90a), softmax overlapped with P V
-entry: [flashkit_hopper_vt, flashkit_hopper_fwd]
+entry: flashkit_hopper_fwd
 arch: {min: "9.0", max: "9.0", targets: {"9.0": sm_90a}}
 dtypes: [float16, bfloat16]
 head_dims: [64, 128]
 features: {causal: true, block_sparse: false, fp8: false, backward: false, lse: true, gqa: true}
 priority: 70
-launch: {grid: [kv_tiles, q_blocks], block_m: 64, block_n: 128, warps: 4}   # one warpgroup, 2 CTAs an SM
-overrides: {"hd128": {block_n: 64}}   # 3 stages of 64-key K and Vt tiles: 113 KB, two CTAs an SM
-workspace: v_transposed
+launch: {grid: q_blocks, block_m: 64, block_n: 128, warps: 4}   # one warpgroup, 2 CTAs an SM
+overrides: {"hd128": {block_n: 64}}   # 3 stages of 64-key K and V tiles: 113 KB, two CTAs an SM
+workspace: none
 ---*/
 // FlashAttention forward for Hopper (after FlashAttention-3, sections 3.1-3.2, without the
 // producer warpgroup): both products on bf16 / f16 warpgroup tensor-core instructions (wgmma),
 // fp32 accumulation, and the softmax of tile j + 1 computed while P_j V_j runs on the tensor cores.
-// Inputs in the contract's (batch, seqlen, heads, D) layout. Two entries:
-//   flashkit_hopper_vt    V -> Vt (D x keys per kv head) in the workspace, so that both products
-//                         read K-major tiles (v_transpose.cuh)
-//   flashkit_hopper_fwd   the attention (wgmma_attention.cuh's pipeline, wgmma_mainloop.cuh)
+// Inputs in the contract's (batch, seqlen, heads, D) layout, read as they are: K and V tiles share
+// one swizzled layout, S = Q K^T reads K K-major and O += P V reads V MN-major (16-bit wgmma's
+// transposed B), so there is no V pre-pass. Pipeline: wgmma_attention.cuh; main loop: wgmma_mainloop.cuh.
 // Output in the input dtype; LSE as every variant; causal via mask types; GQA / MQA.
-#include "flashkit/v_transpose.cuh"
 #include "flashkit/wgmma_mainloop.cuh"
 
 typedef flashkit::gmma::AttentionTraits<flashkit::Element, FLASHKIT_HEAD_DIM, FLASHKIT_BLOCK_M, FLASHKIT_BLOCK_N,
@@ -33,13 +31,6 @@ typedef flashkit::NoMask<Traits::kBlockM, Traits::kBlockN> FwdMask;
 #endif
 
 FLASHKIT_EXPORT_SMEM_BYTES(Traits::kSmemBytes);
-
-extern "C" __global__ void __launch_bounds__(Traits::kThreads)
-    flashkit_hopper_vt(const flashkit::Params params) {
-    extern __shared__ __align__(16) unsigned char staging[];
-    flashkit::transpose_v_block<flashkit::Element, flashkit::IdentityKeys, Traits::kHeadDim, Traits::kBlockN,
-                                Traits::kThreads>(params, staging, blockIdx.x, blockIdx.y, blockIdx.z);
-}
 
 extern "C" __global__ void __launch_bounds__(Traits::kThreads, Traits::kCtasPerSm)
     flashkit_hopper_fwd(const flashkit::Params params) {

@@ -1,9 +1,8 @@
-// The V pre-pass of the wgmma kernels (hopper.cu, fp8_hopper.cu): V (batch, seqlen_k, kv_heads, D)
-// -> Vt (batch, kv_heads, D, keys) in the workspace, keys padded with zeros to whole kBlockN tiles.
-// Their wgmma reads both operands K-major, and for O += P V the k-index is the key: each row of Vt
-// holds one head-dim column of V. KeyOrder::physical(l) is the key whose value the stored (logical)
-// key l holds: IdentityKeys where S's accumulator already is P's A fragment (16-bit P), fp8's
-// PvKeys (the P V permutation of fp8.cuh) for e4m3 P.
+// The V pre-pass of fp8_hopper.cu: V (batch, seqlen_k, kv_heads, D) -> Vt (batch, kv_heads, D, keys)
+// in the workspace, keys padded with zeros to whole kBlockN tiles. e4m3 wgmma reads both operands
+// K-major (16-bit wgmma can transpose B and reads V as it is: hopper.cu), and for O += P V the
+// k-index is the key: each row of Vt holds one head-dim column of V. KeyOrder::physical(l) is the key
+// whose value the stored (logical) key l holds: fp8's PvKeys, the P V permutation of fp8.cuh.
 // One CTA per (key tile, kv head, batch): the tile is staged row-major in shared memory, then each
 // thread writes one 16 B chunk (16 / sizeof(Element) keys) of one Vt row.
 #pragma once
@@ -12,10 +11,6 @@
 #include "flashkit/tile.cuh"
 
 namespace flashkit {
-
-struct IdentityKeys {
-    __device__ __forceinline__ static int physical(int l) { return l; }
-};
 
 template <typename Element, class KeyOrder, int kHeadDim, int kBlockN, int kThreads>
 __device__ __forceinline__ void transpose_v_block(const Params& p, u8* staging, int n_block, int kv_head,

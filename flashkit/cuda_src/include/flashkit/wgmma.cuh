@@ -83,6 +83,20 @@ struct KMajorTile {
                (Swizzle<kPanelBytes>::kMode << kDescSwizzleShift);
     }
 
+    // Descriptor of the same tile read MN-major (as a B operand with transpose-b): its rows are
+    // the k dimension, a row's bytes the N dimension. The k-slab starts at row k_row0 (a multiple
+    // of 8); the leading byte offset steps to the next 128 B of N (the next panel), the stride
+    // byte offset to the next 8 rows of k (the swizzle pattern). 128 B panels only.
+    __device__ __forceinline__ static u64 desc_mn_major(u32 tile_base, int k_row0) {
+        static_assert(kPanelBytes == kMaxPanelBytes, "MN-major reads of 128 B panels");
+        const u32 addr = tile_base + k_row0 * kPanelBytes;
+        constexpr u32 kLeading = kPanelSize, kStride = kSwizzleRepeatRows * kPanelBytes;
+        return (static_cast<u64>((addr & kDescAddrMask) >> kDescAddrShift)) |
+               (static_cast<u64>(kLeading >> kDescAddrShift) << kDescLeadingShift) |
+               (static_cast<u64>(kStride >> kDescAddrShift) << kDescStrideShift) |
+               (Swizzle<kPanelBytes>::kMode << kDescSwizzleShift);
+    }
+
     // Asynchronously copy kRows rows (row r at gmem + r * row_stride) into the tile; rows >=
     // rows_valid are zero-filled. kThreads threads, 16 B each per pass.
     template <int kThreads>
@@ -192,6 +206,31 @@ struct Mma;
 FLASHKIT_GMMA_DEFINE_TYPE(float8_e4m3_t, "k32.f32.e4m3.e4m3", "1, 1", "1, 1")
 FLASHKIT_GMMA_DEFINE_TYPE(bfloat16_t, "k16.f32.bf16.bf16", "1, 1, 0, 0", "1, 1, 0")
 FLASHKIT_GMMA_DEFINE_TYPE(half_t, "k16.f32.f16.f16", "1, 1, 0, 0", "1, 1, 0")
+
+// MmaBT<T, kN>::rs: D (+)= A B with A from registers and B read MN-major (transpose-b = 1; 16-bit
+// types only): B's rows are k, its N elements contiguous -- a row-major V tile for O += P V.
+template <typename T, int kN>
+struct MmaBT;
+
+#define FLASHKIT_GMMA_DEFINE_BT(T, N, SHAPE_TYPES)                                                    \
+    template <>                                                                                   \
+    struct MmaBT<T, N> {                                                                          \
+        __device__ __forceinline__ static void rs(float (&d)[N / 8][4], const u32 (&a)[4], u64 b,    \
+                                                  int accumulate) {                               \
+            asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, " FLASHKIT_GMMA_N##N##_RS_PRED ", 0;\n"     \
+                         "wgmma.mma_async.sync.aligned.m64n" #N SHAPE_TYPES " " FLASHKIT_GMMA_N##N##_REGS   \
+                         ", " FLASHKIT_GMMA_N##N##_RS ", p, 1, 1, 1;\n}\n"                              \
+                         : FLASHKIT_GMMA_N##N##_ACC                                                 \
+                         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(accumulate));    \
+        }                                                                                         \
+    };
+
+FLASHKIT_GMMA_DEFINE_BT(bfloat16_t, 64, "k16.f32.bf16.bf16")
+FLASHKIT_GMMA_DEFINE_BT(bfloat16_t, 128, "k16.f32.bf16.bf16")
+FLASHKIT_GMMA_DEFINE_BT(bfloat16_t, 256, "k16.f32.bf16.bf16")
+FLASHKIT_GMMA_DEFINE_BT(half_t, 64, "k16.f32.f16.f16")
+FLASHKIT_GMMA_DEFINE_BT(half_t, 128, "k16.f32.f16.f16")
+FLASHKIT_GMMA_DEFINE_BT(half_t, 256, "k16.f32.f16.f16")
 
 }  // namespace gmma
 }  // namespace flashkit

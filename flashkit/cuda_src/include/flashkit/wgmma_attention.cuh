@@ -6,18 +6,22 @@
 // [64 w, 64 w + 64), warp 4 w + i of it rows [16 i, 16 i + 16) of those -- the same per-warp rows
 // as the mma.sync kernels (kWarpRows = 16), so apply_mask, the softmax and store_output serve
 // unchanged. Per visited K/V tile j:
-//   S = Q K_j^T            wgmma, Q and K_j from shared memory (K-major)
+//   S = Q K_j^T            wgmma, K_j from shared memory (K-major)
 //   P = softmax step(S)    in registers; O owes a factor (alpha) before its next product
-//   O += P Vt_j            wgmma, P from registers (A), Vt_j from shared memory
-// Vt_j is the V tile transposed (V^T, K-major for the second product) by the pre-pass of
-// v_transpose.cuh into the workspace.
-// Shared memory: [ Q | K stages | Vt stages ] (kStages = 3), each 1024 B aligned. Pipeline, per
+//   O += P V_j             wgmma, P from registers (A), V_j from shared memory (B): read MN-major
+//                          from a tile in K's layout (16-bit, hopper.cu), or, as e4m3 wgmma reads
+//                          K-major only, from Vt_j, V transposed by v_transpose.cuh's pre-pass
+//                          (fp8_hopper.cu). The "Vt" region holds either (kHeadDim x kBlockN elements).
+// Shared memory: [ Q | K stages | V stages ] (kStages = 3), each 1024 B aligned. Pipeline, per
 // visited tile i (FlashAttention-3's intra-warpgroup overlap):
 //   barrier (tile i + 1 resident; every warpgroup done with tile i - 1)
 //   cp.async tile i + 2 into the stage tile i - 1 used
-//   issue S_{i+1} = Q K_{i+1}^T, then O += P_i Vt_i       (asynchronous, in that order)
-//   wait for S_{i+1}; its softmax runs while the tensor cores compute P_i Vt_i
-//   wait for P_i Vt_i; O *= alpha_{i+1}; P_{i+1} -> A fragments
+//   issue S_{i+1} = Q K_{i+1}^T, then O += P_i V_i        (asynchronous, in that order)
+//   the softmax of S_{i+1} runs while the tensor cores compute P_i V_i (Loop::kSplitSoftmax: the
+//   row maxima first, P_i V_i issued after them, then the exponentials under it)
+//   wait for P_i V_i; O *= alpha_{i+1}; P_{i+1} -> A fragments
+// Masked and unmasked visits run in two copies of the step: a branch between the waits of S and
+// of P V makes ptxas wait for both before the softmax.
 // The last tile is peeled out of the loop: with the wgmma issue and wait sequence under a
 // data-dependent branch ptxas serializes every wgmma (C7514). The Q region stages O at the end.
 #pragma once

@@ -4,10 +4,11 @@
 //   S = -inf where masked             only on the tiles the mask says cross a boundary
 //   {m, l}, P = exp2(S c - m c)       OnlineSoftmax::to_probabilities (c = softmax_scale log2 e);
 //                                     O owes alpha, paid once the previous P V has completed
-//   O += P Vt_j                       wgmma m64{kHeadDim}k16, P from registers (A), Vt_j (B)
+//   O += P V_j                        wgmma m64{kHeadDim}k16, P from registers (A), V_j (B, read
+//                                     MN-major: 16-bit wgmma transposes B, so V needs no pre-pass)
 // P's A fragment is S's accumulator packed to 16 bits: k-step kk (keys 16 kk .. 16 kk + 15) is
-// S column tiles 2 kk and 2 kk + 1 (the same packing as fwd_mainloop.cuh's mma.sync P V), so Vt
-// keeps the natural key order (IdentityKeys). Q is taken into registers once (ldmatrix of the
+// S column tiles 2 kk and 2 kk + 1 (the same packing as fwd_mainloop.cuh's mma.sync P V). The V
+// tile has K's layout (keys as rows, swizzled 128 B panels of the head dim). Q is taken into registers once (ldmatrix of the
 // swizzled tile, the same A fragment): each S product then reads only K from shared memory, which
 // at 64-key tiles would otherwise bound it (Q 16 KB + K 16 KB a tile at hd128).
 #pragma once
@@ -24,13 +25,11 @@ struct HopperMainloop {
     static constexpr unsigned kFullWarp = 0xffffffffu;
     typedef typename Kt::QTile QTile;
     typedef typename Kt::KTile KTile;
-    typedef typename Kt::VtTile VtTile;
 
     const Mask& mask;
     const Params& params;
     const u8* k_gmem;     // row 0 of this (batch, kv head)
-    const u8* vt_gmem;    // row 0 (head-dim index 0) of this (batch, kv head)'s transposed V
-    index_t vt_row_bytes;
+    const u8* v_gmem;     // row 0 of this (batch, kv head)
     u32 smem;             // the 1024 B aligned base
     int warpgroup;
     float acc_o[1][Kt::kDTiles][4];
@@ -45,10 +44,7 @@ struct HopperMainloop {
         : mask(mask_), params(p), smem(smem_) {
         const int kv_head = head / (p.heads / p.kv_heads);   // GQA / MQA
         k_gmem = gmma::slice_bytes<Element>(p.k, batch * p.k_batch_stride, kv_head * p.k_head_stride);
-        const index_t vt_row = static_cast<index_t>(ceil_div(p.seqlen_k, kBN)) * kBN;   // keys, padded
-        vt_row_bytes = vt_row * Kt::kElemBytes;
-        vt_gmem = static_cast<const u8*>(p.workspace) +
-                  static_cast<index_t>(batch * p.kv_heads + kv_head) * Kt::kHeadDim * vt_row_bytes;
+        v_gmem = gmma::slice_bytes<Element>(p.v, batch * p.v_batch_stride, kv_head * p.v_head_stride);
         warpgroup = tid / gmma::kWarpgroupThreads;
 #pragma unroll
         for (int nd = 0; nd < Kt::kDTiles; ++nd)
@@ -58,17 +54,19 @@ struct HopperMainloop {
     }
 
     __device__ __forceinline__ u32 k_stage(int stage) const { return smem + Kt::kKOffset + stage * Kt::kKStageBytes; }
-    __device__ __forceinline__ u32 vt_stage(int stage) const { return smem + Kt::kVtOffset + stage * Kt::kVtStageBytes; }
+    // The V tile takes the traits' Vt region (the same bytes: kHeadDim x kBlockN elements).
+    __device__ __forceinline__ u32 v_stage(int stage) const { return smem + Kt::kVtOffset + stage * Kt::kVtStageBytes; }
 
-    // K_j and Vt_j into a stage (one cp.async group).
+    // K_j and V_j into a stage (one cp.async group); keys past seqlen_k are zero-filled (their P is 0,
+    // and 0 * 0 keeps O finite).
     __device__ __forceinline__ void load_kv_async(int stage, int n_block, int tid) const {
         const int n0 = n_block * kBN;
         const index_t k_row_bytes = params.k_row_stride * Kt::kElemBytes;
+        const index_t v_row_bytes = params.v_row_stride * Kt::kElemBytes;
         KTile::template load_async<Kt::kThreads>(k_stage(stage), k_gmem + n0 * k_row_bytes, k_row_bytes,
                                                  params.seqlen_k - n0, tid);
-        // Vt rows are padded to whole tiles with zero keys: every row is valid.
-        VtTile::template load_async<Kt::kThreads>(vt_stage(stage), vt_gmem + n0 * Kt::kElemBytes, vt_row_bytes,
-                                                  Kt::kHeadDim, tid);
+        KTile::template load_async<Kt::kThreads>(v_stage(stage), v_gmem + n0 * v_row_bytes, v_row_bytes,
+                                                 params.seqlen_k - n0, tid);
         cp_async_commit();
     }
 
@@ -95,13 +93,15 @@ struct HopperMainloop {
         gmma::commit();
     }
 
-    // Issue O += P Vt for the tile in `stage` (asynchronous; p_frag stays untouched until it completes).
+    // Issue O += P V for the tile in `stage` (asynchronous; p_frag stays untouched until it completes).
+    // k-step kk: keys 16 kk .. 16 kk + 15, rows of the V tile.
     __device__ __forceinline__ void issue_pv(int stage) {
+        constexpr int kStepKeys = gmma::kKBytes / Kt::kElemBytes;
         gmma::fence();
 #pragma unroll
         for (int kk = 0; kk < Kt::kPVSteps; ++kk)
-            gmma::Mma<Element, Kt::kHeadDim>::rs(acc_o[0], p_frag[kk],
-                                                 VtTile::desc(vt_stage(stage), 0, kk * gmma::kKBytes), 1);
+            gmma::MmaBT<Element, Kt::kHeadDim>::rs(acc_o[0], p_frag[kk],
+                                                   KTile::desc_mn_major(v_stage(stage), kk * kStepKeys), 1);
         gmma::commit();
     }
 
