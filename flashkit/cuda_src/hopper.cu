@@ -7,8 +7,7 @@ dtypes: [float16, bfloat16]
 head_dims: [64, 128]
 features: {causal: true, block_sparse: false, fp8: false, backward: false, lse: true, gqa: true}
 priority: 70
-launch: {grid: q_blocks, block_m: 64, block_n: 128, warps: 4}   # one warpgroup, 2 CTAs an SM
-overrides: {"hd128": {block_n: 64}}   # 3 stages of 64-key K and V tiles: 113 KB, two CTAs an SM
+launch: {grid: q_blocks, block_m: 64, block_n: 64, warps: 4}   # one warpgroup; 3 stages: 113 KB at hd128, 2 CTAs an SM
 workspace: none
 ---*/
 // FlashAttention forward for Hopper (after FlashAttention-3, sections 3.1-3.2, without the
