@@ -20,6 +20,7 @@
 #pragma once
 
 #include "flashkit/mma.cuh"
+#include "flashkit/softmax.cuh"
 #include "flashkit/tile.cuh"
 
 namespace flashkit {
@@ -205,117 +206,18 @@ __device__ __forceinline__ void transpose_v_tile(u32 sv, u32 svt, int tid) {
 
 // ---- online softmax on descaled scores --------------------------------------------------
 // x = S_raw * q_scale * k_scale * softmax_scale * log2(e): the scores in log2 units, already
-// masked (-inf). Per K/V tile, as softmax.cuh but with P scaled by 448 (kLog2PScale folded
-// into the exponent, so P fills the e4m3 range and l carries the same factor, which O / l
-// cancels) and O kept in units of the current tile's V scale:
+// masked (-inf), so softmax.cuh's OnlineSoftmax runs with c = 1 and P scaled by 448 (E4m3P: P fills
+// the e4m3 range; l carries the same factor, which O / l cancels), O kept in units of the current
+// tile's V scale:
 //   m_new = max(m, rowmax(x));  P = exp2(x - m_new + log2(448))  in [0, 448]
 //   alpha = exp2(m - m_new);    l = alpha l + rowsum(P);  O *= alpha * v_scale_prev / v_scale
-// finalize: O *= v_scale / l;  LSE = (m + log2(l) - log2(448)) ln(2).
-template <int kMTiles>
-struct Softmax {
-    static constexpr int kRowsPerTile = 2;   // rows g and g + 8 of each 16-row tile
-    float row_max[kMTiles][kRowsPerTile];
-    float row_sum[kMTiles][kRowsPerTile];   // this thread's partial sum (quad-reduced late)
-
-    __device__ __forceinline__ void init() {
-#pragma unroll
-        for (int mi = 0; mi < kMTiles; ++mi)
-#pragma unroll
-            for (int h = 0; h < kRowsPerTile; ++h) {
-                row_max[mi][h] = FLASHKIT_NEG_INF;
-                row_sum[mi][h] = 0.f;
-            }
-    }
-
-    // S -> P in place, l updated; alpha[mi][h] = exp2(m_old - m_new), the factor O still owes.
-    template <int kNTiles, int kChains = (kNTiles % 4 == 0 ? 4 : 1)>
-    __device__ __forceinline__ void to_probabilities(float (&x)[kMTiles][kNTiles][4],
-                                                     float (&alpha)[kMTiles][kRowsPerTile]) {
-#pragma unroll
-        for (int mi = 0; mi < kMTiles; ++mi)
-#pragma unroll
-            for (int h = 0; h < kRowsPerTile; ++h) {
-                // Max and sum over kChains independent chains (short dependency chains).
-                float chain[kChains];
-#pragma unroll
-                for (int c = 0; c < kChains; ++c) chain[c] = row_max[mi][h];
-#pragma unroll
-                for (int ni = 0; ni < kNTiles; ++ni)
-                    chain[ni % kChains] = fmaxf(chain[ni % kChains], fmaxf(x[mi][ni][2 * h], x[mi][ni][2 * h + 1]));
-                float m_tile = chain[0];
-#pragma unroll
-                for (int c = 1; c < kChains; ++c) m_tile = fmaxf(m_tile, chain[c]);
-                const float m_new = quad_max(m_tile);
-                // A row with no visible key yet subtracts 0, never -inf - -inf.
-                const float m_safe = m_new == FLASHKIT_NEG_INF ? 0.f : m_new;
-                alpha[mi][h] = fast_exp2(row_max[mi][h] - m_safe);
-                row_max[mi][h] = m_new;
-                const float bias = m_safe - kLog2PScale;
-#pragma unroll
-                for (int c = 0; c < kChains; ++c) chain[c] = 0.f;
-#pragma unroll
-                for (int ni = 0; ni < kNTiles; ++ni)
-#pragma unroll
-                    for (int e = 0; e < 2; ++e) {
-                        float& p = x[mi][ni][2 * h + e];
-                        p = fast_exp2(p - bias);
-                        chain[ni % kChains] += p;
-                    }
-                float sum = chain[0];
-#pragma unroll
-                for (int c = 1; c < kChains; ++c) sum += chain[c];
-                row_sum[mi][h] = fmaf(row_sum[mi][h], alpha[mi][h], sum);
-            }
-    }
-
-    // O *= factor, one factor per row.
-    template <int kDTiles>
-    __device__ __forceinline__ static void rescale(float (&o)[kMTiles][kDTiles][4],
-                                                   const float (&factor)[kMTiles][kRowsPerTile]) {
-#pragma unroll
-        for (int mi = 0; mi < kMTiles; ++mi)
-#pragma unroll
-            for (int h = 0; h < kRowsPerTile; ++h)
-#pragma unroll
-                for (int nd = 0; nd < kDTiles; ++nd) {
-                    o[mi][nd][2 * h] *= factor[mi][h];
-                    o[mi][nd][2 * h + 1] *= factor[mi][h];
-                }
-    }
-
-    // Both at once: S -> P and O *= alpha * o_rescale.
-    template <int kNTiles, int kDTiles>
-    __device__ __forceinline__ void update(float (&x)[kMTiles][kNTiles][4],
-                                           float (&o)[kMTiles][kDTiles][4], float o_rescale) {
-        float alpha[kMTiles][kRowsPerTile];
-        to_probabilities(x, alpha);
-#pragma unroll
-        for (int mi = 0; mi < kMTiles; ++mi)
-#pragma unroll
-            for (int h = 0; h < kRowsPerTile; ++h) alpha[mi][h] *= o_rescale;
-        rescale(o, alpha);
-    }
-
-    template <int kDTiles>
-    __device__ __forceinline__ void finalize(float (&o)[kMTiles][kDTiles][4], float v_scale,
-                                             float (&lse)[kMTiles][kRowsPerTile]) {
-#pragma unroll
-        for (int mi = 0; mi < kMTiles; ++mi)
-#pragma unroll
-            for (int h = 0; h < kRowsPerTile; ++h) {
-                const float l = quad_sum(row_sum[mi][h]);
-                const bool seen = l > 0.f;
-                const float factor = seen ? v_scale / l : 0.f;
-                lse[mi][h] = seen ? (row_max[mi][h] + fast_log2(l) - kLog2PScale) * kLn2
-                                  : FLASHKIT_NEG_INF;
-#pragma unroll
-                for (int nd = 0; nd < kDTiles; ++nd) {
-                    o[mi][nd][2 * h] *= factor;
-                    o[mi][nd][2 * h + 1] *= factor;
-                }
-            }
-    }
+// finalize(o, 1, lse, v_scale): O *= v_scale / l;  LSE = (m + log2(l) - log2(448)) ln(2).
+struct E4m3P {
+    static constexpr float kLog2 = kLog2PScale;
 };
+template <int kMTiles>
+using Softmax = OnlineSoftmax<kMTiles, E4m3P>;
+constexpr float kScoresInLog2 = 1.f;   // the c the fp8 loops pass: their scores are already x
 
 }  // namespace fp8
 }  // namespace flashkit

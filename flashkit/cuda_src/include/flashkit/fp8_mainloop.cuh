@@ -260,7 +260,7 @@ struct Mainloop {
         __syncthreads();   // V_j resident; every warp is done reading K_j
         if (it > 0) load_kv_async(sK, k_gmem, params.k_row_stride, mask.kv_block(it - 1));
         transpose_v_tile<kBN, kD, Kt::kThreads>(sV, sV + Kt::kKVBytes, special_reg_tid_x());
-        softmax.update(s, acc_o, v_scale_cur / vs);   // S -> P, O *= alpha, O in units of vs
+        softmax.update(s, acc_o, kScoresInLog2, v_scale_cur / vs);   // S -> P, O *= alpha, O in units of vs
         v_scale_cur = vs;
         __syncthreads();   // Vt_j complete
         gemm_pv(s);        // O += P V_j
@@ -302,7 +302,7 @@ __device__ __forceinline__ void fwd_block(const Params& p, const Mask& mask, int
     }
 
     float lse[Kt::kMTiles][2];
-    loop.softmax.finalize(loop.acc_o, loop.v_scale_cur, lse);   // O *= v_scale / l
+    loop.softmax.finalize(loop.acc_o, kScoresInLog2, lse, loop.v_scale_cur);   // O *= v_scale / l
     // Indices re-read from special registers rather than kept live through the loop (at hd256
     // the O accumulators leave no register to spare).
     const int e_warp = special_reg_tid_x() / kWarpSize;

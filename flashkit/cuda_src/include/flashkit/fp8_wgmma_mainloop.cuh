@@ -158,7 +158,7 @@ struct WgmmaMainloop {
                 s[0][ni][2 * h + 1] *= c;
             }
         if constexpr (kMasked) apply_mask(mask, s, row0, n_block * kBN + col_lane);
-        softmax.to_probabilities(s, o_factor);
+        softmax.to_probabilities(s, o_factor, kScoresInLog2);
         const float unit_change = __fdividef(v_ref, next_v_ref);   // O moves to units of this tile's V scale
 #pragma unroll
         for (int h = 0; h < 2; ++h) o_factor[0][h] *= unit_change;
@@ -182,7 +182,7 @@ struct WgmmaMainloop {
         for (int kk = 0; kk < Kt::kPVSteps; ++kk) pack_p_fragment(p_frag[kk], s[0], kk);
     }
 
-    __device__ __forceinline__ void finalize(float (&lse)[1][2]) { softmax.finalize(acc_o, v_ref, lse); }   // O *= v_ref / l
+    __device__ __forceinline__ void finalize(float (&lse)[1][2]) { softmax.finalize(acc_o, kScoresInLog2, lse, v_ref); }   // O *= v_ref / l
 };
 
 }  // namespace fp8

@@ -8,6 +8,9 @@
 //   alpha = exp2((m - m_new) * c)               (rescale of the old state)
 //   l     = alpha * l + rowsum(p),  O = alpha * O  (then O += P V outside)
 // At the end: O /= l,  LSE = m * softmax_scale + ln(l) = (m * c + log2(l)) * ln(2).
+// PScale scales P by 2^PScale::kLog2 (folded into the exponent; l carries the same factor, which
+// O / l cancels and the LSE subtracts): UnitP for 16-bit P, fp8's E4m3P (448) to fill e4m3's range.
+// Callers whose scores are already in log2 units (fp8: the scales folded in) pass c = 1.
 // A row that saw no key keeps m = -inf, l = 0: every p and alpha is exp2(-inf) = 0 (the -inf
 // max is replaced by 0 before subtracting, so never -inf - -inf), and it ends with O = 0,
 // LSE = -inf.
@@ -22,7 +25,11 @@ __device__ __forceinline__ float scaled_row_max(float m, float scale_log2) {
     return m == FLASHKIT_NEG_INF ? 0.f : m * scale_log2;
 }
 
-template <int kMTiles>
+struct UnitP {
+    static constexpr float kLog2 = 0.f;
+};
+
+template <int kMTiles, class PScale = UnitP>
 struct OnlineSoftmax {
     static constexpr int kRowsPerTile = 2;   // rows g and g + 8 of each 16-row tile
     float row_max[kMTiles][kRowsPerTile];   // m: running max of the raw scores
@@ -38,12 +45,18 @@ struct OnlineSoftmax {
             }
     }
 
-    // Folds one S tile into {m, l}: s becomes P in place, and O is rescaled by alpha.
+    // Folds one S tile into {m, l}: s becomes P in place, and O is rescaled by alpha (times
+    // o_rescale: a change of the unit O is kept in, as fp8's V scales).
     template <int kNTiles, int kDTiles>
     __device__ __forceinline__ void update(float (&s)[kMTiles][kNTiles][4],
-                                           float (&o)[kMTiles][kDTiles][4], float scale_log2) {
+                                           float (&o)[kMTiles][kDTiles][4], float scale_log2,
+                                           float o_rescale = 1.f) {
         float alpha[kMTiles][kRowsPerTile];
         to_probabilities(s, alpha, scale_log2);
+#pragma unroll
+        for (int mi = 0; mi < kMTiles; ++mi)
+#pragma unroll
+            for (int h = 0; h < kRowsPerTile; ++h) alpha[mi][h] *= o_rescale;
         rescale(o, alpha);
     }
 
@@ -81,14 +94,14 @@ struct OnlineSoftmax {
             }
     }
 
-    // Second half, lane-local: p = exp2(s * c - m_new * c) in place; l += rowsum(p).
+    // Second half, lane-local: p = exp2(s * c - m_new * c + PScale::kLog2) in place; l += rowsum(p).
     template <int kNTiles, int kChains = (kNTiles % 4 == 0 ? 4 : 1)>
     __device__ __forceinline__ void exponentiate(float (&s)[kMTiles][kNTiles][4], float scale_log2) {
 #pragma unroll
         for (int mi = 0; mi < kMTiles; ++mi)
 #pragma unroll
             for (int h = 0; h < kRowsPerTile; ++h) {
-                const float m_scaled = scaled_row_max(row_max[mi][h], scale_log2);
+                const float bias = scaled_row_max(row_max[mi][h], scale_log2) - PScale::kLog2;
                 float chain[kChains];
 #pragma unroll
                 for (int c = 0; c < kChains; ++c) chain[c] = 0.f;
@@ -97,7 +110,7 @@ struct OnlineSoftmax {
 #pragma unroll
                     for (int e = 0; e < 2; ++e) {
                         float& x = s[mi][ni][2 * h + e];
-                        x = fast_exp2(fmaf(x, scale_log2, -m_scaled));
+                        x = fast_exp2(fmaf(x, scale_log2, -bias));
                         chain[ni % kChains] += x;
                     }
                 float sum = chain[0];
@@ -122,23 +135,24 @@ struct OnlineSoftmax {
                 }
     }
 
-    // O /= l (O = 0 where l = 0) and the natural-log LSE of each owned row (-inf where l = 0).
+    // O *= o_scale / l (O = 0 where l = 0) and the natural-log LSE of each owned row (-inf where
+    // l = 0). o_scale: the unit O is kept in (fp8's V scale), 1 otherwise.
     template <int kDTiles>
     __device__ __forceinline__ void finalize(float (&o)[kMTiles][kDTiles][4], float scale_log2,
-                                             float (&lse)[kMTiles][kRowsPerTile]) {
+                                             float (&lse)[kMTiles][kRowsPerTile], float o_scale = 1.f) {
 #pragma unroll
         for (int mi = 0; mi < kMTiles; ++mi)
 #pragma unroll
             for (int h = 0; h < kRowsPerTile; ++h) {
                 const float l = quad_sum(row_sum[mi][h]);
                 const bool seen = l > 0.f;
-                const float inv_l = seen ? 1.f / l : 0.f;
-                lse[mi][h] = seen ? (row_max[mi][h] * scale_log2 + fast_log2(l)) * kLn2
+                const float factor = seen ? o_scale / l : 0.f;
+                lse[mi][h] = seen ? (row_max[mi][h] * scale_log2 + fast_log2(l) - PScale::kLog2) * kLn2
                                   : FLASHKIT_NEG_INF;
 #pragma unroll
                 for (int nd = 0; nd < kDTiles; ++nd) {
-                    o[mi][nd][2 * h] *= inv_l;
-                    o[mi][nd][2 * h + 1] *= inv_l;
+                    o[mi][nd][2 * h] *= factor;
+                    o[mi][nd][2 * h + 1] *= factor;
                 }
             }
     }
