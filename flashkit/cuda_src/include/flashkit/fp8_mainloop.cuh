@@ -3,7 +3,7 @@
 // One CTA, kBlockM query rows of one (head, batch); warps split the rows. Per visited K/V tile j:
 //   S = Q K_j^T                      mma.m16n8k32 e4m3, fp32 accumulation
 //   x = S * q_scale(row) * k_scale(j) * softmax_scale * log2(e),  masked to -inf
-//   {m, l}, P = 448 exp2(x - m)      fp8::Softmax; O *= alpha * v_scale(j-1) / v_scale(j)
+//   {m, l}, P = 448 exp2(x - m)      OnlineSoftmax<E4m3P>; O *= alpha * v_scale(j-1) / v_scale(j)
 //   Vt_j = transpose(V_j)            in shared memory, keys in the P V permutation (fp8.cuh)
 //   O += e4m3(P) Vt_j                P packed to e4m3 in registers as the A operand
 // O stays in units of the current tile's V scale; the epilogue multiplies by it and divides by

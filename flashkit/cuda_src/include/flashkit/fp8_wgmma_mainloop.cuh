@@ -3,7 +3,7 @@
 // Per visited K/V tile j (keys [n0, n0 + kBlockN)):
 //   S = Q K_j^T                          wgmma m64{kBlockN}k32 e4m3, Q and K from shared memory
 //   x = S * q_scale(row) * k_scale(key block) * softmax_scale * log2(e),  masked to -inf
-//   {m, l}, P = 448 exp2(x - m)          fp8::Softmax; O *= alpha * v_ref(j-1) / v_ref(j)
+//   {m, l}, P = 448 exp2(x - m)          OnlineSoftmax<E4m3P>; O *= alpha * v_ref(j-1) / v_ref(j)
 //   P *= v_scale(key block) / v_ref(j)   only where a tile spans two V scale blocks (v_ref = max)
 //   O += e4m3(P) Vt_j                    wgmma m64{kHeadDim}k32, P from registers (A), Vt (B)
 // O stays in units of v_ref of the current tile; the epilogue multiplies by it and divides by l.
@@ -18,7 +18,6 @@
 namespace flashkit {
 namespace fp8 {
 
-constexpr unsigned kFullWarp = 0xffffffffu;
 
 template <int kHeadDim_, int kBlockM_, int kBlockN_, int kWarps_, typename OutT_>
 struct WgmmaTraits : gmma::AttentionTraits<float8_e4m3_t, kHeadDim_, kBlockM_, kBlockN_, kWarps_, OutT_> {
@@ -176,8 +175,7 @@ struct WgmmaMainloop {
     // After the previous P V completed: O *= o_factor, and P (s) -> e4m3 A fragments.
     __device__ __forceinline__ void rescale_and_pack() {
         gmma::fence_accumulators(acc_o[0]);
-        // Once the row maxima settle most tiles owe nothing: skip the multiply warp by warp.
-        if (!__all_sync(kFullWarp, o_factor[0][0] == 1.f && o_factor[0][1] == 1.f)) Softmax<1>::rescale(acc_o, o_factor);
+        Softmax<1>::rescale_if_owed(acc_o, o_factor);
 #pragma unroll
         for (int kk = 0; kk < Kt::kPVSteps; ++kk) pack_p_fragment(p_frag[kk], s[0], kk);
     }

@@ -135,6 +135,19 @@ struct OnlineSoftmax {
                 }
     }
 
+    // rescale, skipped by a warp none of whose rows owes anything (alpha = 1 everywhere: once the
+    // row maxima settle, most tiles).
+    template <int kDTiles>
+    __device__ __forceinline__ static void rescale_if_owed(float (&o)[kMTiles][kDTiles][4],
+                                                           const float (&alpha)[kMTiles][kRowsPerTile]) {
+        bool settled = true;
+#pragma unroll
+        for (int mi = 0; mi < kMTiles; ++mi)
+#pragma unroll
+            for (int h = 0; h < kRowsPerTile; ++h) settled = settled && alpha[mi][h] == 1.f;
+        if (!__all_sync(0xffffffffu, settled)) rescale(o, alpha);
+    }
+
     // O *= o_scale / l (O = 0 where l = 0) and the natural-log LSE of each owned row (-inf where
     // l = 0). o_scale: the unit O is kept in (fp8's V scale), 1 otherwise.
     template <int kDTiles>

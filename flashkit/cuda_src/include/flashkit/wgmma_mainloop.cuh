@@ -22,7 +22,6 @@ template <class Kt, class Mask>
 struct HopperMainloop {
     typedef typename Kt::Element Element;
     static constexpr int kBN = Kt::kBlockN;
-    static constexpr unsigned kFullWarp = 0xffffffffu;
     typedef typename Kt::QTile QTile;
     typedef typename Kt::KTile KTile;
 
@@ -126,8 +125,7 @@ struct HopperMainloop {
     // After the previous P V completed: O *= alpha, and P (s) -> 16-bit A fragments.
     __device__ __forceinline__ void rescale_and_pack() {
         gmma::fence_accumulators(acc_o[0]);
-        // Once the row maxima settle most tiles owe nothing: skip the multiply warp by warp.
-        if (!__all_sync(kFullWarp, alpha[0][0] == 1.f && alpha[0][1] == 1.f)) OnlineSoftmax<1>::rescale(acc_o, alpha);
+        OnlineSoftmax<1>::rescale_if_owed(acc_o, alpha);
 #pragma unroll
         for (int kk = 0; kk < Kt::kPVSteps; ++kk) pack_a_fragment<Element>(p_frag[kk], s[0], kk);
     }
