@@ -69,8 +69,6 @@ def attention(q: Any, k: Any, v: Any, *, causal: bool = False, softmax_scale: fl
         extras.update(scale_fields(problem, *scales, keep=keep))
     if block_mask is not None:
         extras.update(block_mask.kernel_fields(problem, keep=keep))
-    if problem.softmax_scale < 0:   # the kernels take row maxima of the raw scores: hand them a positive scale
-        qc, problem = _negate_scale(qc, problem, cupy)
     out_arr = _output(out, problem, out_name, cupy)
     lse = cupy.empty((problem.batch, problem.heads, problem.seqlen_q), dtype=cupy.float32) if return_lse else None
     run(sel.chosen, problem, causal, LaunchInputs(qc, kc, vc, out_arr, lse, extras),
@@ -81,6 +79,9 @@ def attention(q: Any, k: Any, v: Any, *, causal: bool = False, softmax_scale: fl
 def run(spec: KernelSpec, problem: Problem, causal: bool, io: LaunchInputs, block_sparse: bool = False,
         out_dtype: str | None = None) -> None:
     """Build (or fetch) the specialization for this device and launch it."""
+    if problem.softmax_scale < 0:   # the kernels take row maxima of the raw scores: hand them a positive scale
+        q, problem = _negate_scale(io.q, problem, cupy_module())
+        io = replace(io, q=q)
     cc = device_info().cc
     config = make_config(spec, problem.dtype, problem.head_dim, causal, cc, block_sparse, out_dtype)
     launch(spec, build_module(spec, config, cc), config, problem, io)

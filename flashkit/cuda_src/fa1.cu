@@ -27,11 +27,7 @@ workspace: running_state
 
 using namespace flashkit;
 typedef KernelTraits Kt;
-#if FLASHKIT_CAUSAL
-typedef CausalMask<Kt::kBlockM, Kt::kBlockN> Fa1Mask;
-#else
-typedef NoMask<Kt::kBlockM, Kt::kBlockN> Fa1Mask;
-#endif
+typedef DenseMask<FLASHKIT_CAUSAL, Kt::kBlockM, Kt::kBlockN>::type Fa1Mask;
 constexpr bool kCausal = FLASHKIT_CAUSAL != 0;
 
 FLASHKIT_EXPORT_SMEM_BYTES(Kt::kSmemBytes);

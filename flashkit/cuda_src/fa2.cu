@@ -24,11 +24,7 @@ workspace: none
 
 using flashkit::KernelTraits;
 
-#if FLASHKIT_CAUSAL
-typedef flashkit::CausalMask<KernelTraits::kBlockM, KernelTraits::kBlockN> FwdMask;
-#else
-typedef flashkit::NoMask<KernelTraits::kBlockM, KernelTraits::kBlockN> FwdMask;
-#endif
+typedef flashkit::DenseMask<FLASHKIT_CAUSAL, KernelTraits::kBlockM, KernelTraits::kBlockN>::type FwdMask;
 
 FLASHKIT_EXPORT_SMEM_BYTES(KernelTraits::kSmemBytes);
 

@@ -28,11 +28,7 @@ typedef flashkit::fp8::Fp8Traits<FLASHKIT_HEAD_DIM, FLASHKIT_BLOCK_M, FLASHKIT_B
                                  flashkit::OutT>
     Traits;
 
-#if FLASHKIT_CAUSAL
-typedef flashkit::CausalMask<Traits::kBlockM, Traits::kBlockN> FwdMask;
-#else
-typedef flashkit::NoMask<Traits::kBlockM, Traits::kBlockN> FwdMask;
-#endif
+typedef flashkit::DenseMask<FLASHKIT_CAUSAL, Traits::kBlockM, Traits::kBlockN>::type FwdMask;
 
 FLASHKIT_EXPORT_SMEM_BYTES(Traits::kSmemBytes);
 

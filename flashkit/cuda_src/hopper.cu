@@ -23,11 +23,7 @@ typedef flashkit::gmma::AttentionTraits<flashkit::Element, FLASHKIT_HEAD_DIM, FL
                                         FLASHKIT_WARPS, flashkit::OutT>
     Traits;
 
-#if FLASHKIT_CAUSAL
-typedef flashkit::CausalMask<Traits::kBlockM, Traits::kBlockN> FwdMask;
-#else
-typedef flashkit::NoMask<Traits::kBlockM, Traits::kBlockN> FwdMask;
-#endif
+typedef flashkit::DenseMask<FLASHKIT_CAUSAL, Traits::kBlockM, Traits::kBlockN>::type FwdMask;
 
 FLASHKIT_EXPORT_SMEM_BYTES(Traits::kSmemBytes);
 

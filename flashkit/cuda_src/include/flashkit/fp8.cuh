@@ -59,27 +59,13 @@ __device__ __forceinline__ int byte_offset(int row, int byte) {
     return row * kRowBytes + chunk * kChunkBytes + byte % kChunkBytes;
 }
 
-// Asynchronously copy (kRows x kRowBytes) bytes, row r at gmem + r * row_stride, into the
-// swizzled tile at smem_base; rows >= rows_valid are zero-filled (rows_valid >= 1).
-template <int kRows, int kRowBytes, int kThreads>
-__device__ __forceinline__ void load_byte_tile_async(u32 smem_base, const u8* gmem, index_t row_stride,
-                                                     int rows_valid, int tid) {
-    constexpr int kRowChunks = kRowBytes / kChunkBytes;
-    constexpr int kRowsPerPass = kThreads / kRowChunks;
-    static_assert(kThreads % kRowChunks == 0 && kRows % kRowsPerPass == 0, "tile loads split evenly");
-    const int chunk = tid % kRowChunks;
-    const int row0 = tid / kRowChunks;
-    const u8* src = gmem + row0 * row_stride + chunk * kChunkBytes;
-    const index_t pass_stride = kRowsPerPass * row_stride;
-#pragma unroll
-    for (int pass = 0; pass < kRows / kRowsPerPass; ++pass) {
-        const int row = row0 + pass * kRowsPerPass;
-        const bool valid = row < rows_valid;
-        cp_async_16(smem_base + byte_offset<kRowBytes>(row, chunk * kChunkBytes), valid ? src : gmem,
-                    valid);
-        src += pass_stride;
+// The swizzled byte tile above as a layout of load_rows_async (tile.cuh).
+template <int kRowBytes>
+struct ByteTile {
+    __device__ __forceinline__ static int chunk_offset(int row, int chunk) {
+        return byte_offset<kRowBytes>(row, chunk * kChunkBytes);
     }
-}
+};
 
 // ---- tensor cores --------------------------------------------------------------------------
 // Two e4m3 bytes (bits 0..15) -> two f16 (exact), as one f16x2 register.

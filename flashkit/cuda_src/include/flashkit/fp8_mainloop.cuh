@@ -226,7 +226,7 @@ struct Mainloop {
     __device__ __forceinline__ void load_kv_async(u32 dst, const u8* gmem, index_t stride,
                                                   int n_block) const {
         const int n0 = n_block * kBN;
-        load_byte_tile_async<kBN, kD, Kt::kThreads>(dst, gmem + n0 * stride, stride, params.seqlen_k - n0,
+        load_rows_async<kBN, kD, Kt::kThreads, ByteTile<kD>>(dst, gmem + n0 * stride, stride, params.seqlen_k - n0,
                                                     special_reg_tid_x());
         cp_async_commit();
     }
@@ -284,7 +284,7 @@ __device__ __forceinline__ void fwd_block(const Params& p, const Mask& mask, int
     if (n_blocks > 0) {
         const u8* q_gmem = static_cast<const u8*>(p.q) + batch * p.q_batch_stride +
                            head * p.q_head_stride + m0 * p.q_row_stride;
-        load_byte_tile_async<Kt::kBlockM, Kt::kHeadDim, Kt::kThreads>(smem_u32(smem_raw), q_gmem,
+        load_rows_async<Kt::kBlockM, Kt::kHeadDim, Kt::kThreads, ByteTile<Kt::kHeadDim>>(smem_u32(smem_raw), q_gmem,
                                                                      p.q_row_stride, p.seqlen_q - m0, tid);
         cp_async_commit();
         loop.load_kv_async(loop.sK, loop.k_gmem, p.k_row_stride, mask.kv_block(n_blocks - 1));

@@ -59,6 +59,16 @@ struct CausalMask {
     }
 };
 
+// The mask of a dense variant: CausalMask when it is built causal (FLASHKIT_CAUSAL), else NoMask.
+template <bool kCausal, int kBlockM, int kBlockN>
+struct DenseMask {
+    typedef NoMask<kBlockM, kBlockN> type;
+};
+template <int kBlockM, int kBlockN>
+struct DenseMask<true, kBlockM, kBlockN> {
+    typedef CausalMask<kBlockM, kBlockN> type;
+};
+
 // S[i][j] = -inf where key j is not visible to query i, on an mma C-layout S tile:
 // s[mi][ni][2h + e] is row row0 + 16 mi + 8 h, column col0 + 8 ni + e, where row0 is the
 // thread's row g (absolute) and col0 the tile's first key + 2t.

@@ -61,22 +61,13 @@ __device__ __forceinline__ void pack_a_fragment(u32 (&a)[4], const float (&p)[kN
     a[3] = pack_float2<T>(p[2 * kk + 1][2], p[2 * kk + 1][3]);
 }
 
-// x from lane ^ lane_mask, every lane taking part. PTX shfl.sync without the predicate output
-// that __shfl_xor_sync asks for: that form splits the basic block, and at the split ptxas waits
-// for every wgmma in flight (losing the softmax / P V overlap of the wgmma kernels).
-__device__ __forceinline__ float shfl_xor_all(float x, int lane_mask) {
-    float y;
-    asm volatile("shfl.sync.bfly.b32 %0, %1, %2, 0x1f, 0xffffffff;\n" : "=f"(y) : "f"(x), "r"(lane_mask));
-    return y;
-}
-
 __device__ __forceinline__ float quad_max(float x) {
-    x = fmaxf(x, shfl_xor_all(x, 1));
-    return fmaxf(x, shfl_xor_all(x, 2));
+    x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 1));
+    return fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 2));
 }
 __device__ __forceinline__ float quad_sum(float x) {
-    x += shfl_xor_all(x, 1);
-    return x + shfl_xor_all(x, 2);
+    x += __shfl_xor_sync(0xffffffffu, x, 1);
+    return x + __shfl_xor_sync(0xffffffffu, x, 2);
 }
 
 }  // namespace flashkit

@@ -41,31 +41,46 @@ __device__ __forceinline__ void cp_async_wait() {
     asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending));
 }
 
-// Asynchronously copy a (kRows x kCols) tile, row r at gmem + r * row_stride, into the
-// swizzled shared tile at smem_base; rows >= rows_valid are zero-filled. All kThreads
-// threads call it; thread tid always owns chunk column (tid % kRowChunks).
-template <int kRows, int kCols, int kThreads, typename T>
-__device__ __forceinline__ void load_tile_async(u32 smem_base, const T* gmem, index_t row_stride,
+// Asynchronously copy kRows rows of kRowBytes bytes (row r at gmem + r * row_stride bytes) into
+// shared memory, 16 B chunk c of row r at smem_base + Layout::chunk_offset(r, c) (the layout's
+// swizzle); rows >= rows_valid are zero-filled. All kThreads threads call it; thread tid always
+// owns chunk column tid % (kRowBytes / 16). Every tile loader of flashkit is this with a layout.
+template <int kRows, int kRowBytes, int kThreads, class Layout>
+__device__ __forceinline__ void load_rows_async(u32 smem_base, const u8* gmem, index_t row_stride,
                                                 int rows_valid, int tid) {
-    constexpr int kChunkElems = kChunkBytes / sizeof(T);
-    constexpr int kRowChunks = kCols / kChunkElems;
+    constexpr int kRowChunks = kRowBytes / kChunkBytes;
     constexpr int kRowsPerPass = kThreads / kRowChunks;
-    constexpr int kPasses = kRows / kRowsPerPass;
-    static_assert(kRows % kRowsPerPass == 0, "tile rows split evenly over passes");
+    static_assert(kThreads % kRowChunks == 0 && kRows % kRowsPerPass == 0, "tile loads split evenly");
     const int chunk = tid % kRowChunks;
     const int row0 = tid / kRowChunks;
     // One running pointer (not one per pass) keeps the loop-invariant state to 2 registers.
-    const T* src = gmem + row0 * row_stride + chunk * kChunkElems;
+    const u8* src = gmem + row0 * row_stride + chunk * kChunkBytes;
     const index_t pass_stride = kRowsPerPass * row_stride;
 #pragma unroll
-    for (int pass = 0; pass < kPasses; ++pass) {
+    for (int pass = 0; pass < kRows / kRowsPerPass; ++pass) {
         const int row = row0 + pass * kRowsPerPass;
         const bool valid = row < rows_valid;
-        const int dst = swizzle_offset<kCols, kChunkElems>(row, chunk * kChunkElems);
         // Out-of-range rows read nothing (zero-fill); keep the address in range anyway.
-        cp_async_16(smem_base + dst * sizeof(T), valid ? src : gmem, valid);
+        cp_async_16(smem_base + Layout::chunk_offset(row, chunk), valid ? src : gmem, valid);
         src += pass_stride;
     }
+}
+
+// The swizzled (kRows x kCols) tile of elements T that ldmatrix reads (swizzle_offset).
+template <int kCols, typename T>
+struct SwizzledTile {
+    static constexpr int kChunkElems = kChunkBytes / sizeof(T);
+    __device__ __forceinline__ static int chunk_offset(int row, int chunk) {
+        return swizzle_offset<kCols, kChunkElems>(row, chunk * kChunkElems) * static_cast<int>(sizeof(T));
+    }
+};
+
+// load_rows_async of a SwizzledTile, with the pointer and row stride in elements.
+template <int kRows, int kCols, int kThreads, typename T>
+__device__ __forceinline__ void load_tile_async(u32 smem_base, const T* gmem, index_t row_stride,
+                                                int rows_valid, int tid) {
+    load_rows_async<kRows, kCols * static_cast<int>(sizeof(T)), kThreads, SwizzledTile<kCols, T>>(
+        smem_base, reinterpret_cast<const u8*>(gmem), row_stride * static_cast<index_t>(sizeof(T)), rows_valid, tid);
 }
 
 // Per-thread column offsets (elements) for ldmatrix over a swizzled tile whose row index

@@ -72,15 +72,21 @@ struct KMajorTile {
         return panel * kPanelSize + row * kPanelBytes + c * kChunkBytes;
     }
 
+    // A descriptor of this layout: start address, leading byte offset (already in 16 B units),
+    // the stride byte offset of one swizzle pattern (8 rows), and the swizzle mode.
+    __device__ __forceinline__ static u64 encode(u32 addr, u32 leading_units) {
+        constexpr u32 kStride = kSwizzleRepeatRows * kPanelBytes;
+        return (static_cast<u64>((addr & kDescAddrMask) >> kDescAddrShift)) |
+               (static_cast<u64>(leading_units) << kDescLeadingShift) |
+               (static_cast<u64>(kStride >> kDescAddrShift) << kDescStrideShift) |
+               (Swizzle<kPanelBytes>::kMode << kDescSwizzleShift);
+    }
+
     // Descriptor of the (64 or N) x 32 B slab at rows [row0, ..), bytes [kbyte, kbyte + 32):
     // the start moves within the panel (the hardware swizzles the final address), the leading
     // byte offset is unused by swizzled K-major layouts (1 by convention).
     __device__ __forceinline__ static u64 desc(u32 tile_base, int row0, int kbyte) {
-        const u32 addr = tile_base + (kbyte / kPanelBytes) * kPanelSize + row0 * kPanelBytes + kbyte % kPanelBytes;
-        return (static_cast<u64>((addr & kDescAddrMask) >> kDescAddrShift)) |
-               (static_cast<u64>(1) << kDescLeadingShift) |
-               (static_cast<u64>((kSwizzleRepeatRows * kPanelBytes) >> kDescAddrShift) << kDescStrideShift) |
-               (Swizzle<kPanelBytes>::kMode << kDescSwizzleShift);
+        return encode(tile_base + (kbyte / kPanelBytes) * kPanelSize + row0 * kPanelBytes + kbyte % kPanelBytes, 1);
     }
 
     // Descriptor of the same tile read MN-major (as a B operand with transpose-b): its rows are
@@ -89,32 +95,15 @@ struct KMajorTile {
     // byte offset to the next 8 rows of k (the swizzle pattern). 128 B panels only.
     __device__ __forceinline__ static u64 desc_mn_major(u32 tile_base, int k_row0) {
         static_assert(kPanelBytes == kMaxPanelBytes, "MN-major reads of 128 B panels");
-        const u32 addr = tile_base + k_row0 * kPanelBytes;
-        constexpr u32 kLeading = kPanelSize, kStride = kSwizzleRepeatRows * kPanelBytes;
-        return (static_cast<u64>((addr & kDescAddrMask) >> kDescAddrShift)) |
-               (static_cast<u64>(kLeading >> kDescAddrShift) << kDescLeadingShift) |
-               (static_cast<u64>(kStride >> kDescAddrShift) << kDescStrideShift) |
-               (Swizzle<kPanelBytes>::kMode << kDescSwizzleShift);
+        return encode(tile_base + k_row0 * kPanelBytes, kPanelSize >> kDescAddrShift);
     }
 
     // Asynchronously copy kRows rows (row r at gmem + r * row_stride) into the tile; rows >=
-    // rows_valid are zero-filled. kThreads threads, 16 B each per pass.
+    // rows_valid are zero-filled (tile.cuh's load_rows_async with this layout).
     template <int kThreads>
     __device__ __forceinline__ static void load_async(u32 tile_base, const u8* gmem, index_t row_stride,
                                                       int rows_valid, int tid) {
-        constexpr int kRowChunks = kRowBytes / kChunkBytes;
-        constexpr int kRowsPerPass = kThreads / kRowChunks;
-        static_assert(kThreads % kRowChunks == 0 && kRows % kRowsPerPass == 0, "tile loads split evenly");
-        const int chunk = tid % kRowChunks;
-        const int row0 = tid / kRowChunks;
-        const u8* src = gmem + row0 * row_stride + chunk * kChunkBytes;
-#pragma unroll
-        for (int pass = 0; pass < kRows / kRowsPerPass; ++pass) {
-            const int row = row0 + pass * kRowsPerPass;
-            const bool valid = row < rows_valid;
-            cp_async_16(tile_base + chunk_offset(row, chunk), valid ? src : gmem, valid);
-            src += kRowsPerPass * row_stride;
-        }
+        load_rows_async<kRows, kRowBytes, kThreads, KMajorTile>(tile_base, gmem, row_stride, rows_valid, tid);
     }
 };
 
