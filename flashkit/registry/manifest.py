@@ -17,9 +17,10 @@ NAME_RE = re.compile(r"^[a-z][a-z0-9_]*$")
 SYMBOL_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 FEATURES = ("causal", "block_sparse", "fp8", "backward", "lse", "gqa")
 GRID_KINDS = ("q_blocks", "heads", "score_tiles", "row_groups", "kv_tiles")
-WORKSPACE_KINDS = ("none", "scores", "running_state", "v_transposed")
+WORKSPACE_KINDS = ("none", "scores", "running_state", "v_transposed", "dq_accum")
 REQUIRED = ("name", "summary", "entry", "arch", "dtypes", "head_dims", "features", "launch")
-KNOWN = set(REQUIRED) | {"priority", "overrides", "workspace", "requires"}
+KNOWN = set(REQUIRED) | {"priority", "overrides", "workspace", "requires", "tensor_maps"}
+TENSOR_MAP_NAMES = ("q", "k", "v", "o")   # kernel arguments after Params, in this order
 
 
 def parse_cc(text: Any, where: str) -> tuple[int, int]:
@@ -77,6 +78,12 @@ class KernelSpec:
     launch: dict[str, int]
     overrides: dict[str, dict[str, int]] = field(default_factory=dict)
     workspace: str = "none"
+    tensor_maps: dict[str, int | str] = field(default_factory=dict)   # tensor -> box rows (int or launch key)
+
+    def tensor_map_rows(self, launch: dict[str, int]) -> dict[str, int]:
+        """Box rows of each tensor map the entry takes, in argument order, launch keys resolved."""
+        return {t: launch[r] if isinstance(r, str) else r
+                for t in TENSOR_MAP_NAMES if (r := self.tensor_maps.get(t)) is not None}
 
     def supports(self, feature: str) -> bool:
         return self.features.get(feature, False)
@@ -212,6 +219,12 @@ def _spec_from(path: Path, data: dict) -> KernelSpec:
     workspace = data.get("workspace", "none")
     if workspace not in WORKSPACE_KINDS:
         raise bad("workspace", f"one of {', '.join(WORKSPACE_KINDS)}")
+    tensor_maps = data.get("tensor_maps") or {}
+    if not isinstance(tensor_maps, dict) or any(
+            t not in TENSOR_MAP_NAMES or not ((isinstance(r, int) and r > 0) or r in ints)
+            for t, r in tensor_maps.items()):
+        raise bad("tensor_maps", f"a mapping of tensors ({', '.join(TENSOR_MAP_NAMES)}) to box rows "
+                                 "(a positive int or a launch key such as block_m)")
     priority = data.get("priority", 0)
     if not isinstance(priority, int):
         raise bad("priority", "an integer")
@@ -220,4 +233,4 @@ def _spec_from(path: Path, data: dict) -> KernelSpec:
         arch_min=arch_min, arch_max=arch_max, targets=targets, dtypes=tuple(dtypes), head_dims=head_dims,
         features={f: bool(features.get(f, False)) for f in FEATURES}, requires=dict(requires),
         priority=priority, launch=ints, overrides={str(k): dict(v) for k, v in overrides.items()},
-        workspace=workspace)
+        workspace=workspace, tensor_maps=dict(tensor_maps))

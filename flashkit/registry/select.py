@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from ..errors import UnsupportedError
+from ..runtime.tma import binding_missing
 from .manifest import KernelSpec
 
 
@@ -59,6 +60,10 @@ def reasons(spec: KernelSpec, req: Request) -> list[str]:
     for feat, wanted in asked.items():
         if wanted and not spec.supports(feat):
             out.append(f"{FEATURE_WORDS[feat]} not supported")
+    if spec.supports("backward") and not req.backward and "backward" not in spec.requires:
+        out.append("a backward kernel: serves attention_backward only")
+    if spec.tensor_maps and (missing := binding_missing()):
+        out.append(missing)
     for feat, needed in spec.requires.items():
         if asked[feat] != needed:
             state = "with" if needed else "without"

@@ -6,12 +6,13 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..dtypes import BY_NAME
+from ..dtypes import BY_NAME, dtype_of_storage
 from ..registry.manifest import KernelSpec
 from ..validate import Problem
 from .build import BuildConfig, LoadedKernel
 from .device import cupy_module
 from .params import make_params
+from .tma import array_geometry, encode
 
 LOG2E = 1.4426950408889634
 WARP_SIZE = 32
@@ -43,6 +44,10 @@ def workspace_bytes(kind: str, p: Problem, cfg: dict[str, int]) -> int:
         return p.batch * p.heads * p.seqlen_q * p.seqlen_k * FLOAT32_BYTES
     if kind == "running_state":
         return p.batch * p.heads * p.seqlen_q * (p.head_dim + RUNNING_STATE_EXTRA) * FLOAT32_BYTES
+    if kind == "dq_accum":   # backward: dq_accum, lse2, dsum over query rows padded to block_m, semaphores
+        m_blocks = -(-p.seqlen_q // cfg["block_m"])
+        rows = p.batch * p.heads * m_blocks * cfg["block_m"]
+        return (rows * (p.head_dim + 2) + p.batch * p.heads * m_blocks) * FLOAT32_BYTES
     return 0
 
 
@@ -79,9 +84,18 @@ def launch(spec: KernelSpec, loaded: LoadedKernel, config: BuildConfig, p: Probl
         head_dim=p.head_dim, softmax_scale=p.softmax_scale, softmax_scale_log2=p.softmax_scale * LOG2E,
         **io.extras)
     block = (cfg["warps"] * WARP_SIZE, 1, 1)
-    arg = params[()]
+    args = (params[()], *tensor_map_args(spec, cfg, p, io))
     for fn, kind in zip(loaded.functions, spec.grids):
         grid = grid_for(kind, p, cfg)
         if math.prod(grid) == 0:
             continue
-        fn(grid, block, (arg,), shared_mem=loaded.smem_bytes)
+        fn(grid, block, args, shared_mem=loaded.smem_bytes)
+
+
+def tensor_map_args(spec: KernelSpec, cfg: dict[str, int], p: Problem, io: LaunchInputs) -> list:
+    """The CUtensorMaps a variant's manifest asks for, in argument order (encoded once per geometry)."""
+    out_dtype = dtype_of_storage(io.out.dtype)
+    arrays = {"q": (io.q, p.dtype), "k": (io.k, p.dtype), "v": (io.v, p.dtype),
+              "o": (io.out, out_dtype.name if out_dtype else p.dtype)}
+    return [encode(array_geometry(arrays[t][0], arrays[t][1], rows))
+            for t, rows in spec.tensor_map_rows(cfg).items()]

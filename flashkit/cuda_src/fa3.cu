@@ -1,0 +1,39 @@
+/*---
+name: fa3
+summary: FlashAttention-3 forward on Hopper (sm_90a) - TMA producer warp, ping-pong consumer warpgroups on wgmma
+entry: flashkit_fa3_fwd
+arch: {min: "9.0", max: "9.0", targets: {"9.0": sm_90a}}
+dtypes: [float16, bfloat16]
+head_dims: [64, 128, 256]
+features: {causal: true, block_sparse: false, fp8: false, backward: false, lse: true, gqa: true}
+priority: 80
+launch: {grid: q_blocks, block_m: 128, block_n: 128, warps: 12, stages: 2}   # 1 producer + 2 consumer warpgroups
+overrides: {"hd256": {block_n: 64}}
+tensor_maps: {q: block_m, k: block_n, v: block_n, o: 64}   # box rows; o: one consumer's 64 rows
+workspace: none
+---*/
+// FlashAttention-3's forward (sections 3.1-3.2 of the paper) on the warp-specialized Hopper core
+// (include/flashkit/hopper/): a producer warp streams Q, K and V with TMA through mbarrier stage
+// rings; consumer warpgroups of 64 query rows run S = Q K^T and O += P V on wgmma, their softmax
+// under each other's products (ping-pong) and under their own P V; O leaves by TMA store.
+// This file picks the mask (causal or none) and the tile order (causal: heaviest blocks first).
+#include "flashkit/hopper/ws_forward.cuh"
+
+typedef flashkit::hopper::WsTraits<flashkit::Element, FLASHKIT_HEAD_DIM, FLASHKIT_BLOCK_M, FLASHKIT_BLOCK_N,
+                                   FLASHKIT_STAGES>
+    Traits;
+typedef flashkit::DenseMask<FLASHKIT_CAUSAL, Traits::kBlockM, Traits::kBlockN>::type FwdMask;
+static_assert(FLASHKIT_WARPS * flashkit::kWarpSize == Traits::kThreads, "warps: a producer and kBlockM / 64 consumers");
+
+FLASHKIT_EXPORT_SMEM_BYTES(Traits::kSmemBytes);
+
+extern "C" __global__ void __launch_bounds__(Traits::kThreads, 1)
+    flashkit_fa3_fwd(const flashkit::Params params, const __grid_constant__ flashkit::hopper::TensorMap q_map,
+                     const __grid_constant__ flashkit::hopper::TensorMap k_map,
+                     const __grid_constant__ flashkit::hopper::TensorMap v_map,
+                     const __grid_constant__ flashkit::hopper::TensorMap o_map) {
+    // Causal blocks further down see more keys: launch them first.
+    const int m_block = FLASHKIT_CAUSAL ? gridDim.x - 1 - blockIdx.x : blockIdx.x;
+    flashkit::hopper::ws_forward<Traits, FwdMask>(params, {q_map, k_map, v_map, o_map}, m_block, blockIdx.y,
+                                                  blockIdx.z);
+}

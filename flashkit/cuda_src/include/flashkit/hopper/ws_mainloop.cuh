@@ -1,0 +1,171 @@
+// One consumer warpgroup of the warp-specialized Hopper forward: the products, the softmax and
+// their order (FlashAttention-3, sections 3.1-3.2). Per visited K/V tile i (keys [n0, n0 + kBlockN)):
+//   S_i = Q K_i^T              wgmma m64 n{kBlockN} k16, Q and K_i from shared memory (K-major)
+//   S_i = -inf where masked    only on the tiles the mask says cross a boundary
+//   {m, l}, P_i = exp2(S_i c - m c)   OnlineSoftmax (c = softmax_scale log2 e); O owes alpha
+//   O += P_i V_i               wgmma m64 n{kHeadDim} k16, P from registers (A), V_i read MN-major
+// Order, with i - 1's P V still owed:
+//   wait turn (ping-pong); issue S_i, then O += P_{i-1} V_{i-1}; pass the turn
+//   wait S_i; hand K_i back; softmax of S_i     (under P_{i-1} V_{i-1} and the other warpgroup's products)
+//   wait P V; hand V_{i-1} back; O *= alpha_i; P_i -> 16-bit A fragments
+// The ping-pong (named barriers, one per consumer) makes the warpgroups issue their products in
+// turn, so that one warpgroup's softmax runs while the tensor cores serve the other's products.
+#pragma once
+
+#include "flashkit/hopper/ws_traits.cuh"
+#include "flashkit/mask.cuh"
+#include "flashkit/mma.cuh"
+#include "flashkit/softmax.cuh"
+
+namespace flashkit {
+namespace hopper {
+
+// Consumers issue their tensor-core work in the cyclic order 0, 1, .., kConsumers - 1, 0, ...:
+// consumer c waits on its barrier (completed by its predecessor's pass) and passes to c + 1.
+template <int kConsumers>
+struct PingPong {
+    static constexpr int kPairThreads = 2 * gmma::kWarpgroupThreads;   // one waiter, one passer
+    int me;
+
+    __device__ __forceinline__ explicit PingPong(int consumer) : me(consumer) {}
+    // Consumer 0 goes first: the last consumer opens its turn.
+    __device__ __forceinline__ void start() const {
+        if (me == kConsumers - 1) named_arrive(kSchedulerBarrierBase, kPairThreads);
+    }
+    __device__ __forceinline__ void wait_turn() const { named_sync(kSchedulerBarrierBase + me, kPairThreads); }
+    __device__ __forceinline__ void pass_turn() const {
+        named_arrive(kSchedulerBarrierBase + (me + 1) % kConsumers, kPairThreads);
+    }
+    // After the last product: consumer 0 takes the turn the last consumer's final pass opened,
+    // so that no barrier is left half-arrived.
+    __device__ __forceinline__ void finish() const {
+        if (me == 0) wait_turn();
+    }
+};
+
+template <class Kt, class Mask>
+struct WsMainloop {
+    typedef typename Kt::Element Element;
+    typedef typename Kt::QTile QTile;
+    typedef typename Kt::KTile KTile;
+    typedef typename Kt::Ring Ring;
+    static constexpr int kBN = Kt::kBlockN;
+
+    const Mask& mask;
+    u32 q_tile;          // this consumer's 64 rows start at row 64 * consumer of the Q tile
+    u32 k_tiles, v_tiles;
+    int q_row0;          // first Q tile row of this consumer
+    float scale_log2;
+    float acc_o[1][Kt::kDTiles][4];
+    float s[1][Kt::kNTiles][4];        // S_i, then its P (floats)
+    u32 p_frag[Kt::kPVSteps][4];       // 16-bit P of the tile being multiplied (wgmma A operand)
+    float alpha[1][2];                 // what O owes before its next product
+    OnlineSoftmax<1> softmax;
+
+    __device__ __forceinline__ WsMainloop(const Mask& mask_, u32 smem, int consumer, float scale_log2_)
+        : mask(mask_), q_tile(smem + Kt::kQOffset), k_tiles(smem + Kt::kKOffset), v_tiles(smem + Kt::kVOffset),
+          q_row0(consumer * gmma::kWarpgroupRows), scale_log2(scale_log2_) {
+#pragma unroll
+        for (int nd = 0; nd < Kt::kDTiles; ++nd)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) acc_o[0][nd][e] = 0.f;
+        softmax.init();
+    }
+
+    // S_i = Q K_i^T (asynchronous; the first k-step overwrites s).
+    __device__ __forceinline__ void issue_scores(int i) {
+        const u32 k_tile = k_tiles + Ring::stage(i) * Kt::kStageBytes;
+        gmma::fence();
+#pragma unroll
+        for (int kk = 0; kk < Kt::kQKSteps; ++kk)
+            gmma::Mma<Element, kBN>::ss(s[0], QTile::desc(q_tile, q_row0, kk * gmma::kKBytes),
+                                        KTile::desc(k_tile, 0, kk * gmma::kKBytes), kk > 0);
+        gmma::commit();
+    }
+
+    // O += P V_i (asynchronous; p_frag stays untouched until it completes). k-step kk: keys
+    // kStepKeys kk .. + kStepKeys - 1, rows of the V tile.
+    __device__ __forceinline__ void issue_pv(int i) {
+        const u32 v_tile = v_tiles + Ring::stage(i) * Kt::kStageBytes;
+        gmma::fence();
+#pragma unroll
+        for (int kk = 0; kk < Kt::kPVSteps; ++kk)
+            gmma::MmaBT<Element, Kt::kHeadDim>::rs(acc_o[0], p_frag[kk],
+                                                   KTile::desc_mn_major(v_tile, kk * Kt::kStepKeys), 1);
+        gmma::commit();
+    }
+
+    // S_i (landed) -> P_i in place, and alpha; keys of tile n_block, thread's rows from row0.
+    template <bool kMasked>
+    __device__ __forceinline__ void softmax_step(int n_block, int row0, int col_lane) {
+        gmma::fence_accumulators(s[0]);
+        if constexpr (kMasked) apply_mask(mask, s, row0, n_block * kBN + col_lane);
+        softmax.update_max(s, alpha, scale_log2);
+        softmax.exponentiate(s, scale_log2);
+    }
+
+    // After the previous P V completed: O *= alpha, and P (s) -> 16-bit A fragments.
+    __device__ __forceinline__ void rescale_and_pack() {
+        gmma::fence_accumulators(acc_o[0]);
+        OnlineSoftmax<1>::rescale_if_owed(acc_o, alpha);
+#pragma unroll
+        for (int kk = 0; kk < Kt::kPVSteps; ++kk) pack_a_fragment<Element>(p_frag[kk], s[0], kk);
+    }
+};
+
+// Visit i >= 1 of a consumer: S_i and P_{i-1} V_{i-1} issued in this consumer's turn, the softmax
+// of S_i under P_{i-1} V_{i-1}.
+template <bool kMasked, class Loop, class Turn>
+__device__ __forceinline__ void consumer_step(Loop& loop, const Turn& turn, const typename Loop::Ring& k_ring,
+                                              const typename Loop::Ring& v_ring, int i, int n_blocks, int row0,
+                                              int col_lane) {
+    k_ring.wait_full(i);
+    v_ring.wait_full(i - 1);
+    turn.wait_turn();
+    loop.issue_scores(i);
+    loop.issue_pv(i - 1);
+    turn.pass_turn();
+    gmma::wait<1>();   // S_i landed; P_{i-1} V_{i-1} still running
+    k_ring.release(i);
+    loop.template softmax_step<kMasked>(loop.mask.kv_block(n_blocks - 1 - i), row0, col_lane);
+    gmma::wait<0>();
+    v_ring.release(i - 1);
+    loop.rescale_and_pack();
+}
+
+// The whole main loop of one consumer over the block's n_blocks visited tiles (n_blocks > 0):
+// visit i is tile mask.kv_block(n_blocks - 1 - i); the first num_masked_blocks() visits need the
+// element mask. Masked and unmasked visits run in two copies of the step and the last P V is
+// peeled: a branch between the wgmma waits would make ptxas wait for every product in flight.
+template <class Kt, class Loop, class Turn>
+__device__ __forceinline__ void consumer_mainloop(Loop& loop, const Turn& turn, const typename Kt::Ring& k_ring,
+                                                  const typename Kt::Ring& v_ring, u32 q_full, int n_blocks,
+                                                  int row0, int col_lane) {
+    const int n_masked = loop.mask.num_masked_blocks();
+    turn.start();
+    mbarrier_wait(q_full, 0);
+    k_ring.wait_full(0);
+    turn.wait_turn();
+    loop.issue_scores(0);
+    turn.pass_turn();
+    gmma::wait<0>();
+    k_ring.release(0);
+    if (n_masked > 0) loop.template softmax_step<true>(loop.mask.kv_block(n_blocks - 1), row0, col_lane);
+    else loop.template softmax_step<false>(loop.mask.kv_block(n_blocks - 1), row0, col_lane);
+    loop.rescale_and_pack();
+    int i = 1;
+    for (; i < n_blocks && i < n_masked; ++i)
+        consumer_step<true>(loop, turn, k_ring, v_ring, i, n_blocks, row0, col_lane);
+    for (; i < n_blocks; ++i) consumer_step<false>(loop, turn, k_ring, v_ring, i, n_blocks, row0, col_lane);
+    v_ring.wait_full(n_blocks - 1);
+    turn.wait_turn();
+    loop.issue_pv(n_blocks - 1);
+    turn.pass_turn();
+    gmma::wait<0>();
+    v_ring.release(n_blocks - 1);
+    gmma::fence_accumulators(loop.acc_o[0]);
+    turn.finish();
+}
+
+}  // namespace hopper
+}  // namespace flashkit

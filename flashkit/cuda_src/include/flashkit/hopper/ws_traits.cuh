@@ -1,0 +1,82 @@
+// Tile geometry, thread roles, register budgets and shared-memory layout of the warp-specialized
+// Hopper forward (FlashAttention-3's design; fa3.cu).
+//
+// One CTA: one producer warpgroup (its first warp issues every TMA load) and kConsumers = kBlockM / 64
+// consumer warpgroups, consumer c owning query rows [64 c, 64 c + 64) of the block. Warp w of a
+// consumer owns rows [16 w, 16 w + 16) of those, so the mma.sync fragment conventions (apply_mask,
+// OnlineSoftmax, pack_a_fragment) serve unchanged. Shared memory, each tile 1024 B aligned in
+// gmma::KMajorTile's layout (what TMA's 128 B swizzle writes, one 128 B panel per box):
+//   [ Q: kBlockM rows | K: kStages tiles of kBlockN rows | V: likewise | mbarriers ]
+// Each consumer stages its O in its own Q rows for the TMA store.
+#pragma once
+
+#include "flashkit/hopper/pipeline.cuh"
+#include "flashkit/hopper/tma.cuh"
+#include "flashkit/wgmma.cuh"
+
+namespace flashkit {
+namespace hopper {
+
+// Named barrier ids: 0 is __syncthreads; then one scheduling barrier per consumer (ping-pong),
+// then one epilogue barrier per consumer.
+constexpr int kSchedulerBarrierBase = 1;
+constexpr int kMaxConsumers = 3;
+constexpr int kEpilogueBarrierBase = kSchedulerBarrierBase + kMaxConsumers;
+constexpr int kRegisterFile = 65536;   // 32-bit registers of one SM
+
+template <typename Element_, int kHeadDim_, int kBlockM_, int kBlockN_, int kStages_>
+struct WsTraits {
+    typedef Element_ Element;
+    typedef Element_ OutT;
+    static constexpr int kElemBytes = static_cast<int>(sizeof(Element));
+    static constexpr int kHeadDim = kHeadDim_;
+    static constexpr int kBlockM = kBlockM_;
+    static constexpr int kBlockN = kBlockN_;
+    static constexpr int kStages = kStages_;
+
+    static constexpr int kConsumers = kBlockM / gmma::kWarpgroupRows;
+    static constexpr int kConsumerThreads = kConsumers * gmma::kWarpgroupThreads;
+    static constexpr int kThreads = kConsumerThreads + gmma::kWarpgroupThreads;   // + the producer warpgroup
+    // setmaxnreg budgets (multiples of 8): the producer keeps a few, the consumers share the rest.
+    static constexpr int kProducerRegs = kConsumers == 2 ? 24 : 32;
+    static constexpr int kConsumerRegs = kConsumers == 2 ? 240 : 160;
+
+    static constexpr int kWarpRows = kMmaM;
+    static constexpr int kMTiles = 1;
+    static constexpr int kNTiles = kBlockN / kMmaN;          // 8-key column tiles of S
+    static constexpr int kDTiles = kHeadDim / kMmaN;         // 8-wide column tiles of O
+    static constexpr int kRowBytes = kHeadDim * kElemBytes;
+    static constexpr int kQKSteps = kRowBytes / gmma::kKBytes;
+    static constexpr int kPVSteps = kBlockN * kElemBytes / gmma::kKBytes;
+    static constexpr int kStepKeys = gmma::kKBytes / kElemBytes;   // keys per k-step of P V
+    static constexpr int kPanelElems = kTmaPanelBytes / kElemBytes;
+    static constexpr int kPanels = kRowBytes / kTmaPanelBytes;
+
+    typedef gmma::KMajorTile<kBlockM, kRowBytes> QTile;
+    typedef gmma::KMajorTile<kBlockN, kRowBytes> KTile;   // V tiles share K's layout (read MN-major)
+    typedef StageRing<kStages> Ring;
+
+    __host__ __device__ static constexpr int align(int bytes) {
+        return (bytes + gmma::kTileAlign - 1) / gmma::kTileAlign * gmma::kTileAlign;
+    }
+    static constexpr int kQOffset = 0;
+    static constexpr int kKOffset = align(QTile::kBytes);
+    static constexpr int kStageBytes = align(KTile::kBytes);
+    static constexpr int kVOffset = kKOffset + kStages * kStageBytes;
+    static constexpr int kQBarOffset = kVOffset + kStages * kStageBytes;
+    static constexpr int kKRingOffset = kQBarOffset + kBarrierBytes;
+    static constexpr int kVRingOffset = kKRingOffset + Ring::kBytes;
+    static constexpr int kSmemBytes = kVRingOffset + Ring::kBytes + gmma::kTileAlign;   // + alignment slack
+
+    static_assert(kConsumers >= 2 && kConsumers <= kMaxConsumers, "2 or 3 consumer warpgroups");
+    static_assert(kBlockM == kConsumers * gmma::kWarpgroupRows, "64 query rows per consumer warpgroup");
+    static_assert(kBlockN == 64 || kBlockN == 128 || kBlockN == 256, "K/V tiles of 64, 128 or 256 keys");
+    static_assert(kElemBytes == 2, "16-bit inputs (fp8 drives its own precision policy)");
+    static_assert(kRowBytes % kTmaPanelBytes == 0, "rows of whole 128 B panels");
+    static_assert((kProducerRegs + kConsumers * kConsumerRegs) * gmma::kWarpgroupThreads <= kRegisterFile,
+                  "register budgets fit the register file");
+    static_assert(kSmemBytes <= 227 * 1024, "shared memory of one CTA");
+};
+
+}  // namespace hopper
+}  // namespace flashkit
