@@ -1,6 +1,7 @@
 """flashkit: attention kernels for NVIDIA GPUs, compiled at run time through CuPy/NVRTC."""
 
 from .api import attention, explain, variants
+from .backward import attention_backward
 from .errors import CompileError, DeviceError, FlashkitError, InputError, ManifestError, UnsupportedError
 
 __version__ = "0.1.0"
@@ -17,5 +18,5 @@ def __getattr__(name: str):
     raise AttributeError(f"module 'flashkit' has no attribute {name!r}")
 
 
-__all__ = ["attention", "explain", "variants", "BlockMask", "quantize_fp8", "FlashkitError", "InputError",
+__all__ = ["attention", "attention_backward", "explain", "variants", "BlockMask", "quantize_fp8", "FlashkitError", "InputError",
            "UnsupportedError", "ManifestError", "CompileError", "DeviceError", "__version__"]

@@ -12,10 +12,29 @@ INTS = ("batch", "heads", "kv_heads", "seqlen_q", "seqlen_k", "head_dim",
         "scale_block_rows", "q_scale_blocks", "k_scale_blocks")
 FLOATS = ("softmax_scale", "softmax_scale_log2")
 
+# The backward's nested block (`BwdParams bwd`, appended last so every forward offset is unchanged).
+BWD_POINTERS = ("dout", "dq", "dk", "dv")
+BWD_STRIDES = tuple(f"{t}_{s}_stride" for t in ("do", "dq", "dk", "dv") for s in ("batch", "row", "head"))
+BWD_INTS = ("deterministic",)
+BWD_DTYPE = np.dtype([(n, np.uint64) for n in BWD_POINTERS] + [(n, np.int64) for n in BWD_STRIDES]
+                     + [(n, np.int32) for n in BWD_INTS], align=True)
+
 # align=True lays the fields out as a C compiler does (natural alignment, padded to 8).
 PARAMS_DTYPE = np.dtype(
     [(n, np.uint64) for n in POINTERS] + [(n, np.int64) for n in STRIDES]
-    + [(n, np.int32) for n in INTS] + [(n, np.float32) for n in FLOATS], align=True)
+    + [(n, np.int32) for n in INTS] + [(n, np.float32) for n in FLOATS] + [("bwd", BWD_DTYPE)], align=True)
+
+
+def flat_fields(dtype: np.dtype = PARAMS_DTYPE, prefix: str = "", base: int = 0):
+    """(dotted name, scalar dtype, absolute offset) of every leaf field, nested blocks flattened ('bwd.dq')."""
+    out = []
+    for name in dtype.names:
+        sub, off = dtype.fields[name][:2]
+        if sub.names:
+            out += flat_fields(sub, f"{prefix}{name}.", base + off)
+        else:
+            out.append((f"{prefix}{name}", sub, base + off))
+    return out
 
 
 def make_params(**fields) -> np.ndarray:
@@ -24,5 +43,13 @@ def make_params(**fields) -> np.ndarray:
     for name, value in fields.items():
         if name not in PARAMS_DTYPE.names:
             raise KeyError(f"Params has no field {name!r}")
-        block[name] = value
+        sub = PARAMS_DTYPE.fields[name][0]
+        if sub.names:   # a nested block, given as a dict of its fields
+            unknown = set(value) - set(sub.names)
+            if unknown:
+                raise KeyError(f"Params.{name} has no field {sorted(unknown)[0]!r}")
+            for key, item in value.items():
+                block[name][key] = item
+        else:
+            block[name] = value
     return block

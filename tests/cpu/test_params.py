@@ -10,17 +10,21 @@ import pytest
 from flashkit.errors import CompileError
 from flashkit.runtime.build import INCLUDE_DIR
 from flashkit.runtime.nvrtc import compile_cubin, nvrtc_version
-from flashkit.runtime.params import PARAMS_DTYPE, make_params
+from flashkit.runtime.params import PARAMS_DTYPE, flat_fields, make_params
 
 PARAMS_CUH = INCLUDE_DIR / "flashkit" / "params.cuh"
 C_SIZES = {"index_t": 8, "int": 4, "float": 4}    # pointers are 8
 
 
-def struct_fields() -> list[tuple[str, str]]:
-    """(name, C type) of each member of struct Params, in declaration order, comments stripped."""
+NESTED = {"BwdParams"}                           # nested blocks, flattened to dotted names ("bwd.dq")
+FLAT = {n: (t, off) for n, t, off in flat_fields()}
+
+
+def struct_fields(struct: str = "Params", prefix: str = "") -> list[tuple[str, str]]:
+    """(name, C type) of each member of a struct, in declaration order, comments stripped; nested ones flattened."""
     text = PARAMS_CUH.read_text()
-    body = re.search(r"struct\s+Params\s*\{(.*?)\n\};", text, re.S)
-    assert body, "struct Params not found in params.cuh"
+    body = re.search(rf"struct\s+{struct}\s*\{{(.*?)\n\}};", text, re.S)
+    assert body, f"struct {struct} not found in params.cuh"
     code = re.sub(r"//[^\n]*|/\*.*?\*/", "", body.group(1), flags=re.S)
     fields = []
     for decl in code.split(";"):
@@ -33,7 +37,10 @@ def struct_fields() -> list[tuple[str, str]]:
         for name in m.group(2).split(","):
             name = name.strip()
             pointer = name.startswith("*")
-            fields.append((name.lstrip("*").strip(), ctype + ("*" if pointer else "")))
+            if ctype in NESTED:
+                fields += struct_fields(ctype, f"{prefix}{name}.")
+                continue
+            fields.append((prefix + name.lstrip("*").strip(), ctype + ("*" if pointer else "")))
     return fields
 
 
@@ -45,12 +52,13 @@ def test_struct_parses_into_many_fields():
 
 
 def test_field_order_matches_the_numpy_mirror():
-    assert [n for n, _ in struct_fields()] == list(PARAMS_DTYPE.names)
+    assert [n for n, _ in struct_fields()] == list(FLAT)
+    assert ("bwd.dq", "void*") in struct_fields() and PARAMS_DTYPE.names[-1] == "bwd"
 
 
 def test_field_sizes_and_kinds_match():
     for name, ctype in struct_fields():
-        np_type = PARAMS_DTYPE.fields[name][0]
+        np_type = FLAT[name][0]
         if ctype.endswith("*"):
             assert np_type == np.uint64, f"{name}: a pointer is carried as uint64, got {np_type}"
         elif ctype == "float":
@@ -66,8 +74,7 @@ def test_field_sizes_and_kinds_match():
 
 def layout_asserts(dtype: np.dtype) -> str:
     lines = ['#include "flashkit/params.cuh"', "typedef flashkit::Params Params;"]
-    for name in dtype.names:
-        np_type, offset = dtype.fields[name][:2]
+    for name, np_type, offset in flat_fields(dtype):
         lines.append(f"static_assert(__builtin_offsetof(Params, {name}) == {offset}, \"offset of {name}\");")
         lines.append(f"static_assert(sizeof(((Params*)0)->{name}) == {np_type.itemsize}, \"size of {name}\");")
     lines.append(f"static_assert(sizeof(Params) == {dtype.itemsize}, \"sizeof(Params)\");")
@@ -104,7 +111,8 @@ def test_the_layout_check_can_fail():
     if why:
         pytest.skip(why)
     names = list(PARAMS_DTYPE.names)
-    names[-1], names[-2] = names[-2], names[-1]                  # swap two floats: same size, new offsets
+    i, j = names.index("softmax_scale"), names.index("softmax_scale_log2")
+    names[i], names[j] = names[j], names[i]                      # swap two floats: same size, new offsets
     formats = [PARAMS_DTYPE.fields[n][0] for n in names]
     swapped = np.dtype({"names": names, "formats": formats,
                         "offsets": [PARAMS_DTYPE.fields[n][1] for n in PARAMS_DTYPE.names],
@@ -120,8 +128,9 @@ def ptx_layout() -> tuple[dict[str, tuple[int, int]], int, int]:
     alignment and each load's offset and width. Works on any NVRTC, no builtins needed.
     """
     from cupy.cuda import nvrtc
-    kernels = [f'extern "C" __global__ void probe_{n}(const flashkit::Params p, unsigned long long* out) '
-               f"{{ out[0] = (unsigned long long)(p.{n}); }}" for n in PARAMS_DTYPE.names]
+    ident = lambda n: n.replace(".", "_")  # noqa: E731
+    kernels = [f'extern "C" __global__ void probe_{ident(n)}(const flashkit::Params p, unsigned long long* out) '
+               f"{{ out[0] = (unsigned long long)(p.{n}); }}" for n in FLAT]
     source = '#include "flashkit/params.cuh"\n' + "\n".join(kernels) + "\n"
     prog = nvrtc.createProgram(source, "params_ptx.cu", [], [])
     try:
@@ -131,9 +140,9 @@ def ptx_layout() -> tuple[dict[str, tuple[int, int]], int, int]:
         nvrtc.destroyProgram(prog)
     ptx = ptx.decode() if isinstance(ptx, bytes) else ptx
     layout, sizes = {}, set()
-    for n in PARAMS_DTYPE.names:
-        decl = re.search(rf"\.param \.align (\d+) \.b8 probe_{n}_param_0\[(\d+)\]", ptx)
-        load = re.search(rf"ld\.param\.[a-z](\d+)\s+%\w+, \[probe_{n}_param_0(?:\+(\d+))?\]", ptx)
+    for n in FLAT:
+        decl = re.search(rf"\.param \.align (\d+) \.b8 probe_{ident(n)}_param_0\[(\d+)\]", ptx)
+        load = re.search(rf"ld\.param\.[a-z](\d+)\s+%\w+, \[probe_{ident(n)}_param_0(?:\+(\d+))?\]", ptx)
         assert decl and load, f"no parameter declaration or load for {n} in the PTX"
         sizes.add((int(decl.group(2)), int(decl.group(1))))
         layout[n] = (int(load.group(2) or 0), int(load.group(1)) // 8)
@@ -144,7 +153,7 @@ def ptx_layout() -> tuple[dict[str, tuple[int, int]], int, int]:
 
 def test_offsets_from_ptx():
     layout, size, align = ptx_layout()
-    want = {n: (PARAMS_DTYPE.fields[n][1], PARAMS_DTYPE.fields[n][0].itemsize) for n in PARAMS_DTYPE.names}
+    want = {n: (off, t.itemsize) for n, (t, off) in FLAT.items()}
     wrong = {n: (layout[n], want[n]) for n in want if layout[n] != want[n]}
     assert not wrong, f"(offset, bytes) in C vs NumPy: {wrong}"
     assert (size, align) == (PARAMS_DTYPE.itemsize, PARAMS_DTYPE.alignment)

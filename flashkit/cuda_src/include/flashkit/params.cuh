@@ -12,6 +12,20 @@ namespace flashkit {
 
 typedef long long index_t;
 
+// The backward pass (attention_backward): dO in, dQ / dK / dV out, all (batch, seqlen, heads, head_dim)
+// with strides in elements; q, k, v, o (the forward's output) and lse (its log-sum-exp) are Params' own.
+struct BwdParams {
+    const void* dout;
+    void* dq;
+    void* dk;
+    void* dv;
+    index_t do_batch_stride, do_row_stride, do_head_stride;
+    index_t dq_batch_stride, dq_row_stride, dq_head_stride;
+    index_t dk_batch_stride, dk_row_stride, dk_head_stride;
+    index_t dv_batch_stride, dv_row_stride, dv_head_stride;
+    int deterministic;           // 1: dQ's per-key-block adds run in key-block order (bit-identical)
+};
+
 struct Params {
     // Layout (batch, seqlen, heads, head_dim); the last dimension is contiguous.
     const void* q;
@@ -44,6 +58,8 @@ struct Params {
 
     float softmax_scale;         // S = softmax_scale * Q K^T
     float softmax_scale_log2;    // softmax_scale * log2(e), for exp2-based softmax
+
+    BwdParams bwd;               // the backward's gradients (zero in forward calls)
 };
 
 }  // namespace flashkit

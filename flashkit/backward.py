@@ -1,0 +1,94 @@
+"""attention_backward: the gradients of flashkit.attention, on the same path (validate -> select -> build -> launch)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .api import _aligned
+from .arrays import ArrayMeta, describe, to_cupy
+from .dtypes import BY_NAME
+from .errors import InputError
+from .registry import Request, discover_kernels, select_kernel
+from .runtime.build import build_module, make_config
+from .runtime.device import cupy_module, device_info
+from .runtime.launch import LaunchInputs, launch
+from .validate import Problem, check_flag, validate_inputs
+
+LSE_DTYPE = "float32"
+
+
+def attention_backward(dout: Any, q: Any, k: Any, v: Any, out: Any, lse: Any, *, causal: bool = False,
+                       softmax_scale: float | None = None, deterministic: bool = False,
+                       variant: str | None = None):
+    """(dq, dk, dv) of out = attention(q, k, v, causal=..., softmax_scale=...) for the upstream gradient dout.
+
+    out and lse are the forward's output and log-sum-exp (`attention(..., return_lse=True)`); dk and dv
+    are summed over each kv head's group of query heads (GQA/MQA). deterministic=True makes every
+    gradient bit-identical run to run (dQ's per-key-block sums are added in a fixed order).
+    Returns CuPy arrays shaped like q, k, v.
+    """
+    causal, deterministic = check_flag(causal, "causal"), check_flag(deterministic, "deterministic")
+    if variant is not None and not isinstance(variant, str):
+        raise InputError(f"variant: expected a variant name (str), got {type(variant).__name__}")
+    problem = validate_inputs(describe(q, "q"), describe(k, "k"), describe(v, "v"), softmax_scale)
+    q_meta = describe(q, "q")
+    for x, name in ((dout, "dout"), (out, "out")):
+        _check_like_q(describe(x, name), q_meta)
+    _check_lse(describe(lse, "lse"), problem, q_meta)
+    req = Request(dtype=problem.dtype, head_dim=problem.head_dim, seqlen_q=problem.seqlen_q,
+                  seqlen_k=problem.seqlen_k, heads=problem.heads, kv_heads=problem.kv_heads, batch=problem.batch,
+                  causal=causal, backward=True, cc=device_info().cc)
+    spec = select_kernel(req, discover_kernels().specs, variant).chosen
+
+    cupy = cupy_module()
+    qc, kc, vc, doc, oc = (_aligned(to_cupy(x, n)) for x, n in
+                           ((q, "q"), (k, "k"), (v, "v"), (dout, "dout"), (out, "out")))
+    lsec = cupy.ascontiguousarray(to_cupy(lse, "lse"))
+    storage = BY_NAME[problem.dtype].storage
+    dq = cupy.empty(qc.shape, dtype=storage)
+    dk = cupy.empty(kc.shape, dtype=storage)
+    dv = cupy.empty(vc.shape, dtype=storage)
+    bwd = {"dout": doc.data.ptr, "dq": dq.data.ptr, "dk": dk.data.ptr, "dv": dv.data.ptr,
+           "deterministic": int(deterministic),
+           **_strides("do", doc), **_strides("dq", dq), **_strides("dk", dk), **_strides("dv", dv)}
+    cc = device_info().cc
+    config = make_config(spec, problem.dtype, problem.head_dim, causal, cc)
+    launch(spec, build_module(spec, config, cc), config, problem,
+           LaunchInputs(qc, kc, vc, oc, lsec, extras={"bwd": bwd}))
+    return dq, dk, dv
+
+
+def _strides(prefix: str, a) -> dict[str, int]:
+    item = a.itemsize
+    return {f"{prefix}_batch_stride": a.strides[0] // item, f"{prefix}_row_stride": a.strides[1] // item,
+            f"{prefix}_head_stride": a.strides[2] // item}
+
+
+def _check_like_q(m: ArrayMeta, q: ArrayMeta) -> None:
+    """dout and out: CUDA arrays of q's shape and dtype, last dim contiguous."""
+    if not m.on_gpu:
+        raise InputError(f"{m.name}: expected a CUDA array, got {m.kind} on the CPU")
+    if m.shape != q.shape:
+        raise InputError(f"{m.name}: expected q's shape {q.shape}, got {m.shape}")
+    if m.dtype != q.dtype:
+        raise InputError(f"{m.name}: expected q's dtype {q.dtype}, got {m.dtype}")
+    if m.strides[-1] != 1 and m.shape[-1] != 1:
+        raise InputError(f"{m.name}: the last (head_dim) dimension must be contiguous (stride 1), got strides {m.strides}")
+    if q.device is not None and m.device is not None and m.device != q.device:
+        raise InputError(f"{m.name}: must be on q's device ({q.device}), got device {m.device}")
+
+
+def _check_lse(m: ArrayMeta, p: Problem, q: ArrayMeta) -> None:
+    """lse: the forward's float32 log-sum-exp, (batch, heads, seqlen_q)."""
+    want = (p.batch, p.heads, p.seqlen_q)
+    if not m.on_gpu:
+        raise InputError(f"lse: expected a CUDA array, got {m.kind} on the CPU")
+    if m.shape != want:
+        raise InputError(f"lse: expected shape (batch, heads, seqlen_q) = {want}, got {m.shape}")
+    if str(m.dtype) != LSE_DTYPE:
+        raise InputError(f"lse: expected dtype float32 (attention(..., return_lse=True)), got {m.dtype}")
+    if q.device is not None and m.device is not None and m.device != q.device:
+        raise InputError(f"lse: must be on q's device ({q.device}), got device {m.device}")
+
+
+__all__ = ["attention_backward"]

@@ -1,0 +1,41 @@
+/*---
+name: fa2_bwd
+summary: FlashAttention-2 backward (K/V-outer, dK dV in registers, dQ by fp32 atomics, mma.sync)
+entry: [flashkit_fa2_bwd_prepass, flashkit_fa2_bwd_main, flashkit_fa2_bwd_convert_dq]
+arch: {min: "8.0"}
+dtypes: [float16, bfloat16]
+head_dims: [64, 128]
+features: {causal: true, block_sparse: false, fp8: false, backward: true, lse: false, gqa: true}
+requires: {backward: true}
+priority: 50
+launch: {grid: [q_blocks, kv_tiles, q_blocks], block_m: 64, block_n: 128, warps: 8}
+workspace: dq_accum
+---*/
+// FlashAttention-2 backward (Dao, 2023), three stages in launch order:
+//   prepass    grid (ceil(seqlen_q / block_m), heads, batch): dsum = rowsum(dO O), lse2 = LSE log2(e),
+//              dq_accum and the semaphores zeroed (bwd_prepass.cuh)
+//   main       grid (ceil(seqlen_k / block_n), kv_heads, batch): one CTA per key block holds dK, dV in
+//              registers while it walks the query blocks of its group's heads, recomputing P from the
+//              LSE; dQ through fp32 atomics (bwd_mainloop.cuh)
+//   convert_dq grid (ceil(seqlen_q / block_m), heads, batch): dQ = dq_accum in the input dtype
+// Causal (FLASHKIT_CAUSAL) skips the query blocks above the diagonal and masks the tiles crossing it.
+#include "flashkit/bwd_mainloop.cuh"
+
+using flashkit::BwdKernelTraits;
+
+FLASHKIT_EXPORT_SMEM_BYTES(BwdKernelTraits::kSmemBytes);
+
+extern "C" __global__ void __launch_bounds__(BwdKernelTraits::kThreads)
+    flashkit_fa2_bwd_prepass(const flashkit::Params params) {
+    flashkit::bwd_prepass<BwdKernelTraits>(params, blockIdx.x, blockIdx.y, blockIdx.z);
+}
+
+extern "C" __global__ void __launch_bounds__(BwdKernelTraits::kThreads, 1)
+    flashkit_fa2_bwd_main(const flashkit::Params params) {
+    flashkit::bwd_block<BwdKernelTraits, FLASHKIT_CAUSAL != 0>(params, blockIdx.x, blockIdx.y, blockIdx.z);
+}
+
+extern "C" __global__ void __launch_bounds__(BwdKernelTraits::kThreads)
+    flashkit_fa2_bwd_convert_dq(const flashkit::Params params) {
+    flashkit::bwd_convert_dq<BwdKernelTraits>(params, blockIdx.x, blockIdx.y, blockIdx.z);
+}

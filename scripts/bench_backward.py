@@ -1,0 +1,106 @@
+#!/usr/bin/env python3
+"""Backward-pass benchmark: flashkit.attention_backward against PyTorch SDPA's flash (FlashAttention-2)
+and cuDNN backward, in the same run, by the benchmark convention (batch x seqlen = 16k tokens, hidden
+2048, bf16; backward FLOPs = 2.5 x forward = 2.5 x 4 B H Sq Sk D, halved when causal).
+
+Each timing: CUDA events around one backward call (SDPA: torch.autograd.grad of a retained graph, so
+only the backward runs), warm-up, median, two input sets alternated.
+    python3 scripts/bench_backward.py [--seqlens 2048 8192] [--head-dims 64 128] [--json out.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+
+TOKENS = 16384
+HIDDEN = 2048
+
+
+def median_ms(fn, warmup=3, iters=10):
+    import torch
+    for i in range(warmup):
+        fn(i)
+    times = []
+    for i in range(iters):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        fn(i)
+        b.record()
+        b.synchronize()
+        times.append(a.elapsed_time(b))
+    return statistics.median(times)
+
+
+def bench_one(seqlen, hd, causal, deterministic=False):
+    import torch
+    import torch.nn.functional as F
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    import flashkit
+    batch, heads = TOKENS // seqlen, HIDDEN // hd
+    flops = 2.5 * 4 * batch * heads * seqlen * seqlen * hd / (2 if causal else 1)
+    sets = []
+    for s in range(2):
+        g = torch.Generator(device="cuda").manual_seed(s)
+        q, k, v, do = (torch.randn(batch, seqlen, heads, hd, device="cuda", dtype=torch.bfloat16, generator=g)
+                       for _ in range(4))
+        out, lse = flashkit.attention(q, k, v, causal=causal, return_lse=True, variant="fa2")
+        sets.append((q, k, v, do, torch.from_dlpack(out), torch.from_dlpack(lse)))
+    row = {"seqlen": seqlen, "head_dim": hd, "causal": causal, "batch": batch, "heads": heads}
+
+    def fk(i):
+        q, k, v, do, out, lse = sets[i % 2]
+        flashkit.attention_backward(do, q, k, v, out, lse, causal=causal, deterministic=deterministic)
+    row["flashkit_ms"] = median_ms(fk)
+    for name, backend in (("flash", SDPBackend.FLASH_ATTENTION), ("cudnn", SDPBackend.CUDNN_ATTENTION)):
+        try:
+            graphs = []
+            for q, k, v, do, _, _ in sets:
+                qt, kt, vt = (x.transpose(1, 2).detach().requires_grad_() for x in (q, k, v))
+                with sdpa_kernel(backend):
+                    o = F.scaled_dot_product_attention(qt, kt, vt, is_causal=causal)
+                graphs.append((o, (qt, kt, vt), do.transpose(1, 2)))
+
+            def tb(i):
+                o, ins, g = graphs[i % 2]
+                torch.autograd.grad(o, ins, g, retain_graph=True)
+            row[f"{name}_ms"] = median_ms(tb)
+        except Exception as e:   # a backend that does not take the shape
+            row[f"{name}_ms"] = None
+            row[f"{name}_error"] = f"{type(e).__name__}: {str(e).splitlines()[0][:120]}"
+    for key in ("flashkit", "flash", "cudnn"):
+        ms = row.get(f"{key}_ms")
+        row[f"{key}_tflops"] = flops / ms / 1e9 if ms else None
+    for key in ("flash", "cudnn"):
+        row[f"vs_{key}"] = row[f"{key}_ms"] / row["flashkit_ms"] if row.get(f"{key}_ms") else None
+    return row
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--seqlens", type=int, nargs="+", default=[2048, 8192])
+    ap.add_argument("--head-dims", type=int, nargs="+", default=[64, 128])
+    ap.add_argument("--deterministic", action="store_true")
+    ap.add_argument("--json")
+    args = ap.parse_args()
+    import torch
+    print(f"# {torch.cuda.get_device_name()}  torch {torch.__version__}  bf16  backward only  "
+          f"deterministic={args.deterministic}")
+    rows = []
+    fmt = lambda x: f"{x:7.1f}" if x else "    n/a"  # noqa: E731
+    for hd in args.head_dims:
+        for causal in (False, True):
+            for s in args.seqlens:
+                r = bench_one(s, hd, causal, args.deterministic)
+                rows.append(r)
+                print(f"hd{hd:<4} {'causal' if causal else 'full  '} s{s:<6} flashkit {fmt(r['flashkit_tflops'])} "
+                      f"flash {fmt(r['flash_tflops'])} cudnn {fmt(r['cudnn_tflops'])} TFLOP/s   "
+                      f"x flash {r['vs_flash'] or 0:.2f}  x cudnn {r['vs_cudnn'] or 0:.2f}", flush=True)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(rows, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,127 @@
+"""backward.py: attention_backward refuses bad inputs before any compile or launch; the fa2_bwd manifest and
+selection (never a backward kernel for a forward call, nor the reverse); the reference backward."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import flashkit
+import flashkit.backward as backward
+import flashkit.runtime.build as build
+import flashkit.runtime.launch as launch_mod
+from flashkit.errors import InputError, UnsupportedError
+from flashkit.registry import Request, discover_kernels, select_kernel
+from flashkit.runtime.device import DeviceInfo
+from flashkit.runtime.launch import workspace_bytes
+from flashkit.validate import Problem
+from .synth import B, D, H, SK, SQ, cuda, qkv
+
+FAKE_H100 = DeviceInfo(0, "Fake H100", (9, 0), 132, 227 * 1024, 13000, 13000)
+
+
+@pytest.fixture
+def no_launch(monkeypatch):
+    """Any compile or launch fails the test; the device is a fake H100."""
+    def forbid(*args, **kwargs):
+        raise AssertionError("compile or launch was called: validation must come first")
+    for module, name in ((build, "build_module"), (build, "compile_variant"), (launch_mod, "launch"),
+                         (backward, "build_module"), (backward, "launch")):
+        monkeypatch.setattr(module, name, forbid)
+    monkeypatch.setattr(backward, "device_info", lambda: FAKE_H100)
+
+
+def good(**over):
+    q, k, v = qkv()
+    args = {"dout": cuda((B, SQ, H, D)), "q": q, "k": k, "v": v, "out": cuda((B, SQ, H, D)),
+            "lse": cuda((B, H, SQ), "<f4")}
+    args.update(over)
+    return args
+
+
+@pytest.mark.parametrize("over,kw,arg", [
+    ({"dout": cuda((B, SQ + 1, H, D))}, {}, "dout"),
+    ({"dout": cuda((B, SQ, H, D), "<f4")}, {}, "dout"),
+    ({"out": cuda((B, SQ, H, D), strides_elems=(SQ * H * D * 2, H * D * 2, D * 2, 2))}, {}, "out"),
+    ({"out": None}, {}, "out"),
+    ({"lse": cuda((B, SQ, H), "<f4")}, {}, "lse"),
+    ({"lse": cuda((B, H, SQ))}, {}, "lse"),
+    ({"lse": np.zeros((B, H, SQ), np.float32)}, {}, "lse"),
+    ({"k": cuda((B, SK, 3, D)), "v": cuda((B, SK, 3, D))}, {}, "k"),
+    ({}, {"causal": 1}, "causal"),
+    ({}, {"deterministic": "yes"}, "deterministic"),
+    ({}, {"softmax_scale": float("inf")}, "softmax_scale"),
+    ({}, {"variant": 3}, "variant"),
+], ids=["dout-shape", "dout-dtype", "out-strided", "out-none", "lse-shape", "lse-dtype", "lse-host", "kv-heads",
+        "causal", "deterministic", "scale", "variant"])
+def test_bad_inputs_fail_before_compile_or_launch(no_launch, over, kw, arg):
+    args = good(**over)
+    with pytest.raises(InputError, match=rf"^{arg}: ") as e:
+        flashkit.attention_backward(*args.values(), **kw)
+    assert "\n" not in str(e.value)
+
+
+def test_unsupported_head_dim_fails_before_launch(no_launch):
+    q, k, v = qkv((B, SQ, H, 96), (B, SK, H, 96))
+    args = good(q=q, k=k, v=v, dout=cuda((B, SQ, H, 96)), out=cuda((B, SQ, H, 96)))
+    with pytest.raises(UnsupportedError, match="head_dim=96"):
+        flashkit.attention_backward(*args.values())
+
+
+def test_fa2_bwd_manifest():
+    spec = discover_kernels(refresh=True).get("fa2_bwd")
+    assert spec.supports("backward") and spec.requires == {"backward": True}
+    assert spec.grids == ("q_blocks", "kv_tiles", "q_blocks") and len(spec.entries) == 3
+    assert spec.workspace == "dq_accum" and spec.supports("gqa") and spec.supports("causal")
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_selection_keeps_forward_and_backward_apart(causal):
+    specs = discover_kernels().specs
+    base = dict(dtype="bfloat16", head_dim=128, seqlen_q=1000, seqlen_k=1000, heads=8, kv_heads=1,
+                causal=causal, cc=(9, 0))
+    bwd = select_kernel(Request(backward=True, **base), specs)
+    assert bwd.chosen.name == "fa2_bwd"
+    assert all(s.supports("backward") for n, s in specs.items() if n not in bwd.rejected)
+    fwd = select_kernel(Request(**base), specs)
+    assert not fwd.chosen.supports("backward")
+    assert "fa2_bwd" in fwd.rejected
+    with pytest.raises(UnsupportedError, match="fa2_bwd"):
+        select_kernel(Request(**base), specs, variant="fa2_bwd")
+    with pytest.raises(UnsupportedError, match="backward pass not supported"):
+        select_kernel(Request(backward=True, **base), specs, variant="fa2")
+
+
+def test_a_backward_feature_without_requires_still_stays_out_of_forward_calls(tmp_path):
+    from .synth import spec_of
+    spec = spec_of(tmp_path, "bwd_only", features={"causal": True, "backward": True, "gqa": True})
+    why = flashkit.registry.select.reasons(spec, Request(dtype="float16", head_dim=64, cc=(8, 0)))
+    assert why == ["a backward kernel: serves attention_backward only"]
+
+
+def test_dq_accum_workspace_size():
+    p = Problem(batch=2, seqlen_q=100, seqlen_k=7, heads=3, kv_heads=1, head_dim=64, dtype="float16",
+                softmax_scale=0.125)
+    rows = 2 * 3 * 128   # seqlen_q padded to two blocks of 64
+    assert workspace_bytes("dq_accum", p, {"block_m": 64}) == (rows * (64 + 2) + 2 * 3 * 2) * 4
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_reference_backward_matches_finite_differences(causal):
+    from flashkit.reference import reference_attention
+    from flashkit.reference_backward import reference_backward
+    rng = np.random.default_rng(0)
+    q = rng.standard_normal((1, 5, 4, 8))
+    k = rng.standard_normal((1, 3, 2, 8))
+    v = rng.standard_normal((1, 3, 2, 8))
+    dout = rng.standard_normal((1, 5, 4, 8))
+    grads = reference_backward(q, k, v, dout, scale=0.3, causal=causal)
+    eps = 1e-6
+    for x, g in zip((q, k, v), grads):
+        idx = (0, 1, 1, 2)
+        x[idx] += eps
+        up = float((reference_attention(q, k, v, scale=0.3, causal=causal)[0] * dout).sum())
+        x[idx] -= 2 * eps
+        down = float((reference_attention(q, k, v, scale=0.3, causal=causal)[0] * dout).sum())
+        x[idx] += eps
+        assert abs((up - down) / (2 * eps) - g[idx]) < 1e-6

@@ -1,0 +1,131 @@
+"""attention_backward (fa2_bwd) against the float64 reference backward, by DESIGN's rule:
+max|grad - ref| <= 2 max|plain - ref| + atol for each of dq, dk, dv, with plain the same backward in the
+input precision; fresh random inputs; outputs come from NaN-poisoned memory; no NaN or Inf anywhere.
+out and lse come from the fa2 forward, as a training step would have them.
+"""
+
+from __future__ import annotations
+
+import math
+import zlib
+
+import pytest
+
+pytestmark = pytest.mark.gpu
+
+DTYPES = ["float16", "bfloat16"]
+HEAD_DIMS = [64, 128]
+# (batch, seqlen_q, seqlen_k, heads, kv_heads)
+SHAPES = [
+    (1, 1, 1, 2, 2), (2, 17, 17, 4, 4), (1, 128, 128, 8, 1), (2, 1000, 1000, 8, 1), (1, 17, 128, 4, 2),
+    (2, 128, 17, 4, 4), (1, 1000, 129, 16, 2), (1, 65, 1000, 2, 1), (1, 1, 1000, 2, 2), (1, 1000, 1, 2, 1),
+]
+
+
+def _cases():
+    out = []
+    for i, shape in enumerate(SHAPES):
+        for hd in HEAD_DIMS:
+            for causal in (False, True):
+                dtype = DTYPES[(i + hd // 64 + causal) % 2]   # both dtypes over the matrix, half the runs
+                out.append(pytest.param(shape, hd, causal, dtype,
+                                        id=f"b{shape[0]}-sq{shape[1]}-sk{shape[2]}-h{shape[3]}:{shape[4]}-hd{hd}"
+                                           f"-{'causal' if causal else 'full'}-{dtype}"))
+    return out
+
+
+def _inputs(shape, hd, dtype, seed):
+    import cupy as cp
+    from flashkit.dtypes import BY_NAME
+    b, sq, sk, h, hk = shape
+    rs = cp.random.RandomState(seed)
+    storage = BY_NAME[dtype].storage
+    mk = lambda s: rs.standard_normal(s, dtype=cp.float32).astype(storage)  # noqa: E731
+    return mk((b, sq, h, hd)), mk((b, sk, hk, hd)), mk((b, sk, hk, hd)), mk((b, sq, h, hd))
+
+
+def _poison_pool(shapes_dtypes):
+    """Fill then free blocks of the outputs' sizes, so the gradients land on NaN-filled memory."""
+    import cupy as cp
+    junk = [cp.empty(s, dtype=dt) for s, dt in shapes_dtypes]
+    for j in junk:
+        j.view(cp.uint16).fill(0xFFFF)   # NaN in float16 and bfloat16
+    del junk
+
+
+def run_backward(shape, hd, causal, dtype, seed, deterministic=False):
+    import cupy as cp
+    import flashkit
+    from flashkit.dtypes import BY_NAME
+    q, k, v, dout = _inputs(shape, hd, dtype, seed)
+    out, lse = flashkit.attention(q, k, v, causal=causal, return_lse=True, variant="fa2")
+    storage = cp.dtype(BY_NAME[dtype].storage)
+    _poison_pool([(q.shape, storage), (k.shape, storage), (v.shape, storage)])
+    grads = flashkit.attention_backward(dout, q, k, v, out, lse, causal=causal, deterministic=deterministic)
+    cp.cuda.Device().synchronize()
+    return (q, k, v, dout), grads
+
+
+def judge(inputs, grads, hd, causal, dtype):
+    import cupy as cp
+    from flashkit.dtypes import BY_NAME
+    from flashkit.reference import output_atol
+    from flashkit.reference_backward import plain_backward, reference_backward
+    q, k, v, dout = inputs
+    scale = 1.0 / math.sqrt(hd)
+    refs = reference_backward(q, k, v, dout, scale=scale, causal=causal)
+    plains = plain_backward(q, k, v, dout, scale=scale, dtype=BY_NAME[dtype], causal=causal)
+    report = []
+    ok = True
+    for name, g, ref, plain in zip(("dq", "dk", "dv"), grads, refs, plains):
+        g64 = g.astype(cp.float32).astype(cp.float64)
+        finite = bool(cp.isfinite(g64).all())
+        err = float(cp.abs(g64 - ref).max())
+        plain_err = float(cp.abs(plain.astype(cp.float64) - ref).max())
+        n = max(q.shape[1], k.shape[1])
+        atol = output_atol(ref, BY_NAME[dtype], n)
+        bound = 2 * plain_err + atol
+        passed = finite and err <= bound
+        ok &= passed
+        report.append(f"{name}: err {err:.3g} bound {bound:.3g} (plain {plain_err:.3g}, atol {atol:.3g})"
+                      f"{'' if finite else ' NON-FINITE'}")
+    return ok, "; ".join(report)
+
+
+@pytest.mark.parametrize("shape,hd,causal,dtype", _cases())
+def test_backward_matches_reference(shape, hd, causal, dtype):
+    seed = zlib.crc32(f"{shape}{hd}{causal}{dtype}".encode())
+    inputs, grads = run_backward(shape, hd, causal, dtype, seed)
+    ok, report = judge(inputs, grads, hd, causal, dtype)
+    assert ok, report
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_deterministic_is_bit_identical(causal):
+    import cupy as cp
+    shape, hd, dtype = (2, 1000, 1000, 8, 2), 128, "bfloat16"
+    inputs, first = run_backward(shape, hd, causal, dtype, 7, deterministic=True)
+    ok, report = judge(inputs, first, hd, causal, dtype)
+    assert ok, report
+    for _ in range(3):
+        _, again = run_backward(shape, hd, causal, dtype, 7, deterministic=True)
+        for name, a, b in zip(("dq", "dk", "dv"), first, again):
+            assert bool((a.view(cp.uint16) == b.view(cp.uint16)).all()), f"{name} differs between runs"
+
+
+def test_strided_views_and_torch_tensors():
+    """dout and out as strided views (heads sliced out of a wider tensor); torch tensors through DLPack."""
+    torch = pytest.importorskip("torch")
+    import cupy as cp
+    import flashkit
+    g = torch.Generator(device="cuda").manual_seed(3)
+    wide = torch.randn(2, 300, 8, 64, device="cuda", generator=g, dtype=torch.bfloat16)
+    q = wide[:, :, :4]
+    k = torch.randn(2, 200, 2, 64, device="cuda", generator=g, dtype=torch.bfloat16)
+    v = torch.randn(2, 200, 2, 64, device="cuda", generator=g, dtype=torch.bfloat16)
+    dout = torch.randn(2, 300, 8, 64, device="cuda", generator=g, dtype=torch.bfloat16)[:, :, 4:]
+    out, lse = flashkit.attention(q, k, v, causal=True, return_lse=True, variant="fa2")
+    grads = flashkit.attention_backward(dout, q, k, v, out, lse, causal=True)
+    inputs = tuple(cp.from_dlpack(x) for x in (q, k, v, dout))
+    ok, report = judge(inputs, grads, 64, True, "bfloat16")
+    assert ok, report
