@@ -1,0 +1,94 @@
+"""PyTorch adapter: `flashkit.torch.attention(q, k, v, **kw)`, differentiable, as `torch.library` custom ops.
+
+Two ops, `flashkit::attention_fwd` -> (out, lse) and `flashkit::attention_bwd` -> (dq, dk, dv), each with a
+fake (meta) implementation, and the forward's autograd formula registered on it, so that the call traces
+under torch.compile (fullgraph) without a graph break. Every launch runs on PyTorch's current CUDA stream,
+and outputs and workspaces come from PyTorch's caching allocator.
+Layout is flashkit's: (batch, seqlen, heads, head_dim) tensors, k and v with kv_heads dividing heads.
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+import torch
+
+from .api import attention as _attention
+from .backward import attention_backward as _attention_backward
+
+
+@contextlib.contextmanager
+def _on_torch_stream_and_allocator():
+    """CuPy launches on torch's current stream and allocates through torch's caching allocator."""
+    import cupy
+    stream = torch.cuda.current_stream()
+
+    def alloc(size: int):
+        t = torch.empty(max(size, 1), dtype=torch.uint8, device=stream.device)
+        return cupy.cuda.MemoryPointer(cupy.cuda.UnownedMemory(t.data_ptr(), size, t), 0)
+
+    with cupy.cuda.Device(stream.device.index), cupy.cuda.ExternalStream(stream.cuda_stream), \
+            cupy.cuda.using_allocator(alloc):
+        yield
+
+
+def _as_torch(x) -> torch.Tensor:
+    return torch.from_dlpack(x)
+
+
+@torch.library.custom_op("flashkit::attention_fwd", mutates_args=(), device_types="cuda")
+def attention_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, softmax_scale: float | None,
+                  deterministic: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    q, k, v = (x.detach() for x in (q, k, v))   # DLPack refuses tensors that require grad
+    with _on_torch_stream_and_allocator():
+        out, lse = _attention(q, k, v, causal=causal, softmax_scale=softmax_scale, return_lse=True)
+    return _as_torch(out), _as_torch(lse)
+
+
+@attention_fwd.register_fake
+def _attention_fwd_fake(q, k, v, causal, softmax_scale, deterministic):
+    b, sq, h, _ = q.shape
+    return torch.empty_like(q, memory_format=torch.contiguous_format), q.new_empty((b, h, sq), dtype=torch.float32)
+
+
+@torch.library.custom_op("flashkit::attention_bwd", mutates_args=(), device_types="cuda")
+def attention_bwd(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
+                  lse: torch.Tensor, causal: bool, softmax_scale: float | None,
+                  deterministic: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    dout, q, k, v, out, lse = (x.detach() for x in (dout, q, k, v, out, lse))
+    if dout.stride(-1) != 1:
+        dout = dout.contiguous()
+    with _on_torch_stream_and_allocator():
+        dq, dk, dv = _attention_backward(dout, q, k, v, out, lse, causal=causal, softmax_scale=softmax_scale,
+                                         deterministic=deterministic)
+    return _as_torch(dq), _as_torch(dk), _as_torch(dv)
+
+
+@attention_bwd.register_fake
+def _attention_bwd_fake(dout, q, k, v, out, lse, causal, softmax_scale, deterministic):
+    return tuple(torch.empty_like(x, memory_format=torch.contiguous_format) for x in (q, k, v))
+
+
+def _setup_context(ctx, inputs, output):
+    q, k, v, causal, softmax_scale, deterministic = inputs
+    out, lse = output
+    ctx.save_for_backward(q, k, v, out, lse)
+    ctx.causal, ctx.softmax_scale, ctx.deterministic = causal, softmax_scale, deterministic
+
+
+def _backward(ctx, dout, dlse):
+    q, k, v, out, lse = ctx.saved_tensors
+    dq, dk, dv = attention_bwd(dout, q, k, v, out, lse, ctx.causal, ctx.softmax_scale, ctx.deterministic)
+    return dq, dk, dv, None, None, None
+
+
+attention_fwd.register_autograd(_backward, setup_context=_setup_context)
+
+
+def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool = False,
+              softmax_scale: float | None = None, deterministic: bool = False) -> torch.Tensor:
+    """softmax(scale q k^T [causal]) v for (batch, seqlen, heads, head_dim) CUDA tensors; differentiable."""
+    return attention_fwd(q, k, v, causal, softmax_scale, deterministic)[0]
+
+
+__all__ = ["attention", "attention_fwd", "attention_bwd"]

@@ -1,0 +1,75 @@
+"""flashkit.torch.attention: the custom ops' gradients against the float64 reference (DESIGN's rule), under
+torch.compile(fullgraph=True), and on a side stream."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+pytestmark = pytest.mark.gpu
+torch = pytest.importorskip("torch")
+
+
+def _grads(fn, q, k, v, dout):
+    qs, ks, vs = (x.detach().clone().requires_grad_() for x in (q, k, v))
+    out = fn(qs, ks, vs)
+    out.backward(dout)
+    return out.detach(), qs.grad, ks.grad, vs.grad
+
+
+def _check(grads, q, k, v, dout, causal):
+    import cupy as cp
+    from flashkit.dtypes import BY_NAME
+    from flashkit.reference import output_atol
+    from flashkit.reference_backward import plain_backward, reference_backward
+    ins = tuple(cp.from_dlpack(x.contiguous()) for x in (q, k, v, dout))
+    scale = 1 / math.sqrt(q.shape[-1])
+    refs = reference_backward(*ins, scale=scale, causal=causal)
+    plains = plain_backward(*ins, scale=scale, dtype=BY_NAME["bfloat16"], causal=causal)
+    for name, g, ref, plain in zip(("dq", "dk", "dv"), grads, refs, plains):
+        g64 = cp.from_dlpack(g.float().contiguous()).astype(cp.float64)
+        err = float(cp.abs(g64 - ref).max())
+        bound = 2 * float(cp.abs(plain.astype(cp.float64) - ref).max()) + output_atol(ref, BY_NAME["bfloat16"], k.shape[1])
+        assert bool(cp.isfinite(g64).all()) and err <= bound, f"{name}: err {err:.3g} > bound {bound:.3g}"
+
+
+def _inputs(seed=0):
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    mk = lambda *s: torch.randn(*s, device="cuda", dtype=torch.bfloat16, generator=g)  # noqa: E731
+    return mk(2, 300, 8, 64), mk(2, 257, 2, 64), mk(2, 257, 2, 64), mk(2, 300, 8, 64)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_autograd_matches_reference(causal):
+    import flashkit.torch as fkt
+    q, k, v, dout = _inputs()
+    _, *grads = _grads(lambda a, b, c: fkt.attention(a, b, c, causal=causal), q, k, v, dout)
+    _check(grads, q, k, v, dout, causal)
+
+
+def test_torch_compile_fullgraph():
+    import flashkit.torch as fkt
+    q, k, v, dout = _inputs(1)
+
+    def f(a, b, c):
+        return fkt.attention(a * 1.0, b, c, causal=True) * 2.0
+
+    compiled = torch.compile(f, fullgraph=True)
+    out_c, *grads_c = _grads(compiled, q, k, v, dout)
+    out_e, *grads_e = _grads(f, q, k, v, dout)
+    assert torch.equal(out_c, out_e)
+    for a, b in zip(grads_c, grads_e):
+        assert torch.equal(a, b)
+    _check([g / 2 for g in grads_c], q, k, v, dout, True)   # f = 2 attention: the gradients of dout, doubled (exact)
+
+
+def test_runs_on_the_callers_stream():
+    import flashkit.torch as fkt
+    q, k, v, dout = _inputs(2)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        _, *grads = _grads(lambda a, b, c: fkt.attention(a, b, c), q, k, v, dout)
+    torch.cuda.current_stream().wait_stream(side)
+    _check(grads, q, k, v, dout, False)
