@@ -7,8 +7,8 @@ dtypes: [float16, bfloat16]
 head_dims: [64, 128, 256]
 features: {causal: true, block_sparse: false, fp8: false, backward: false, lse: true, gqa: true}
 priority: 80
-launch: {grid: q_blocks, block_m: 128, block_n: 128, warps: 12, stages: 2}   # 1 producer + 2 consumer warpgroups
-overrides: {"hd256": {block_n: 64}}
+launch: {grid: q_blocks, block_m: 128, block_n: 128, warps: 12, stages: 2}   # 1 producer + block_m / 64 consumer warpgroups
+overrides: {"hd64": {block_m: 192, warps: 16}, "hd256": {block_n: 64}}   # measured sweep: BENCHMARKS.md
 tensor_maps: {q: block_m, k: block_n, v: block_n, o: 64}   # box rows; o: one consumer's 64 rows
 workspace: none
 ---*/

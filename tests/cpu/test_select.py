@@ -191,22 +191,36 @@ def test_report_lists_choice_outranked_and_rejected(tmp_path, specs):
 
 
 def test_the_registered_kernels_by_architecture():
-    """On the real registry: hopper (wgmma) wins bf16 / f16 on 9.0 only, fa2 / causal elsewhere."""
+    """On the real registry: fa3 (TMA + wgmma) wins bf16 / f16 on 9.0 only, fa2 / causal elsewhere."""
     from flashkit.registry import discover_kernels
     specs = discover_kernels(refresh=True).specs
-    hopper = specs["hopper"]
-    assert hopper.arch_min == hopper.arch_max == (9, 0) and hopper.target((9, 0)) == "sm_90a"
-    assert hopper.workspace == "none" and hopper.grids == ("q_blocks",)   # V read as it is (no pre-pass)
+    fa3, hopper = specs["fa3"], specs["hopper"]
+    for spec in (fa3, hopper):
+        assert spec.arch_min == spec.arch_max == (9, 0) and spec.target((9, 0)) == "sm_90a"
+        assert spec.workspace == "none" and spec.grids == ("q_blocks",)   # V read as it is (no pre-pass)
+    assert set(fa3.tensor_maps) == {"q", "k", "v", "o"}
 
     def chosen(cc, causal=False, head_dim=128, dtype="bfloat16"):
         req = Request(dtype=dtype, head_dim=head_dim, causal=causal, cc=cc)
         return select_kernel(req, specs).chosen.name
 
     for causal in (False, True):
-        assert chosen((9, 0), causal) == "hopper"
-        assert chosen((9, 0), causal, head_dim=64, dtype="float16") == "hopper"
+        for head_dim in (64, 128, 256):
+            assert chosen((9, 0), causal, head_dim) == "fa3"
+        assert chosen((9, 0), causal, head_dim=64, dtype="float16") == "fa3"
         assert chosen((8, 0), causal) == ("causal" if causal else "fa2")
         assert chosen((10, 0), causal) == ("causal" if causal else "fa2")
-        assert chosen((9, 0), causal, head_dim=256) == ("causal" if causal else "fa2")   # not declared
-    assert any("needs compute capability <= 9.0" in r for r in reasons(hopper, Request(
+        assert chosen((9, 0), causal, head_dim=96) == "standard"   # no flash kernel declares 96 yet
+    assert any("needs compute capability <= 9.0" in r for r in reasons(fa3, Request(
         dtype="bfloat16", head_dim=128, cc=(10, 0))))
+
+
+def test_tma_kernels_need_the_driver_binding(monkeypatch):
+    """Without cuda-bindings a kernel taking tensor maps is rejected with the reason, and the next one runs."""
+    from flashkit.registry import discover_kernels
+    from flashkit.runtime import tma
+    monkeypatch.setattr(tma, "binding_missing", lambda: tma.MISSING_BINDING)
+    monkeypatch.setattr("flashkit.registry.select.binding_missing", tma.binding_missing)
+    specs = discover_kernels(refresh=True).specs
+    sel = select_kernel(Request(dtype="bfloat16", head_dim=128, cc=(9, 0)), specs)
+    assert sel.chosen.name == "hopper" and sel.rejected["fa3"] == [tma.MISSING_BINDING]
