@@ -20,7 +20,7 @@ workspace: none
 // (multiples of 128). With FLASHKIT_CAUSAL the element causal mask (bottom-right aligned) is
 // applied on top of the block mask, and kept blocks wholly above the diagonal are not visited.
 #include "flashkit/block_sparse.cuh"
-#include "flashkit/fwd_mainloop.cuh"
+#include "flashkit/sm80/fwd_mainloop.cuh"
 
 using flashkit::KernelTraits;
 

@@ -22,7 +22,7 @@ workspace: none
 //   blockIdx.x = 0 takes the last query block, which keeps the tail of the grid short.
 // - A query block whose rows see no key (seqlen_q > seqlen_k) loads nothing and writes
 //   O = 0, LSE = -inf.
-#include "flashkit/fwd_mainloop.cuh"
+#include "flashkit/sm80/fwd_mainloop.cuh"
 
 using flashkit::KernelTraits;
 typedef flashkit::CausalMask<KernelTraits::kBlockM, KernelTraits::kBlockN> FwdMask;

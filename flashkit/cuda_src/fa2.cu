@@ -20,7 +20,7 @@ workspace: none
 // epilogue, which also writes LSE = m * scale + ln(l).
 // With FLASHKIT_CAUSAL the tiles wholly above the (bottom-right aligned) diagonal are skipped
 // and only the tiles crossing it are masked element-wise (fwd_mainloop.cuh, mask.cuh).
-#include "flashkit/fwd_mainloop.cuh"
+#include "flashkit/sm80/fwd_mainloop.cuh"
 
 using flashkit::KernelTraits;
 

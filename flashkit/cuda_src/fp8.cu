@@ -22,7 +22,7 @@ workspace: none
 //   O += P V with O kept in units of the current tile's V scale, applied in the epilogue.
 // V is transposed to K-major in shared memory (no 8-bit ldmatrix.trans), see fp8.cuh.
 // Output float16 or bfloat16 (FLASHKIT_OUT_DTYPE); LSE as every variant; causal via mask types.
-#include "flashkit/fp8_mainloop.cuh"
+#include "flashkit/sm80/fp8_mainloop.cuh"
 
 typedef flashkit::fp8::Fp8Traits<FLASHKIT_HEAD_DIM, FLASHKIT_BLOCK_M, FLASHKIT_BLOCK_N, FLASHKIT_WARPS,
                                  flashkit::OutT>

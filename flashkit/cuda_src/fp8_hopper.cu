@@ -20,8 +20,8 @@ workspace: v_transposed
 //                             K-major operands only (v_transpose.cuh, keys in fp8.cuh's PvKeys order)
 //   flashkit_fp8_hopper_fwd   the attention (wgmma_attention.cuh's pipeline, fp8_wgmma_mainloop.cuh)
 // Output float16 or bfloat16 (FLASHKIT_OUT_DTYPE); LSE as every variant; causal via mask types.
-#include "flashkit/fp8_wgmma_mainloop.cuh"
-#include "flashkit/v_transpose.cuh"
+#include "flashkit/hopper/fp8_wgmma_mainloop.cuh"
+#include "flashkit/hopper/v_transpose.cuh"
 
 typedef flashkit::fp8::WgmmaTraits<FLASHKIT_HEAD_DIM, FLASHKIT_BLOCK_M, FLASHKIT_BLOCK_N, FLASHKIT_WARPS,
                                    flashkit::OutT>

@@ -14,7 +14,7 @@
 #pragma once
 
 #include "flashkit/softmax.cuh"
-#include "flashkit/wgmma_attention.cuh"
+#include "flashkit/hopper/wgmma_attention.cuh"
 
 namespace flashkit {
 

@@ -1,4 +1,6 @@
-// Warp-level tensor-core primitives: ldmatrix and mma.sync.m16n8k16 (f32 accumulate).
+// The m16n8 fragment layout both tensor-core families use (mma.sync m16n8k16, and wgmma's register
+// fragments, which repeat it per warp): ldmatrix loads into it, packing of P into an A fragment, and
+// the quad reductions over the lanes that share a row.
 //
 // Fragment ownership of mma.m16n8k16 (PTX ISA), g = lane / 4, t = lane % 4:
 //   A (16x16, row): a0 = A[g][2t..2t+1]   a1 = A[g+8][2t..2t+1]
@@ -23,30 +25,6 @@ __device__ __forceinline__ void ldsm_x4_trans(u32 (&r)[4], u32 addr) {
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
                  : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
                  : "r"(addr));
-}
-
-// C += A * B for one m16n8k16 tile; the element type picks the f16 or bf16 instruction.
-template <typename T>
-__device__ __forceinline__ void mma_16816(float (&c)[4], const u32 (&a)[4], u32 b0, u32 b1);
-
-template <>
-__device__ __forceinline__ void mma_16816<half_t>(float (&c)[4], const u32 (&a)[4], u32 b0,
-                                                  u32 b1) {
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 "
-        "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
-        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-
-template <>
-__device__ __forceinline__ void mma_16816<bfloat16_t>(float (&c)[4], const u32 (&a)[4], u32 b0,
-                                                      u32 b1) {
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
-        "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
-        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
 // Quad (4 lanes sharing g) reductions: the lanes holding the same rows of a C fragment.

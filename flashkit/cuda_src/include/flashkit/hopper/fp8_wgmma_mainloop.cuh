@@ -13,7 +13,7 @@
 #pragma once
 
 #include "flashkit/fp8.cuh"
-#include "flashkit/wgmma_attention.cuh"
+#include "flashkit/hopper/wgmma_attention.cuh"
 
 namespace flashkit {
 namespace fp8 {

@@ -27,9 +27,9 @@
 #pragma once
 
 #include "flashkit/epilogue.cuh"
+#include "flashkit/fragment.cuh"
+#include "flashkit/hopper/wgmma.cuh"
 #include "flashkit/mask.cuh"
-#include "flashkit/mma.cuh"
-#include "flashkit/wgmma.cuh"
 
 namespace flashkit {
 namespace gmma {

@@ -14,8 +14,8 @@
 #pragma once
 
 #include "flashkit/epilogue.cuh"
-#include "flashkit/fp8.cuh"
 #include "flashkit/mask.cuh"
+#include "flashkit/sm80/fp8_mma.cuh"
 
 namespace flashkit {
 namespace fp8 {

@@ -13,7 +13,7 @@
 
 #include "flashkit/epilogue.cuh"
 #include "flashkit/mask.cuh"
-#include "flashkit/mma.cuh"
+#include "flashkit/sm80/mma.cuh"
 #include "flashkit/softmax.cuh"
 #include "flashkit/tile.cuh"
 
