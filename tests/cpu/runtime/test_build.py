@@ -88,6 +88,19 @@ def test_header_digest_changes_when_a_header_changes(include_copy, standard):
     assert build.cache_key(standard, config(), "sm_80") != key_before
 
 
+@pytest.mark.parametrize("variant, header", [("hopper", "hopper/wgmma.cuh"), ("fa2", "sm80/mma.cuh"),
+                                             ("fa2", "sm80/fwd_mainloop.cuh")])
+def test_cache_key_covers_headers_in_family_subfolders(include_copy, variant, header):
+    """A header in a family folder (include/flashkit/sm80/, hopper/) is in the digest and the cache key."""
+    spec = discover_kernels().get(variant)
+    path = include_copy / "flashkit" / header
+    assert path.parent != include_copy / "flashkit" and path.exists()
+    digest, key = build.header_digest(), build.cache_key(spec, config(), "sm_90a")
+    path.write_text(path.read_text() + "\n// an edit\n")
+    assert build.header_digest() != digest
+    assert build.cache_key(spec, config(), "sm_90a") != key
+
+
 def test_header_digest_sees_a_same_size_same_mtime_edit(include_copy):
     """Content, not only the stamp, decides: one byte flipped with the mtime restored."""
     import os
