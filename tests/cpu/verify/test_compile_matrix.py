@@ -1,7 +1,7 @@
 """The GPU-less NVRTC compile of every kernel for every architecture its manifest declares.
 
 Fails on any compile error, any spill, any stack frame, any wgmma ptxas serialized, or an entry ptxas did not report. Nothing is cached.
-Compiles run in 2 processes (compile_all.compile_matrix); the whole matrix takes a few minutes on 2 cores.
+Compiles run in 2 processes (verify.compile_matrix.compile_matrix); the whole matrix takes a few minutes on 2 cores.
 """
 
 from __future__ import annotations

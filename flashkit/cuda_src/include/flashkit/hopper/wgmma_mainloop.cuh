@@ -7,7 +7,7 @@
 //   O += P V_j                        wgmma m64{kHeadDim}k16, P from registers (A), V_j (B, read
 //                                     MN-major: 16-bit wgmma transposes B, so V needs no pre-pass)
 // P's A fragment is S's accumulator packed to 16 bits: k-step kk (keys 16 kk .. 16 kk + 15) is
-// S column tiles 2 kk and 2 kk + 1 (the same packing as fwd_mainloop.cuh's mma.sync P V). The V
+// S column tiles 2 kk and 2 kk + 1 (fragment.cuh's pack_a_fragment, as the mma.sync P V). The V
 // tile has K's layout (keys as rows, swizzled 128 B panels of the head dim). Q is taken into registers once (ldmatrix of the
 // swizzled tile, the same A fragment): each S product then reads only K from shared memory, which
 // at 64-key tiles would otherwise bound it (Q 16 KB + K 16 KB a tile at hd128).
