@@ -1,4 +1,4 @@
-"""flashkit.bench without a GPU: running the sweep without a GPU: failures become rows, labels, the environment (bench/run.py)."""
+"""flashkit.bench without a GPU: a failing kernel becomes a row; labels; the environment (bench/run.py)."""
 
 from __future__ import annotations
 
