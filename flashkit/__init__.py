@@ -10,10 +10,10 @@ __version__ = "0.1.0"
 def __getattr__(name: str):
     # BlockMask and quantize_fp8 import lazily: they pull in CuPy-side code only when used.
     if name == "BlockMask":
-        from .block_mask import BlockMask
+        from .features.block_mask import BlockMask
         return BlockMask
     if name == "quantize_fp8":
-        from .fp8 import quantize_fp8
+        from .features.fp8 import quantize_fp8
         return quantize_fp8
     raise AttributeError(f"module 'flashkit' has no attribute {name!r}")
 

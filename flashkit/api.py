@@ -5,15 +5,15 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
-from .arrays import describe, to_cupy
-from .dtypes import BY_NAME, FLOAT8_E4M3, dtype_by_name
+from .call.arrays import describe, to_cupy
+from .call.dtypes import BY_NAME, FLOAT8_E4M3, dtype_by_name
+from .call.validate import Problem, check_flag, check_scale, validate_inputs
 from .errors import InputError
 from .registry import Request, Selection, discover_kernels, select_kernel
 from .registry.manifest import KernelSpec
 from .runtime.build import build_module, make_config
 from .runtime.device import cupy_module, device_info
 from .runtime.launch import LaunchInputs, launch
-from .validate import Problem, check_flag, check_scale, validate_inputs
 
 ALIGN_BYTES = 16   # the flash kernels load 16-byte vectors: base and row/head strides must be multiples
 FP8_OUT_DTYPES = ("bfloat16", "float16")
@@ -25,7 +25,7 @@ def attention(q: Any, k: Any, v: Any, *, causal: bool = False, softmax_scale: fl
               out_dtype: str | None = None, out: Any = None, fp8_options: dict | None = None):
     """softmax(scale * q k^T [masked]) v for (batch, seqlen, heads, head_dim) CUDA arrays.
 
-    fp8=True quantizes q, k, v with flashkit.fp8.quantize_qkv(**fp8_options): block, hadamard, seed.
+    fp8=True quantizes q, k, v with flashkit.features.fp8.quantize_qkv(**fp8_options): block, hadamard, seed.
 
     Returns a CuPy array (and the float32 log-sum-exp, (batch, heads, seqlen_q), with return_lse=True).
     """
@@ -61,11 +61,11 @@ def attention(q: Any, k: Any, v: Any, *, causal: bool = False, softmax_scale: fl
     extras: dict[str, int] = {}
     keep: list = []   # device arrays the launch reads, alive until it is queued
     if fp8:
-        from .fp8 import quantize_qkv
+        from .features.fp8 import quantize_qkv
         (qc, qs), (kc, ks), (vc, vs) = quantize_qkv(qc, kc, vc, **_fp8_options(fp8_options))
         scales = (qs, ks, vs)
     if use_fp8:
-        from .fp8 import scale_fields
+        from .features.fp8 import scale_fields
         extras.update(scale_fields(problem, *scales, keep=keep))
     if block_mask is not None:
         extras.update(block_mask.kernel_fields(problem, keep=keep))
@@ -161,7 +161,7 @@ def _fp8_options(options: dict | None) -> dict:
 
 
 def _check_block_mask(mask: Any, problem: Problem) -> None:
-    from .block_mask import BlockMask
+    from .features.block_mask import BlockMask
     if not isinstance(mask, BlockMask):
         raise InputError(f"block_mask: expected a flashkit.BlockMask, got {type(mask).__name__}")
     mask.check_compatible(problem)

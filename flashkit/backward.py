@@ -5,14 +5,14 @@ from __future__ import annotations
 from typing import Any
 
 from .api import _aligned
-from .arrays import ArrayMeta, describe, to_cupy
-from .dtypes import BY_NAME
+from .call.arrays import ArrayMeta, describe, to_cupy
+from .call.dtypes import BY_NAME
 from .errors import InputError
 from .registry import Request, discover_kernels, select_kernel
 from .runtime.build import build_module, make_config
 from .runtime.device import cupy_module, device_info
 from .runtime.launch import LaunchInputs, launch
-from .validate import Problem, check_flag, validate_inputs
+from .call.validate import Problem, check_flag, validate_inputs
 
 LSE_DTYPE = "float32"
 

@@ -8,8 +8,8 @@ import cupy as cp
 import ml_dtypes
 
 import flashkit
-from flashkit.bench import CupyPeak
-from flashkit.fp8 import quantize_fp8, quantize_qkv
+from flashkit.bench.timing import CupyPeak
+from flashkit.features.fp8 import quantize_fp8, quantize_qkv
 
 
 def median_ms(fn, reps=10):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from ..compile_all import compile_matrix, plan_compiles
+from ..verify.compile_matrix import compile_matrix, plan_compiles
 from .common import device_cc_or_none, emit_json, one_line_errors, parse_arch
 
 

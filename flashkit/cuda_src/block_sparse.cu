@@ -12,7 +12,7 @@ launch: {grid: q_blocks, block_m: 128, block_n: 64, warps: 4}
 overrides: {"hd128": {block_m: 128, block_n: 128, warps: 8}, "hd256": {warps: 8}}
 workspace: none
 ---*/
-// Block-sparse FlashAttention: the FlashAttention-2 forward of fa2.cu (fwd_mainloop.cuh) with
+// Block-sparse FlashAttention: the FlashAttention-2 forward of fa2.cu (sm80/fwd_mainloop.cuh) with
 // the BlockSparseMask type (block_sparse.cuh) choosing which K/V tiles each query block visits.
 // Work scales with the mask's density: a query block reads only its kept K/V blocks, listed in
 // the compressed form of flashkit.BlockMask (kv_block_count, kv_block_index).
@@ -20,7 +20,7 @@ workspace: none
 // (multiples of 128). With FLASHKIT_CAUSAL the element causal mask (bottom-right aligned) is
 // applied on top of the block mask, and kept blocks wholly above the diagonal are not visited.
 #include "flashkit/block_sparse.cuh"
-#include "flashkit/fwd_mainloop.cuh"
+#include "flashkit/sm80/fwd_mainloop.cuh"
 
 using flashkit::KernelTraits;
 

@@ -17,12 +17,12 @@ workspace: none
 // - K/V tiles wholly above the diagonal are never loaded nor computed: query block r visits
 //   only tiles [0, ceil((last_row + seqlen_k - seqlen_q + 1) / block_n)).
 // - The element mask runs only on the tiles crossing the diagonal (and the ragged tail);
-//   they are visited first, the fully visible tiles after them (CausalMask, fwd_mainloop.cuh).
+//   they are visited first, the fully visible tiles after them (CausalMask, sm80/fwd_mainloop.cuh).
 // - Work per query block grows with its index, so blocks are scheduled heaviest first:
 //   blockIdx.x = 0 takes the last query block, which keeps the tail of the grid short.
 // - A query block whose rows see no key (seqlen_q > seqlen_k) loads nothing and writes
 //   O = 0, LSE = -inf.
-#include "flashkit/fwd_mainloop.cuh"
+#include "flashkit/sm80/fwd_mainloop.cuh"
 
 using flashkit::KernelTraits;
 typedef flashkit::CausalMask<KernelTraits::kBlockM, KernelTraits::kBlockN> FwdMask;

@@ -23,7 +23,7 @@ workspace: running_state
 //   O at [slab][seqlen_q][head_dim], then m at [slab][seqlen_q], then l at [slab][seqlen_q].
 // The CTA initialises its own slab (m = -inf, l = 0, O = 0): the workspace is not zeroed.
 // Rows that never see a key keep l = 0 and end with O = 0, LSE = -inf.
-#include "flashkit/fwd_mainloop.cuh"
+#include "flashkit/sm80/fwd_mainloop.cuh"
 
 using namespace flashkit;
 typedef KernelTraits Kt;

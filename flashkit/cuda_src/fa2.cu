@@ -19,8 +19,8 @@ workspace: none
 // in registers as the A operand of the second product. Normalization by l is deferred to the
 // epilogue, which also writes LSE = m * scale + ln(l).
 // With FLASHKIT_CAUSAL the tiles wholly above the (bottom-right aligned) diagonal are skipped
-// and only the tiles crossing it are masked element-wise (fwd_mainloop.cuh, mask.cuh).
-#include "flashkit/fwd_mainloop.cuh"
+// and only the tiles crossing it are masked element-wise (sm80/fwd_mainloop.cuh, mask.cuh).
+#include "flashkit/sm80/fwd_mainloop.cuh"
 
 using flashkit::KernelTraits;
 

@@ -19,7 +19,7 @@ workspace: dq_accum
 //              LSE; dQ through fp32 atomics (bwd_mainloop.cuh)
 //   convert_dq grid (ceil(seqlen_q / block_m), heads, batch): dQ = dq_accum in the input dtype
 // Causal (FLASHKIT_CAUSAL) skips the query blocks above the diagonal and masks the tiles crossing it.
-#include "flashkit/bwd_mainloop.cuh"
+#include "flashkit/sm80/bwd_mainloop.cuh"
 
 using flashkit::BwdKernelTraits;
 

@@ -15,14 +15,14 @@ workspace: none
 // FP8 FlashAttention forward (after FlashAttention-3 section 3.3, on mma.sync for sm_89+).
 // Inputs: q, k, v as e4m3 bit patterns in the contract's (batch, seqlen, heads, D) layout, with
 // float32 scales per (batch, head, block of scale_block_rows rows): real value = e4m3 * scale
-// (flashkit/fp8.py quantize_fp8 makes them, with optional Hadamard incoherent processing).
+// (flashkit/features/fp8.py quantize_fp8 makes them, with optional Hadamard incoherent processing).
 // Both products run on e4m3 tensor cores with fp32 accumulation:
 //   S = Q K^T, descaled per (row, K tile) by q_scale * k_scale, folded into the softmax scale;
 //   P = 448 exp(S - m) quantized to e4m3 (the factor 448 cancels in O / l);
 //   O += P V with O kept in units of the current tile's V scale, applied in the epilogue.
 // V is transposed to K-major in shared memory (no 8-bit ldmatrix.trans), see fp8.cuh.
 // Output float16 or bfloat16 (FLASHKIT_OUT_DTYPE); LSE as every variant; causal via mask types.
-#include "flashkit/fp8_mainloop.cuh"
+#include "flashkit/sm80/fp8_mainloop.cuh"
 
 typedef flashkit::fp8::Fp8Traits<FLASHKIT_HEAD_DIM, FLASHKIT_BLOCK_M, FLASHKIT_BLOCK_N, FLASHKIT_WARPS,
                                  flashkit::OutT>

@@ -17,11 +17,11 @@ workspace: v_transposed
 // Inputs as the fp8 variant: e4m3 q, k, v in the contract's (batch, seqlen, heads, D) layout with
 // float32 scales per (batch, head, block of rows). Two entries:
 //   flashkit_fp8_hopper_vt    V -> Vt (D x keys per kv head) in the workspace: e4m3 wgmma takes
-//                             K-major operands only (v_transpose.cuh, keys in fp8.cuh's PvKeys order)
-//   flashkit_fp8_hopper_fwd   the attention (wgmma_attention.cuh's pipeline, fp8_wgmma_mainloop.cuh)
+//                             K-major operands only (hopper/v_transpose.cuh, keys in fp8.cuh's PvKeys order)
+//   flashkit_fp8_hopper_fwd   the attention (hopper/wgmma_attention.cuh's pipeline, hopper/fp8_wgmma_mainloop.cuh)
 // Output float16 or bfloat16 (FLASHKIT_OUT_DTYPE); LSE as every variant; causal via mask types.
-#include "flashkit/fp8_wgmma_mainloop.cuh"
-#include "flashkit/v_transpose.cuh"
+#include "flashkit/hopper/fp8_wgmma_mainloop.cuh"
+#include "flashkit/hopper/v_transpose.cuh"
 
 typedef flashkit::fp8::WgmmaTraits<FLASHKIT_HEAD_DIM, FLASHKIT_BLOCK_M, FLASHKIT_BLOCK_N, FLASHKIT_WARPS,
                                    flashkit::OutT>

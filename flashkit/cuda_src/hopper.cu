@@ -15,9 +15,9 @@ workspace: none
 // fp32 accumulation, and the softmax of tile j + 1 computed while P_j V_j runs on the tensor cores.
 // Inputs in the contract's (batch, seqlen, heads, D) layout, read as they are: K and V tiles share
 // one swizzled layout, S = Q K^T reads K K-major and O += P V reads V MN-major (16-bit wgmma's
-// transposed B), so there is no V pre-pass. Pipeline: wgmma_attention.cuh; main loop: wgmma_mainloop.cuh.
+// transposed B), so there is no V pre-pass. Pipeline: hopper/wgmma_attention.cuh; main loop: hopper/wgmma_mainloop.cuh.
 // Output in the input dtype; LSE as every variant; causal via mask types; GQA / MQA.
-#include "flashkit/wgmma_mainloop.cuh"
+#include "flashkit/hopper/wgmma_mainloop.cuh"
 
 typedef flashkit::gmma::AttentionTraits<flashkit::Element, FLASHKIT_HEAD_DIM, FLASHKIT_BLOCK_M, FLASHKIT_BLOCK_N,
                                         FLASHKIT_WARPS, flashkit::OutT>

@@ -9,7 +9,7 @@ from typing import Any
 
 import yaml
 
-from ..dtypes import BY_NAME
+from ..call.dtypes import BY_NAME
 from ..errors import ManifestError
 
 MANIFEST_RE = re.compile(r"\A\s*/\*---\s*\n(.*?)\n\s*---\*/", re.S)

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
-from ..dtypes import BY_NAME
+from ..call.dtypes import BY_NAME
 from ..registry.manifest import KernelSpec
 from .device import cupy_module
 from .nvrtc import Compiled, compile_cubin, nvrtc_version

@@ -6,9 +6,9 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..dtypes import BY_NAME, dtype_of_storage
+from ..call.dtypes import BY_NAME, dtype_of_storage
+from ..call.validate import Problem
 from ..registry.manifest import KernelSpec
-from ..validate import Problem
 from .build import BuildConfig, LoadedKernel
 from .device import cupy_module
 from .params import make_params

@@ -14,7 +14,7 @@ from flashkit.errors import InputError, UnsupportedError
 from flashkit.registry import Request, discover_kernels, select_kernel
 from flashkit.runtime.device import DeviceInfo
 from flashkit.runtime.launch import workspace_bytes
-from flashkit.validate import Problem
+from flashkit.call.validate import Problem
 from .synth import B, D, H, SK, SQ, cuda, qkv
 
 FAKE_H100 = DeviceInfo(0, "Fake H100", (9, 0), 132, 227 * 1024, 13000, 13000)
@@ -108,8 +108,8 @@ def test_dq_accum_workspace_size():
 
 @pytest.mark.parametrize("causal", [False, True])
 def test_reference_backward_matches_finite_differences(causal):
-    from flashkit.reference import reference_attention
-    from flashkit.reference_backward import reference_backward
+    from flashkit.verify.reference import reference_attention
+    from flashkit.verify.reference_backward import reference_backward
     rng = np.random.default_rng(0)
     q = rng.standard_normal((1, 5, 4, 8))
     k = rng.standard_normal((1, 3, 2, 8))

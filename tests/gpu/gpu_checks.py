@@ -7,7 +7,7 @@ import zlib
 import pytest
 
 from flashkit.registry import discover_kernels
-from flashkit.verify import checks_for
+from flashkit.verify.harness import checks_for
 
 
 def check_params(names: list[str], quick: bool = False) -> list:

@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 import flashkit
-from flashkit.block_mask import BlockMask, compress
-from flashkit.block_mask_verify import block_sparse_checks
+from flashkit.features.block_mask import BlockMask, compress
+from flashkit.verify.block_sparse import block_sparse_checks
 from flashkit.registry import discover_kernels
 
 pytestmark = pytest.mark.gpu
@@ -38,7 +38,7 @@ def test_every_pattern(check):
 
 
 def _qkv(b, sq, sk, h, hk, d, dtype="bfloat16", seed=0):
-    from flashkit.verify import Shape, random_qkv
+    from flashkit.verify.harness import Shape, random_qkv
     return random_qkv(Shape(b, sq, sk, h, hk), d, dtype, seed)
 
 

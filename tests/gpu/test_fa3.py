@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 
 from flashkit.registry import discover_kernels
-from flashkit.verify import Shape, dense_check
+from flashkit.verify import Shape
+from flashkit.verify.dense import dense_check
 
 pytestmark = pytest.mark.gpu
 

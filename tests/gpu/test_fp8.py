@@ -37,8 +37,8 @@ def test_quantize_odd_and_wide_head_dims(fp8_device, dtype, d, hadamard):
 
 def check_quantize(dtype, shape, block, hadamard):
     import cupy
-    from flashkit import fp8
-    from flashkit.dtypes import BY_NAME
+    from flashkit.features import fp8
+    from flashkit.call.dtypes import BY_NAME
     d = shape[3]
     rng = cupy.random.default_rng(d)
     x = (rng.standard_normal(shape, dtype=cupy.float32) * 3).astype(BY_NAME[dtype].storage)
@@ -58,7 +58,7 @@ def check_quantize(dtype, shape, block, hadamard):
 
 def test_quantize_strided_input(fp8_device):
     import cupy
-    from flashkit import fp8
+    from flashkit.features import fp8
     x = cupy.random.default_rng(0).standard_normal((1, 200, 4, 128), dtype=cupy.float32).astype(cupy.float16)
     view = x[:, :, ::2]   # head stride 2 * d
     data, scales = fp8.quantize_fp8(view)
@@ -69,7 +69,7 @@ def test_quantize_strided_input(fp8_device):
 @pytest.mark.parametrize("hadamard", [False, True])
 def test_quantize_misaligned_view(fp8_device, hadamard):
     import cupy
-    from flashkit import fp8
+    from flashkit.features import fp8
     big = cupy.random.default_rng(1).standard_normal((2, 150, 3, 130), dtype=cupy.float32).astype(cupy.float16)
     view = big[..., 1:129]   # rows start 2 bytes past a 16-byte boundary: 2-byte loads
     assert fp8.alignment(view.data.ptr, view.strides[:3]) == 2
@@ -86,10 +86,10 @@ def test_fp8_checks(variant, check):
 def test_attention_fp8_true(fp8_device):
     import cupy
     import flashkit
-    from flashkit.reference import reference_attention
+    from flashkit.verify.reference import reference_attention
     rng = cupy.random.default_rng(1)
     q, k, v = (rng.standard_normal((2, 500, 8, 128), dtype=cupy.float32).astype(cupy.float16) for _ in range(3))
-    from flashkit.fp8 import quantize_qkv
+    from flashkit.features.fp8 import quantize_qkv
     options = {"hadamard": True, "seed": 3}
     out = flashkit.attention(q, k, v, fp8=True, causal=True, fp8_options=options)
     assert out.dtype == cupy.float16

@@ -20,9 +20,9 @@ def _grads(fn, q, k, v, dout):
 
 def _check(grads, q, k, v, dout, causal):
     import cupy as cp
-    from flashkit.dtypes import BY_NAME
-    from flashkit.reference import output_atol
-    from flashkit.reference_backward import plain_backward, reference_backward
+    from flashkit.call.dtypes import BY_NAME
+    from flashkit.verify.reference import output_atol
+    from flashkit.verify.reference_backward import plain_backward, reference_backward
     ins = tuple(cp.from_dlpack(x.contiguous()) for x in (q, k, v, dout))
     scale = 1 / math.sqrt(q.shape[-1])
     refs = reference_backward(*ins, scale=scale, causal=causal)

@@ -1,5 +1,5 @@
 // FP8 (e4m3) block quantization of a (batch, seqlen, heads, D) tensor, with optional Hadamard
-// incoherent processing (flashkit/fp8.py compiles and launches it; sm_89+ for the e4m3 cvt).
+// incoherent processing (flashkit/features/fp8.py compiles and launches it; sm_89+ for the e4m3 cvt).
 //
 // One CTA per (row block, head, batch). For each row x of the block:
 //   hadamard:  x <- H (signs * x) / sqrt(D)   (random-sign Walsh-Hadamard, orthogonal)
@@ -56,7 +56,7 @@ constexpr int kRowBytes = kD * kElemBytes;
 constexpr int kVecBytes = imin(imin(16, kAlign), imin(pow2_factor(kChunkBytes), pow2_factor(kRowBytes)));
 constexpr int kRowsPerWarp = 32 / kLanesPerRow;
 constexpr int kRowsPerStep = kWarps * kRowsPerWarp;
-constexpr int kTargetTileRows = 128;                 // the default scale block (fp8.py DEFAULT_BLOCK)
+constexpr int kTargetTileRows = 128;                 // the default scale block (features/fp8.py DEFAULT_BLOCK)
 // Registers a thread spends on the tile: kSteps steps of raw words (kWords each) and, when it
 // keeps rotated rows, their floats (kPerLane each); a raw tile also needs one row's floats.
 constexpr int kTileRegisters = 48;

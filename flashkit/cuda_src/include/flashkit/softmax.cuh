@@ -16,7 +16,7 @@
 // LSE = -inf.
 #pragma once
 
-#include "flashkit/mma.cuh"
+#include "flashkit/fragment.cuh"
 
 namespace flashkit {
 

@@ -14,7 +14,7 @@
 
 #include "flashkit/hopper/ws_traits.cuh"
 #include "flashkit/mask.cuh"
-#include "flashkit/mma.cuh"
+#include "flashkit/fragment.cuh"
 #include "flashkit/softmax.cuh"
 
 namespace flashkit {

@@ -12,7 +12,7 @@
 
 #include "flashkit/hopper/pipeline.cuh"
 #include "flashkit/hopper/tma.cuh"
-#include "flashkit/wgmma.cuh"
+#include "flashkit/hopper/wgmma.cuh"
 
 namespace flashkit {
 namespace hopper {

@@ -1,0 +1,123 @@
+"""PyTorch baselines of the benchmark: SDPA with each backend, and flex_attention (compiled).
+
+Inputs are the benchmark's own CuPy arrays, seen zero-copy through DLPack as (B, H, S, D) views.
+Every failure (backend unsupported for the shape, compile error, out of memory) becomes an unavailable row.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+from .config import BenchConfig, BenchRow, BenchShape, mark_unavailable, tflops
+from .timing import time_cuda
+
+SDPA_BACKENDS = {"flash": "FLASH_ATTENTION", "cudnn": "CUDNN_ATTENTION", "efficient": "EFFICIENT_ATTENTION"}
+
+_compiled_flex: Any = None
+
+
+def available() -> tuple[bool, str]:
+    """(True, '') when torch imports and sees a CUDA device, else (False, why)."""
+    try:
+        import torch
+    except Exception as exc:
+        return False, f"torch not importable ({type(exc).__name__}: {exc})"
+    if not torch.cuda.is_available():
+        return False, "torch sees no CUDA device"
+    return True, ""
+
+
+def torch_views(inputs) -> list[tuple[Any, Any, Any]]:
+    """(batch, seqlen, heads, D) CuPy arrays -> (batch, heads, seqlen, D) torch views, no copy."""
+    import torch
+    return [tuple(torch.from_dlpack(x).transpose(1, 2) for x in qkv) for qkv in inputs]
+
+
+def time_torch(fn: Callable[[int], Any], warmup: int, iters: int) -> float:
+    import torch
+    return time_cuda(fn, warmup, iters, lambda: torch.cuda.Event(enable_timing=True),
+                     lambda a, b: a.elapsed_time(b), torch.cuda.synchronize)
+
+
+def torch_peak_bytes(fn: Callable[[], Any]) -> int:
+    """Peak bytes torch's allocator hands out during fn(), beyond what it held before."""
+    import torch
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    base = torch.cuda.memory_allocated()
+    out = fn()
+    torch.cuda.synchronize()
+    del out
+    return int(torch.cuda.max_memory_allocated() - base)
+
+
+def _sdpa_call(backend: str, shape: BenchShape, views) -> Callable[[int], Any]:
+    import torch.nn.functional as F
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    kernel = getattr(SDPBackend, SDPA_BACKENDS[backend])
+
+    def call(i: int):
+        q, k, v = views[i % len(views)]
+        kwargs = {"enable_gqa": True} if q.shape[1] != k.shape[1] else {}
+        with sdpa_kernel(kernel):
+            return F.scaled_dot_product_attention(q, k, v, is_causal=shape.causal, **kwargs)
+    return call
+
+
+def flex_block_mask(shape: BenchShape, mask: Any = None):
+    """flex_attention's BlockMask: the same kept blocks as a flashkit BlockMask, the causal mask, or None."""
+    import torch
+    from torch.nn.attention.flex_attention import create_block_mask
+    s = shape.seqlen
+    if mask is not None:
+        import cupy
+        blocks = torch.as_tensor(cupy.asnumpy(mask.dense_blocks()), device="cuda")
+        mb, mh = int(blocks.shape[0]), int(blocks.shape[1])
+        bq, bk = mask.block
+
+        def kept(b, h, q_idx, kv_idx):
+            return blocks[b % mb, h % mh, q_idx // bq, kv_idx // bk]
+        return create_block_mask(kept, B=mb if mb > 1 else None, H=mh if mh > 1 else None, Q_LEN=s, KV_LEN=s,
+                                 device="cuda", BLOCK_SIZE=(bq, bk))
+    if shape.causal:
+        def causal(b, h, q_idx, kv_idx):
+            return q_idx >= kv_idx
+        return create_block_mask(causal, B=None, H=None, Q_LEN=s, KV_LEN=s, device="cuda")
+    return None
+
+
+def _flex_call(shape: BenchShape, views, mask: Any) -> Callable[[int], Any]:
+    global _compiled_flex
+    import torch
+    from torch.nn.attention.flex_attention import flex_attention
+    if _compiled_flex is None:
+        _compiled_flex = torch.compile(flex_attention, dynamic=False)
+    block_mask = flex_block_mask(shape, mask)
+
+    def call(i: int):
+        q, k, v = views[i % len(views)]
+        kwargs = {"enable_gqa": True} if q.shape[1] != k.shape[1] else {}
+        return _compiled_flex(q, k, v, block_mask=block_mask, **kwargs)
+    return call
+
+
+def bench_backend(backend: str, shape: BenchShape, inputs, config: BenchConfig, flops: float,
+                  mask: Any = None) -> BenchRow:
+    """Time one torch backend ('flash', 'cudnn', 'efficient', 'flex') on the benchmark's inputs."""
+    row = BenchRow(f"torch:{backend}", shape.batch, shape.seqlen, shape.heads, shape.head_dim, shape.causal,
+                   config.dtype, flops, density=mask.density if mask is not None else None)
+    try:
+        if backend not in SDPA_BACKENDS and backend != "flex":
+            raise ValueError(f"unknown torch backend {backend!r}; expected one of "
+                             f"{', '.join([*SDPA_BACKENDS, 'flex'])}")
+        if mask is not None and backend != "flex":
+            raise ValueError("block-sparse masks run only with flex")
+        views = torch_views(inputs)
+        call = _flex_call(shape, views, mask) if backend == "flex" else _sdpa_call(backend, shape, views)
+        call(0)   # first call: compiles flex, and raises here when the backend refuses the shape
+        row.peak_bytes = torch_peak_bytes(lambda: call(1))
+        row.ms = time_torch(call, config.warmup, config.iters)
+        row.tflops = tflops(flops, row.ms)
+    except Exception as exc:
+        mark_unavailable(row, exc)
+    return row

@@ -1,0 +1,355 @@
+// The FlashAttention-2 backward of one key block (Dao, 2023, algorithm 2), mma.sync.m16n8k16.
+//
+// One CTA holds K_j, V_j (shared memory) and dK_j, dV_j (fp32 registers) and walks the query blocks
+// i of every query head of its kv head's group (GQA / MQA: dK, dV summed over the group in registers).
+// Per visited query block, with the pre-pass's lse2 = LSE log2(e) and dsum = rowsum(dO O):
+//   S^T  = K_j Q_i^T                      warp w: its 16 keys x kBlockM queries
+//   P^T  = exp2(S^T scale log2(e) - lse2) recomputed, never stored; 0 above the causal diagonal
+//   dV  += P^T dO_i                       P^T packed to 16 bits as the A operand
+//   dP^T = V_j dO_i^T
+//   dS^T = P^T (dP^T - dsum)
+//   dK  += dS^T Q_i                       (times scale at the end)
+//   dQ_i += scale dS K_j                  dS^T through shared memory; fp32 atomics into dq_accum,
+//                                         in key-block order when p.bwd.deterministic
+// The tail rows of the last blocks need no element mask: Q, dO rows past seqlen_q are zero-filled
+// with lse2 = +inf (P = 0), and K, V rows past seqlen_k are zero (their dK, dV rows are not stored,
+// their dQ terms are dS * 0).
+#pragma once
+
+#include "flashkit/sm80/bwd_prepass.cuh"
+#include "flashkit/fragment.cuh"
+#include "flashkit/sm80/mma.cuh"
+
+namespace flashkit {
+
+// Per-lane ldmatrix.x4 addressing of the 16 x 16 blocks of a swizzled 16-bit tile with kCols columns.
+// Two ways a block is read (rows of the lane's 8x8 matrix: row % 8 == lane % 8 in both):
+//   LdsmRows16:  A fragments of a [m][k] tile, or .trans B fragments of a [k][n] tile (two 8-wide n tiles):
+//                row lane % 16, 8-column half lane / 16
+//   LdsmRows8x2: B fragments of a [n][k] tile (two 8-wide n tiles), or .trans A fragments of a [k][m] tile:
+//                row (lane / 16) 8 + lane % 8, 8-column half (lane / 8) % 2
+// The swizzle's XOR depends on the lane only (LdsmColumns), so a block at (16-multiple row r0, 16-wide
+// column step s) costs one add to a per-lane base and compile-time offsets.
+template <int kCols>
+struct LdsmLane {
+    int row_bytes;       // this lane's row offset, bytes
+    LdsmColumns cols;
+    __device__ __forceinline__ LdsmLane(int row, int hi, int lane) : row_bytes(row * kCols * 2), cols(lane, hi) {}
+    __device__ __forceinline__ u32 addr(u32 base, int r0, int s) const {
+        return base + row_bytes + r0 * kCols * 2 + cols.col(s) * 2;
+    }
+};
+template <int kCols>
+__device__ __forceinline__ LdsmLane<kCols> ldsm_rows16(int lane) {
+    return LdsmLane<kCols>(lane % 16, lane / 16, lane);
+}
+template <int kCols>
+__device__ __forceinline__ LdsmLane<kCols> ldsm_rows8x2(int lane) {
+    return LdsmLane<kCols>((lane / 16) * 8 + lane % 8, (lane / 8) % 2, lane);
+}
+
+// Causal, bottom-right aligned: key j is visible to query i iff j <= i + seqlen_k - seqlen_q.
+template <bool kCausal>
+struct BwdCausal {
+    // First query block that sees any key of the block starting at key n0 (m_blocks: none does).
+    __device__ __forceinline__ static int first_m_block(const Params& p, int n0, int block_m) {
+        if (!kCausal) return 0;
+        const int q_lo = n0 - (p.seqlen_k - p.seqlen_q);   // smallest query that sees key n0
+        if (q_lo >= p.seqlen_q) return (p.seqlen_q + block_m - 1) / block_m;
+        return q_lo > 0 ? q_lo / block_m : 0;
+    }
+    // Whether tile (query block at m0, key block at n0) crosses the diagonal.
+    __device__ __forceinline__ static bool crosses(const Params& p, int m0, int n0, int block_n) {
+        return kCausal && n0 + block_n - 1 > m0 + p.seqlen_k - p.seqlen_q;
+    }
+};
+
+template <class Kt, bool kCausal>
+struct BwdMainloop {
+    typedef typename Kt::Element Element;
+    static constexpr int kD = Kt::kHeadDim;
+    static constexpr int kM = Kt::kBlockM;
+    static constexpr int kN = Kt::kBlockN;
+
+    const Params& p;
+    const BwdWorkspace<kM> ws;
+    int batch, kv_head, n0, warp, lane;
+    u32 sQ, sdO, sK, sV, sdS;   // shared addresses (Q, dO: buffer 0; buffer 1 follows)
+    float* s_lse2;              // [2][kM]
+    float* s_dsum;              // [2][kM]
+
+    float acc_dk[Kt::kDTiles][4];   // dK rows of this warp's 16 keys, mma C layout
+    float acc_dv[Kt::kDTiles][4];
+
+    __device__ __forceinline__ BwdMainloop(const Params& p_, unsigned char* smem, int n_block, int kv_head_,
+                                           int batch_)
+        : p(p_), ws(p_), batch(batch_), kv_head(kv_head_), n0(n_block * kN) {
+        warp = threadIdx.x / kWarpSize;
+        lane = threadIdx.x % kWarpSize;
+        sQ = smem_u32(smem);
+        sdO = sQ + 2 * Kt::kQElems * Kt::kElemBytes;
+        sK = sdO + 2 * Kt::kQElems * Kt::kElemBytes;
+        sV = sK + Kt::kKVElems * Kt::kElemBytes;
+        sdS = sV + Kt::kKVElems * Kt::kElemBytes;
+        s_lse2 = reinterpret_cast<float*>(smem + (4 * Kt::kQElems + 2 * Kt::kKVElems + Kt::kDsElems) * Kt::kElemBytes);
+        s_dsum = s_lse2 + 2 * kM;
+#pragma unroll
+        for (int nd = 0; nd < Kt::kDTiles; ++nd)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) acc_dk[nd][e] = acc_dv[nd][e] = 0.f;
+    }
+
+    __device__ __forceinline__ u32 q_buf(int buf) const { return sQ + buf * Kt::kQElems * Kt::kElemBytes; }
+    __device__ __forceinline__ u32 do_buf(int buf) const { return sdO + buf * Kt::kQElems * Kt::kElemBytes; }
+
+    // K_j, V_j: one commit group with the first query block's loads.
+    __device__ __forceinline__ void load_kv_async() const {
+        const Element* k = static_cast<const Element*>(p.k) + batch * p.k_batch_stride +
+                           kv_head * p.k_head_stride + n0 * p.k_row_stride;
+        const Element* v = static_cast<const Element*>(p.v) + batch * p.v_batch_stride +
+                           kv_head * p.v_head_stride + n0 * p.v_row_stride;
+        load_tile_async<kN, kD, Kt::kThreads>(sK, k, p.k_row_stride, p.seqlen_k - n0, threadIdx.x);
+        load_tile_async<kN, kD, Kt::kThreads>(sV, v, p.v_row_stride, p.seqlen_k - n0, threadIdx.x);
+    }
+
+    // Q_i, dO_i, lse2_i, dsum_i of (head, m_block) into buffer buf, as one commit group.
+    __device__ __forceinline__ void load_q_async(int head, int m_block, int buf) const {
+        const int m0 = m_block * kM;
+        const Element* q = static_cast<const Element*>(p.q) + batch * p.q_batch_stride + head * p.q_head_stride +
+                           m0 * p.q_row_stride;
+        const Element* dout = static_cast<const Element*>(p.bwd.dout) + batch * p.bwd.do_batch_stride +
+                              head * p.bwd.do_head_stride + m0 * p.bwd.do_row_stride;
+        load_tile_async<kM, kD, Kt::kThreads>(q_buf(buf), q, p.q_row_stride, p.seqlen_q - m0, threadIdx.x);
+        load_tile_async<kM, kD, Kt::kThreads>(do_buf(buf), dout, p.bwd.do_row_stride, p.seqlen_q - m0,
+                                              threadIdx.x);
+        // lse2 and dsum are padded to whole blocks: 2 x kM floats, 16 B a lane of the first warp.
+        constexpr int kChunks = kM * 4 / kChunkBytes;
+        const int t = threadIdx.x;
+        if (t < 2 * kChunks) {
+            const float* src = (t < kChunks ? ws.lse2 : ws.dsum) + ws.row0(p, batch, head) + m0 + (t % kChunks) * 4;
+            float* dst = (t < kChunks ? s_lse2 : s_dsum) + buf * kM + (t % kChunks) * 4;
+            cp_async_16(smem_u32(dst), src, true);
+        }
+        cp_async_commit();
+    }
+
+    // C = A_w B^T over the head dim: A the warp's 16 rows of a [key][d] tile (K or V), B a [query][d]
+    // tile (Q or dO), queries q0 .. q0 + kSubM - 1: S^T = K Q^T, dP^T = V dO^T. c[ni]: queries q0 + 8 ni + 0..7.
+    __device__ __forceinline__ void gemm_rows_by_queries(float (&c)[Kt::kMCols][4], u32 sA, u32 sB, int q0) const {
+        const LdsmLane<kD> la = ldsm_rows16<kD>(lane);
+        const LdsmLane<kD> lb = ldsm_rows8x2<kD>(lane);
+#pragma unroll
+        for (int ni = 0; ni < Kt::kMCols; ++ni)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) c[ni][e] = 0.f;
+#pragma unroll
+        for (int kk = 0; kk < Kt::kDSteps; ++kk) {
+            u32 a[4];
+            ldsm_x4(a, la.addr(sA, warp * kMmaM, kk));
+#pragma unroll
+            for (int np = 0; np < Kt::kMCols / 2; ++np) {
+                u32 b[4];   // b0, b1 of query tile 2 np, then of 2 np + 1
+                ldsm_x4(b, lb.addr(sB, q0 + np * 2 * kMmaN, kk));
+                mma_16816<Element>(c[2 * np], a, b[0], b[1]);
+                mma_16816<Element>(c[2 * np + 1], a, b[2], b[3]);
+            }
+        }
+    }
+
+    // acc += X B over the queries 16 kk .. 16 kk + 15: X the warp's 16 keys x 16 queries as a 16-bit A
+    // fragment, B a [query][d] tile read transposed: dV += P^T dO, dK += dS^T Q.
+    __device__ __forceinline__ void mma_keys_by_d(float (&acc)[Kt::kDTiles][4], const u32 (&a)[4], u32 sB,
+                                                  int kk) const {
+        const LdsmLane<kD> lb = ldsm_rows16<kD>(lane);
+#pragma unroll
+        for (int dp = 0; dp < Kt::kDTiles / 2; ++dp) {
+            u32 b[4];   // b0, b1 of d tile 2 dp, then of 2 dp + 1
+            ldsm_x4_trans(b, lb.addr(sB, kk * kMmaK, dp));
+            mma_16816<Element>(acc[2 * dp], a, b[0], b[1]);
+            mma_16816<Element>(acc[2 * dp + 1], a, b[2], b[3]);
+        }
+    }
+
+    // dQ_i += scale dS K_j: this warp's (kDqMTiles x 16) x (kDqDTiles x 8) part of the tile, then fp32
+    // atomics into dq_accum (in key-block order when deterministic).
+    __device__ __forceinline__ void accumulate_dq(int head, int m_block) const {
+        const int wm = warp % Kt::kDqWarpsM;
+        const int wd = warp / Kt::kDqWarpsM;
+        const int d0 = wd * Kt::kDqDTiles * kMmaN;
+        const LdsmLane<kM> la = ldsm_rows8x2<kM>(lane);   // dS from dS^T [key][query]: .trans A
+        const LdsmLane<kD> lb = ldsm_rows16<kD>(lane);    // K [key][d]: .trans B
+        float acc[Kt::kDqMTiles][Kt::kDqDTiles][4];
+#pragma unroll
+        for (int mt = 0; mt < Kt::kDqMTiles; ++mt)
+#pragma unroll
+            for (int nd = 0; nd < Kt::kDqDTiles; ++nd)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) acc[mt][nd][e] = 0.f;
+#pragma unroll
+        for (int kk = 0; kk < Kt::kNSteps; ++kk) {
+            u32 a[Kt::kDqMTiles][4];
+#pragma unroll
+            for (int mt = 0; mt < Kt::kDqMTiles; ++mt)
+                ldsm_x4_trans(a[mt], la.addr(sdS, kk * kMmaK, mt * Kt::kDqWarpsM + wm));
+#pragma unroll
+            for (int dp = 0; dp < Kt::kDqDTiles / 2; ++dp) {
+                u32 b[4];
+                ldsm_x4_trans(b, lb.addr(sK, kk * kMmaK, wd * Kt::kDqDTiles / 2 + dp));
+#pragma unroll
+                for (int mt = 0; mt < Kt::kDqMTiles; ++mt) {
+                    mma_16816<Element>(acc[mt][2 * dp], a[mt], b[0], b[1]);
+                    mma_16816<Element>(acc[mt][2 * dp + 1], a[mt], b[2], b[3]);
+                }
+            }
+        }
+        const bool ordered = p.bwd.deterministic != 0;
+        int* sema = ws.semaphore(p, batch, head, m_block);
+        if (ordered) {   // wait for key blocks 0 .. n_block - 1 (every block before this one visits m_block)
+            if (threadIdx.x == 0) {
+                const int want = n0 / kN;
+                int seen;
+                do {
+                    asm volatile("ld.acquire.gpu.global.s32 %0, [%1];\n" : "=r"(seen) : "l"(sema) : "memory");
+                } while (seen != want);
+            }
+            __syncthreads();
+        }
+        float* dq = ws.dq_accum + (ws.row0(p, batch, head) + m_block * kM) * kD;
+        const int g = lane / kQuadLanes;
+        const int c2 = kFragCols * (lane % kQuadLanes);
+#pragma unroll
+        for (int mt = 0; mt < Kt::kDqMTiles; ++mt)
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+                float* row = dq + ((mt * Kt::kDqWarpsM + wm) * kMmaM + g + h * kFragRowHalf) * kD + d0 + c2;
+#pragma unroll
+                for (int nd = 0; nd < Kt::kDqDTiles; ++nd) {
+                    atomicAdd(row + nd * kMmaN, acc[mt][nd][2 * h] * p.softmax_scale);
+                    atomicAdd(row + nd * kMmaN + 1, acc[mt][nd][2 * h + 1] * p.softmax_scale);
+                }
+            }
+        if (ordered) {
+            __threadfence();
+            __syncthreads();
+            if (threadIdx.x == 0) atomicAdd(sema, 1);
+        }
+    }
+
+    // One query block: everything but the dQ product, which needs dS^T of every warp.
+    __device__ __forceinline__ void step(int m_block, int buf) {
+#pragma unroll 1
+        for (int q0 = 0; q0 < kM; q0 += Kt::kSubM) step_slice(m_block, buf, q0);
+    }
+
+    // Queries q0 .. q0 + kSubM - 1 of the block.
+    __device__ __forceinline__ void step_slice(int m_block, int buf, int q0) {
+        const int m0 = m_block * kM;
+        const int g = lane / kQuadLanes;
+        const int c2 = kFragCols * (lane % kQuadLanes);
+        const float* lse2 = s_lse2 + buf * kM + q0;
+        const float* dsum = s_dsum + buf * kM + q0;
+
+        float st[Kt::kMCols][4];   // S^T, then P^T: keys (rows g, g + 8) x queries
+        gemm_rows_by_queries(st, sK, q_buf(buf), q0);
+        if (BwdCausal<kCausal>::crosses(p, m0 + q0, n0, kN)) {
+            const int offset = p.seqlen_k - p.seqlen_q;
+#pragma unroll
+            for (int ni = 0; ni < Kt::kMCols; ++ni)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) {
+                    const int key = n0 + warp * kMmaM + g + (e / 2) * kFragRowHalf;
+                    const int query = m0 + q0 + ni * kMmaN + c2 + e % 2;
+                    if (key > query + offset) st[ni][e] = FLASHKIT_NEG_INF;
+                }
+        }
+#pragma unroll
+        for (int ni = 0; ni < Kt::kMCols; ++ni) {   // P^T = exp2(S^T c - lse2)
+            const float2 l = *reinterpret_cast<const float2*>(lse2 + ni * kMmaN + c2);
+#pragma unroll
+            for (int e = 0; e < 4; ++e)
+                st[ni][e] = fast_exp2(fmaf(st[ni][e], p.softmax_scale_log2, -(e % 2 ? l.y : l.x)));
+        }
+        // P^T rounded to 16 bits once, as the A fragments of dV += P^T dO (and read back for dS):
+        // pt[kk][2 (ni % 2) + h] holds rows g + 8 h, queries 8 ni + 2t, + 1 of column tile ni = 2 kk + ni % 2.
+        u32 pt[Kt::kMSteps][4];
+#pragma unroll
+        for (int kk = 0; kk < Kt::kMSteps; ++kk) pack_a_fragment<Element>(pt[kk], st, kk);
+#pragma unroll
+        for (int kk = 0; kk < Kt::kMSteps; ++kk)   // dV += P^T dO
+            mma_keys_by_d(acc_dv, pt[kk], do_buf(buf), q0 / kMmaK + kk);
+
+        float dpt[Kt::kMCols][4];   // dP^T
+        gemm_rows_by_queries(dpt, sV, do_buf(buf), q0);
+        // Per 16 queries: dS^T = P^T (dP^T - dsum) as a 16-bit A fragment, to shared memory (for
+        // dQ = dS K) and into dK += dS^T Q. ds[2 (ni % 2) + h]: rows g + 8 h, column tile ni.
+#pragma unroll
+        for (int kk = 0; kk < Kt::kMSteps; ++kk) {
+            u32 ds[4];
+#pragma unroll
+            for (int j = 0; j < 2; ++j) {
+                const int ni = 2 * kk + j;
+                const float2 d = *reinterpret_cast<const float2*>(dsum + ni * kMmaN + c2);
+#pragma unroll
+                for (int h = 0; h < 2; ++h) {
+                    float p0, p1;
+                    unpack_float2<Element>(pt[kk][2 * j + h], p0, p1);
+                    ds[2 * j + h] = pack_float2<Element>(p0 * (dpt[ni][2 * h] - d.x), p1 * (dpt[ni][2 * h + 1] - d.y));
+                    const int row = warp * kMmaM + g + h * kFragRowHalf;
+                    asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(sdS + swizzle_offset<kM>(row, q0 + ni * kMmaN + c2) * 2),
+                                 "r"(ds[2 * j + h]));
+                }
+            }
+            mma_keys_by_d(acc_dk, ds, q_buf(buf), q0 / kMmaK + kk);   // dK += dS^T Q
+        }
+    }
+
+    // dK = scale dK, dV: this warp's 16 rows, rows past seqlen_k not written.
+    __device__ __forceinline__ void store_dk_dv() const {
+        const int g = lane / kQuadLanes;
+        const int c2 = kFragCols * (lane % kQuadLanes);
+        Element* dk = static_cast<Element*>(p.bwd.dk) + batch * p.bwd.dk_batch_stride + kv_head * p.bwd.dk_head_stride;
+        Element* dv = static_cast<Element*>(p.bwd.dv) + batch * p.bwd.dv_batch_stride + kv_head * p.bwd.dv_head_stride;
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            const int key = n0 + warp * kMmaM + g + h * kFragRowHalf;
+            if (key >= p.seqlen_k) continue;
+#pragma unroll
+            for (int nd = 0; nd < Kt::kDTiles; ++nd) {
+                const int col = nd * kMmaN + c2;
+                *reinterpret_cast<u32*>(dk + key * p.bwd.dk_row_stride + col) = pack_float2<Element>(
+                    acc_dk[nd][2 * h] * p.softmax_scale, acc_dk[nd][2 * h + 1] * p.softmax_scale);
+                *reinterpret_cast<u32*>(dv + key * p.bwd.dv_row_stride + col) =
+                    pack_float2<Element>(acc_dv[nd][2 * h], acc_dv[nd][2 * h + 1]);
+            }
+        }
+    }
+};
+
+// The whole backward of key block n_block of (kv_head, batch).
+template <class Kt, bool kCausal>
+__device__ __forceinline__ void bwd_block(const Params& p, int n_block, int kv_head, int batch) {
+    extern __shared__ __align__(128) unsigned char smem_raw[];
+    BwdMainloop<Kt, kCausal> loop(p, smem_raw, n_block, kv_head, batch);
+    const int group = p.heads / p.kv_heads;
+    const int m_begin = BwdCausal<kCausal>::first_m_block(p, n_block * Kt::kBlockN, Kt::kBlockM);
+    const int n_m = loop.ws.m_blocks - m_begin;   // query blocks visited per query head
+    const int total = group * n_m;
+    loop.load_kv_async();
+    if (total > 0) loop.load_q_async(kv_head * group, m_begin, 0);
+    else cp_async_commit();
+    for (int it = 0; it < total; ++it) {
+        const int head = kv_head * group + it / n_m;
+        const int m_block = m_begin + it % n_m;
+        const int buf = it & 1;
+        cp_async_wait<0>();
+        __syncthreads();   // Q_i, dO_i (and K, V) resident; every warp is done with buffer buf ^ 1 and dS^T
+        if (it + 1 < total)
+            loop.load_q_async(kv_head * group + (it + 1) / n_m, m_begin + (it + 1) % n_m, buf ^ 1);
+        loop.step(m_block, buf);
+        __syncthreads();   // dS^T complete
+        loop.accumulate_dq(head, m_block);
+    }
+    loop.store_dk_dv();
+}
+
+}  // namespace flashkit

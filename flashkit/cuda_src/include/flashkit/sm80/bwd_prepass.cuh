@@ -1,0 +1,79 @@
+// The backward's two light passes around the main kernel, one CTA per (query block, head, batch):
+//   bwd_prepass:    dsum_i = rowsum(dO_i * O_i) (fp32), lse2_i = LSE_i * log2(e) (+inf where the row
+//                   sees no key or lies past seqlen_q), dq_accum rows and the block's semaphore zeroed
+//   bwd_convert_dq: dQ = dq_accum (already scaled by softmax_scale) in the input dtype
+#pragma once
+
+#include "flashkit/sm80/bwd_traits.cuh"
+#include "flashkit/tile.cuh"
+
+namespace flashkit {
+
+// +inf as a float bit pattern: exp2(s - (+inf)) = 0 for every finite or -inf s.
+#define FLASHKIT_POS_INF (__int_as_float(0x7f800000))
+
+template <class Kt>
+__device__ __forceinline__ void bwd_prepass(const Params& p, int m_block, int head, int batch) {
+    typedef typename Kt::Element Element;
+    constexpr int kD = Kt::kHeadDim;
+    constexpr int kPairs = kD / 2;   // 16-bit pairs per row
+    const BwdWorkspace<Kt::kBlockM> ws(p);
+    const int tid = threadIdx.x;
+    const int warp = tid / kWarpSize;
+    const int lane = tid % kWarpSize;
+    const int m0 = m_block * Kt::kBlockM;
+    const index_t ws_row0 = ws.row0(p, batch, head) + m0;
+    const Element* dout = static_cast<const Element*>(p.bwd.dout) + batch * p.bwd.do_batch_stride +
+                          head * p.bwd.do_head_stride;
+    const Element* out = static_cast<const Element*>(p.o) + batch * p.o_batch_stride + head * p.o_head_stride;
+    const float* lse = p.lse + (static_cast<index_t>(batch) * p.heads + head) * p.seqlen_q;
+
+    // One warp a row: dsum = sum_d dO * O.
+    for (int r = warp; r < Kt::kBlockM; r += Kt::kWarps) {
+        const int row = m0 + r;
+        float acc = 0.f;
+        if (row < p.seqlen_q) {
+            const u32* d2 = reinterpret_cast<const u32*>(dout + row * p.bwd.do_row_stride);
+            const u32* o2 = reinterpret_cast<const u32*>(out + row * p.o_row_stride);
+#pragma unroll
+            for (int c = lane; c < kPairs; c += kWarpSize) {
+                float d0, d1, o0, o1;
+                unpack_float2<Element>(d2[c], d0, d1);
+                unpack_float2<Element>(o2[c], o0, o1);
+                acc = fmaf(d0, o0, fmaf(d1, o1, acc));
+            }
+        }
+#pragma unroll
+        for (int s = kWarpSize / 2; s > 0; s /= 2) acc += __shfl_xor_sync(0xffffffffu, acc, s);
+        if (lane == 0) {
+            const float l = row < p.seqlen_q ? lse[row] : FLASHKIT_NEG_INF;
+            ws.dsum[ws_row0 + r] = acc;
+            ws.lse2[ws_row0 + r] = l == FLASHKIT_NEG_INF ? FLASHKIT_POS_INF : l * kLog2e;
+        }
+    }
+    // dq_accum rows of the block = 0, 16 bytes a thread a pass.
+    uint4* acc4 = reinterpret_cast<uint4*>(ws.dq_accum + ws_row0 * kD);
+    const uint4 zero = {0u, 0u, 0u, 0u};
+    for (int i = tid; i < Kt::kBlockM * kD / 4; i += Kt::kThreads) acc4[i] = zero;
+    if (tid == 0) *ws.semaphore(p, batch, head, m_block) = 0;
+}
+
+template <class Kt>
+__device__ __forceinline__ void bwd_convert_dq(const Params& p, int m_block, int head, int batch) {
+    typedef typename Kt::Element Element;
+    constexpr int kD = Kt::kHeadDim;
+    constexpr int kPairs = kD / 2;
+    const BwdWorkspace<Kt::kBlockM> ws(p);
+    const int m0 = m_block * Kt::kBlockM;
+    const float2* acc = reinterpret_cast<const float2*>(ws.dq_accum + (ws.row0(p, batch, head) + m0) * kD);
+    Element* dq = static_cast<Element*>(p.bwd.dq) + batch * p.bwd.dq_batch_stride + head * p.bwd.dq_head_stride;
+    const int rows = min(Kt::kBlockM, p.seqlen_q - m0);
+    for (int i = threadIdx.x; i < rows * kPairs; i += Kt::kThreads) {
+        const int r = i / kPairs;
+        const int c = i % kPairs;
+        const float2 x = acc[i];
+        *reinterpret_cast<u32*>(dq + (m0 + r) * p.bwd.dq_row_stride + 2 * c) = pack_float2<Element>(x.x, x.y);
+    }
+}
+
+}  // namespace flashkit

@@ -1,0 +1,226 @@
+// The FlashAttention-2 forward of one query block, shared by fa2.cu and causal.cu.
+//
+// One CTA, kBlockM query rows of one (head, batch); warps split the rows (split-Q) and never
+// exchange data. Per visited K/V tile j (visiting order and masking from the Mask type):
+//   S = Q K_j^T                        mma.sync, K_j read with ldmatrix (swizzled smem)
+//   S = -inf where masked              only on the tiles the mask says cross a boundary
+//   {m, l}, P = online softmax(S)      in registers (softmax.cuh), O *= alpha
+//   O += P V_j                         P packed to 16 bits in registers as the A operand
+// Pipeline (cp.async, single K and V buffers, overlapped like flash-attn):
+//   V_j streams in under S = Q K_j^T; K_{j+1} streams in under softmax and O += P V_j.
+// Epilogue: O /= l, LSE, store (epilogue.cuh).
+#pragma once
+
+#include "flashkit/epilogue.cuh"
+#include "flashkit/mask.cuh"
+#include "flashkit/sm80/mma.cuh"
+#include "flashkit/softmax.cuh"
+#include "flashkit/tile.cuh"
+
+namespace flashkit {
+
+template <class Kt, class Mask>
+struct FwdMainloop {
+    typedef typename Kt::Element Element;
+    static constexpr int kD = Kt::kHeadDim;
+    static constexpr int kRowBytes = kD * Kt::kElemBytes;   // one smem tile row
+    static constexpr int kMTiles = Kt::kMTiles;
+
+    // Scalars stay in the kernel's parameter block (constant bank), not in registers: the
+    // main loop runs at the 255-register limit.
+    const Params& p;
+    const Mask& mask;
+    int batch, kv_head;
+    u32 sK, sV;                   // K / V tiles (shared addresses)
+    u32 q_lane, k_lane, v_lane;   // this lane's ldmatrix row address in the Q / K / V tiles
+    LdsmColumns cols_hi16;        // column table, 8-column half = lane / 16 (Q A, V B operands)
+    LdsmColumns cols_hi8;         // column table, 8-column half = (lane / 8) % 2 (K B operand)
+
+    u32 q_frag[kMTiles][Kt::kQKSteps][4];   // Q as A fragments (used when Kt::kQInRegs)
+    float acc_o[kMTiles][Kt::kDTiles][4];   // O accumulator, mma C layout
+    OnlineSoftmax<kMTiles> softmax;
+
+    __device__ __forceinline__ FwdMainloop(const Mask& mask_, const Params& p_, u32 sQ, int head,
+                                           int batch_, int tid)
+        : p(p_),
+          mask(mask_),
+          batch(batch_),
+          kv_head(head / (p_.heads / p_.kv_heads)),   // GQA / MQA
+          cols_hi16(tid % kWarpSize, (tid % kWarpSize) / 16),
+          cols_hi8(tid % kWarpSize, (tid % kWarpSize) / 8 % 2) {
+        sK = sQ + Kt::kQElems * Kt::kElemBytes;
+        sV = sK + Kt::kKVElems * Kt::kElemBytes;
+        const int warp = tid / kWarpSize;
+        const int lane = tid % kWarpSize;
+        const int r8 = lane % 8;   // row within an 8x8 matrix of ldmatrix
+        // Q (A operand): matrices (rows 0-7 | 8-15) x (cols 0-7 | 8-15); lanes 16+ take cols 8+.
+        q_lane = sQ + (warp * Kt::kWarpRows + lane % 16) * kRowBytes;
+        // K (B operand of Q K^T): lanes 16+ address the second 8-key tile, lanes 8-15 / 24-31
+        // the second 8-column half (cols_hi8).
+        k_lane = sK + ((lane / 16) * kMmaN + r8) * kRowBytes;
+        // V (B operand of P V, .trans): lanes 8-15 / 24-31 address keys 8-15, lanes 16+ the
+        // second 8-column half (cols_hi16).
+        v_lane = sV + (((lane / 8) % 2) * kMmaN + r8) * kRowBytes;
+#pragma unroll
+        for (int mi = 0; mi < kMTiles; ++mi)
+#pragma unroll
+            for (int nd = 0; nd < Kt::kDTiles; ++nd)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) acc_o[mi][nd][e] = 0.f;
+        softmax.init();
+    }
+
+    // Q A fragments of 16-row tile mi, k-step kk (from registers or shared memory).
+    __device__ __forceinline__ void q_fragment(u32 (&a)[4], int mi, int kk) const {
+        if constexpr (Kt::kQInRegs) {
+#pragma unroll
+            for (int e = 0; e < 4; ++e) a[e] = q_frag[mi][kk][e];
+        } else {
+            ldsm_x4(a, q_lane + mi * kMmaM * kRowBytes + cols_hi16.col(kk) * Kt::kElemBytes);
+        }
+    }
+
+    __device__ __forceinline__ void load_q_registers() {
+#pragma unroll
+        for (int mi = 0; mi < kMTiles; ++mi)
+#pragma unroll
+            for (int kk = 0; kk < Kt::kQKSteps; ++kk)
+                ldsm_x4(q_frag[mi][kk],
+                        q_lane + mi * kMmaM * kRowBytes + cols_hi16.col(kk) * Kt::kElemBytes);
+    }
+
+    // S = Q K^T for the resident K tile.
+    __device__ __forceinline__ void gemm_qk(float (&s)[kMTiles][Kt::kNTiles][4]) const {
+#pragma unroll
+        for (int mi = 0; mi < kMTiles; ++mi)
+#pragma unroll
+            for (int ni = 0; ni < Kt::kNTiles; ++ni)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) s[mi][ni][e] = 0.f;
+#pragma unroll
+        for (int kk = 0; kk < Kt::kQKSteps; ++kk) {
+            u32 a[kMTiles][4];
+#pragma unroll
+            for (int mi = 0; mi < kMTiles; ++mi) q_fragment(a[mi], mi, kk);
+#pragma unroll
+            for (int np = 0; np < Kt::kNTiles / 2; ++np) {
+                u32 b[4];   // b0, b1 of key tile 2 np, then of key tile 2 np + 1
+                ldsm_x4(b, k_lane + np * 2 * kMmaN * kRowBytes +
+                               cols_hi8.col(kk) * Kt::kElemBytes);
+#pragma unroll
+                for (int mi = 0; mi < kMTiles; ++mi) {
+                    mma_16816<Element>(s[mi][2 * np], a[mi], b[0], b[1]);
+                    mma_16816<Element>(s[mi][2 * np + 1], a[mi], b[2], b[3]);
+                }
+            }
+        }
+    }
+
+    // O += P V for the resident V tile; P (fp32 C layout) is packed to 16-bit A fragments:
+    // k-step kk covers keys 16 kk .. 16 kk + 15 = S column tiles 2 kk and 2 kk + 1.
+    __device__ __forceinline__ void gemm_pv(const float (&p)[kMTiles][Kt::kNTiles][4]) {
+#pragma unroll
+        for (int kk = 0; kk < Kt::kPVSteps; ++kk) {
+            u32 a[kMTiles][4];
+#pragma unroll
+            for (int mi = 0; mi < kMTiles; ++mi) pack_a_fragment<Element>(a[mi], p[mi], kk);
+#pragma unroll
+            for (int dp = 0; dp < Kt::kDTiles / 2; ++dp) {
+                u32 b[4];   // b0, b1 of O column tile 2 dp, then of 2 dp + 1
+                ldsm_x4_trans(b, v_lane + kk * kMmaK * kRowBytes +
+                                     cols_hi16.col(dp) * Kt::kElemBytes);
+#pragma unroll
+                for (int mi = 0; mi < kMTiles; ++mi) {
+                    mma_16816<Element>(acc_o[mi][2 * dp], a[mi], b[0], b[1]);
+                    mma_16816<Element>(acc_o[mi][2 * dp + 1], a[mi], b[2], b[3]);
+                }
+            }
+        }
+    }
+
+    // Issue the cp.async of K (kIsV false) or V tile n_block into dst, as one commit group.
+    template <bool kIsV>
+    __device__ __forceinline__ void load_kv_async(u32 dst, int n_block) const {
+        const int n0 = n_block * Kt::kBlockN;
+        const Element* base = static_cast<const Element*>(kIsV ? p.v : p.k);
+        const index_t batch_stride = kIsV ? p.v_batch_stride : p.k_batch_stride;
+        const index_t head_stride = kIsV ? p.v_head_stride : p.k_head_stride;
+        const index_t row_stride = kIsV ? p.v_row_stride : p.k_row_stride;
+        const Element* gmem = base + batch * batch_stride + kv_head * head_stride + n0 * row_stride;
+        load_tile_async<Kt::kBlockN, kD, Kt::kThreads>(dst, gmem, row_stride, p.seqlen_k - n0,
+                                                       threadIdx.x);
+        cp_async_commit();
+    }
+
+    // One K/V tile: visiting index it; row0 / col_lane: this thread's absolute row g and 2t;
+    // masked: apply the element mask (CTA-uniform).
+    __device__ __forceinline__ void step(int it, int row0, int col_lane, bool masked) {
+        const int n_block = mask.kv_block(it);
+        cp_async_wait<0>();
+        __syncthreads();   // K_j resident; every warp is done reading V_{j-1}
+        load_kv_async<true>(sV, n_block);
+        float s[kMTiles][Kt::kNTiles][4];
+        gemm_qk(s);   // S = Q K_j^T
+        if (masked) apply_mask(mask, s, row0, n_block * Kt::kBlockN + col_lane);
+        cp_async_wait<0>();
+        __syncthreads();   // V_j resident; every warp is done reading K_j
+        if (it > 0) load_kv_async<false>(sK, mask.kv_block(it - 1));
+        softmax.update(s, acc_o, p.softmax_scale_log2);   // S -> P, O *= alpha
+        gemm_pv(s);                              // O += P V_j
+    }
+};
+
+// The whole forward of query block m_block of (head, batch).
+template <class Kt, class Mask>
+__device__ __forceinline__ void fwd_block(const Params& p, const Mask& mask, int m_block,
+                                          int head, int batch) {
+    typedef typename Kt::Element Element;
+    typedef typename Kt::OutT OutT;
+    extern __shared__ __align__(128) unsigned char smem_raw[];
+    Element* smem_q = reinterpret_cast<Element*>(smem_raw);
+    const u32 sQ = smem_u32(smem_q);
+
+    const int tid = threadIdx.x;
+    const int warp = tid / kWarpSize;
+    const int lane = tid % kWarpSize;
+    const int m0 = m_block * Kt::kBlockM;
+    FwdMainloop<Kt, Mask> loop(mask, p, sQ, head, batch, tid);
+
+    const int n_blocks = mask.num_kv_blocks();
+    const int n_masked = mask.num_masked_blocks();
+    if (n_blocks > 0) {
+        const Element* q_gmem = static_cast<const Element*>(p.q) + batch * p.q_batch_stride +
+                                head * p.q_head_stride + m0 * p.q_row_stride;
+        load_tile_async<Kt::kBlockM, Kt::kHeadDim, Kt::kThreads>(sQ, q_gmem, p.q_row_stride,
+                                                                 p.seqlen_q - m0, tid);
+        cp_async_commit();
+        loop.template load_kv_async<false>(loop.sK, mask.kv_block(n_blocks - 1));
+        if constexpr (Kt::kQInRegs) {
+            cp_async_wait<1>();   // Q landed (K may still be in flight)
+            __syncthreads();
+            loop.load_q_registers();
+        }
+        const int row0 = m0 + warp * Kt::kWarpRows + lane / kQuadLanes;
+        const int col_lane = kFragCols * (lane % kQuadLanes);
+        int it = n_blocks - 1;
+        // The masked tiles are visited first, then the fully visible ones. One loop body with a
+        // CTA-uniform branch: two specialised loop copies push ptxas past 255 registers.
+        const int first_unmasked = n_blocks - n_masked - 1;
+        for (; it >= 0; --it) loop.step(it, row0, col_lane, it > first_unmasked);
+    }
+
+    float lse[Kt::kMTiles][2];
+    loop.softmax.finalize(loop.acc_o, p.softmax_scale_log2, lse);   // O /= l
+    const int warp_row0 = m0 + warp * Kt::kWarpRows;
+    OutT* o_gmem = static_cast<OutT*>(p.o) + batch * p.o_batch_stride + head * p.o_head_stride +
+                   warp_row0 * p.o_row_stride;
+    float* lse_gmem = p.lse == nullptr
+                          ? nullptr
+                          : p.lse + (static_cast<index_t>(batch) * p.heads + head) * p.seqlen_q +
+                                warp_row0;
+    OutT* smem_warp = reinterpret_cast<OutT*>(smem_raw) + warp * Kt::kWarpRows * Kt::kHeadDim;
+    store_output<Kt>(loop.acc_o, lse, smem_warp, o_gmem, p.o_row_stride, lse_gmem,
+                     p.seqlen_q - warp_row0, lane);
+}
+
+}  // namespace flashkit

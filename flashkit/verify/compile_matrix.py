@@ -1,0 +1,85 @@
+"""Compile the matrix of specializations (variant x arch x dtype x head dim x causal), in parallel."""
+
+from __future__ import annotations
+
+from concurrent.futures import ProcessPoolExecutor
+from typing import Callable
+
+from ..errors import CompileError
+from ..registry import discover_kernels
+from ..registry.manifest import KernelSpec
+from ..runtime.build import BuildConfig, compile_variant, make_config, store_cubin
+
+
+def spec_configs(spec: KernelSpec, cc: tuple[int, int], dtypes=None, head_dims=None) -> list[BuildConfig]:
+    """Every specialization a variant can be asked for on this arch."""
+    causal_opts = spec.causal_options()
+    sparse = spec.requires.get("block_sparse", False)
+    out = []
+    for dt in spec.dtypes:
+        if dtypes and dt not in dtypes:
+            continue
+        out_dtypes = ["bfloat16", "float16"] if dt == "float8_e4m3" else [None]
+        for hd in spec.head_dims.examples():
+            if head_dims and hd not in head_dims:
+                continue
+            for c in causal_opts:
+                for od in out_dtypes:
+                    out.append(make_config(spec, dt, hd, c, cc, sparse, od))
+    return out
+
+
+def plan_compiles(variants, ccs, dtypes=None, head_dims=None):
+    """(spec, config, target) jobs for the variants on the archs, and lines for what is skipped."""
+    cat = discover_kernels()
+    specs = [cat.get(v) for v in variants] if variants else sorted(cat.specs.values(), key=lambda s: s.name)
+    jobs, skipped = [], []
+    for cc in ccs:
+        for spec in specs:
+            if not spec.runs_on(cc):
+                skipped.append(f"{spec.name} on sm_{cc[0]}{cc[1]}: needs compute capability "
+                               f"{spec.arch_requirement()}")
+                continue
+            jobs += [(spec, cfg, spec.target(cc)) for cfg in spec_configs(spec, cc, dtypes, head_dims)]
+    return jobs, skipped
+
+
+def _compile_one(job, to_cache: bool) -> dict:
+    spec, config, target = job
+    row = {"variant": spec.name, "target": target, "config": config.describe(), "error": None,
+           "registers": 0, "smem_bytes": 0, "stack_bytes": 0, "spill_bytes": 0, "serialized_wgmma": [],
+           "seconds": 0.0}
+    try:
+        compiled = compile_variant(spec, config, target)
+        if to_cache:
+            store_cubin(spec, config, target, compiled)
+    except CompileError as e:
+        row["error"] = str(e)
+        return row
+    reports = compiled.reports()
+    row.update(registers=max((r.registers for r in reports), default=0),
+               smem_bytes=max((r.static_smem for r in reports), default=0),
+               stack_bytes=max((r.stack_bytes for r in reports), default=0),
+               spill_bytes=sum(r.spill_stores + r.spill_loads for r in reports),
+               serialized_wgmma=[r.entry for r in reports if r.serialized_wgmma],
+               seconds=compiled.seconds, entries=[r.__dict__ for r in reports])
+    return row
+
+
+def compile_matrix(work: list, jobs: int = 1, to_cache: bool = False,
+                   progress: Callable[[dict], None] | None = None) -> list[dict]:
+    """Compile every job (in `jobs` processes); each row carries ptxas's report or the error."""
+    rows = []
+    if jobs <= 1:
+        results = (_compile_one(w, to_cache) for w in work)
+        for row in results:
+            rows.append(row)
+            if progress:
+                progress(row)
+        return rows
+    with ProcessPoolExecutor(jobs) as pool:
+        for row in pool.map(_compile_one, work, [to_cache] * len(work)):
+            rows.append(row)
+            if progress:
+                progress(row)
+    return rows

@@ -1,0 +1,161 @@
+"""The verification harness: every variant against the float64 reference under DESIGN.md's rule.
+
+The harness knows no feature family: each family module registers its checks (register_family), and
+checks_for hands a variant to the family its manifest requires, or to the dense family.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Callable, Iterable
+
+from ..call.dtypes import BY_NAME
+from ..errors import FlashkitError
+from ..registry import discover_kernels
+from ..registry.manifest import KernelSpec
+from ..runtime.device import cupy_module, device_info
+from .reference import accumulation_atol
+
+ERROR_FACTOR = 2.0   # the kernel may be at most twice as far from the reference as a plain implementation
+
+
+@dataclass(frozen=True)
+class Shape:
+    batch: int
+    seqlen_q: int
+    seqlen_k: int
+    heads: int
+    kv_heads: int
+
+    def label(self) -> str:
+        kv = f"/{self.kv_heads}" if self.kv_heads != self.heads else ""
+        return f"b{self.batch} sq{self.seqlen_q} sk{self.seqlen_k} h{self.heads}{kv}"
+
+
+# The shape matrix: batch 1 and >1; seqlens 1, 17, 127, 128, 1000, 4097; seqlen_q != seqlen_k both ways;
+# one and many heads; GQA 8:1 and MQA.
+SHAPES = (
+    Shape(1, 1, 1, 1, 1), Shape(2, 17, 17, 4, 4), Shape(1, 127, 127, 2, 2), Shape(3, 128, 128, 8, 1),
+    Shape(1, 1000, 1000, 16, 2), Shape(1, 4097, 4097, 2, 2), Shape(2, 127, 1000, 4, 4),
+    Shape(2, 1000, 127, 8, 8), Shape(1, 17, 4097, 8, 1), Shape(1, 300, 1, 2, 1),
+)
+QUICK_SHAPES = SHAPES[:4] + (Shape(2, 127, 1000, 4, 4), Shape(2, 1000, 127, 8, 8))
+
+
+@dataclass
+class CheckResult:
+    variant: str
+    label: str
+    max_error: float
+    bound: float
+    lse_error: float | None
+    lse_bound: float | None
+    passed: bool
+    note: str = ""
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class Check:
+    """One verification: a label and a function of the seed that returns its result."""
+
+    variant: str
+    label: str
+    run: Callable[[int], CheckResult]
+
+
+def judge(variant: str, label: str, out, ref, plain, atol: float, lse=None, lse_ref=None, lse_plain=None,
+          note: str = "", head_dim: int = 1) -> CheckResult:
+    """Apply the rule: max|out-ref| <= 2 max|plain-ref| + atol, no NaN/Inf (every element written).
+
+    The LSE's atol is fp32's rounding of a head_dim-long dot product at the LSE's scale.
+    """
+    xp = cupy_module()
+    out64 = out.astype(xp.float64)
+    finite = bool(xp.isfinite(out64).all())
+    err = float(xp.abs(out64 - ref).max()) if finite else float("nan")
+    bound = ERROR_FACTOR * float(xp.abs(plain.astype(xp.float64) - ref).max()) + atol
+    passed = finite and err <= bound
+    lse_err = lse_bound = None
+    if lse is not None:
+        lse64 = lse.astype(xp.float64)
+        same_inf = bool(((lse64 == -xp.inf) == (lse_ref == -xp.inf)).all()) and not bool(xp.isnan(lse64).any())
+        fin = xp.isfinite(lse_ref)
+        lse_err = float(xp.abs(xp.where(fin, lse64 - lse_ref, 0)).max()) if same_inf else float("nan")
+        lse_atol = 4 * BY_NAME["float32"].eps * max(1.0, float(xp.abs(xp.where(fin, lse_ref, 0)).max()))
+        lse_atol += accumulation_atol(lse_ref, head_dim)
+        lse_bound = ERROR_FACTOR * float(xp.abs(xp.where(fin, lse_plain - lse_ref, 0)).max()) + lse_atol
+        passed = passed and same_inf and lse_err <= lse_bound
+        if not same_inf:
+            note = (note + " lse NaN or -inf mismatch").strip()
+    if not finite:
+        note = (note + " output has NaN/Inf or unwritten elements").strip()
+    return CheckResult(variant, label, err, bound, lse_err, lse_bound, passed, note)
+
+
+def random_qkv(shape: Shape, head_dim: int, dtype: str, seed: int):
+    """Fresh N(0, 1) inputs in the given dtype (never zeros)."""
+    xp = cupy_module()
+    rng = xp.random.default_rng(seed)
+    storage = BY_NAME[dtype].storage
+    q = rng.standard_normal((shape.batch, shape.seqlen_q, shape.heads, head_dim), dtype=xp.float32)
+    k = rng.standard_normal((shape.batch, shape.seqlen_k, shape.kv_heads, head_dim), dtype=xp.float32)
+    v = rng.standard_normal((shape.batch, shape.seqlen_k, shape.kv_heads, head_dim), dtype=xp.float32)
+    return q.astype(storage), k.astype(storage), v.astype(storage)
+
+
+# (spec, dtypes, head_dims, causal options, quick) -> the family's checks of one variant
+FamilyChecks = Callable[[KernelSpec, list, list, tuple, bool], list[Check]]
+DENSE = "dense"
+_FAMILIES: dict[str, FamilyChecks] = {}
+
+
+def register_family(feature: str, checks: FamilyChecks) -> None:
+    """Verify variants whose manifest requires `feature` with `checks` (DENSE: every other variant)."""
+    _FAMILIES[feature] = checks
+
+
+def family_of(spec: KernelSpec) -> str:
+    """The registered family that verifies a variant: the first one its manifest requires, else dense."""
+    return next((f for f in _FAMILIES if f != DENSE and spec.requires.get(f)), DENSE)
+
+
+def checks_for(spec: KernelSpec, dtypes: Iterable[str] | None = None, head_dims: Iterable[int] | None = None,
+               causal: Iterable[bool] | None = None, quick: bool = False) -> list[Check]:
+    """The checks that verify a variant: the dense shape matrix, or the variant family's own set."""
+    dtypes = [d for d in (dtypes or spec.dtypes) if d in spec.dtypes]
+    head_dims = [d for d in (head_dims or spec.head_dims.examples()) if d in spec.head_dims]
+    causal_opts = spec.causal_options(tuple(causal) if causal is not None else (False, True))
+    return _FAMILIES[family_of(spec)](spec, dtypes, head_dims, causal_opts, quick)
+
+
+def runnable_variants(names: Iterable[str] | None = None) -> tuple[list[KernelSpec], dict[str, str]]:
+    """The variants to verify on this device, and why each other one is skipped."""
+    catalogue = discover_kernels()
+    cc = device_info().cc
+    chosen, skipped = [], {}
+    for name in names or sorted(catalogue.specs):
+        spec = catalogue.get(name)
+        if not spec.runs_on(cc):
+            skipped[name] = f"needs compute capability {spec.arch_requirement()}"
+        else:
+            chosen.append(spec)
+    return chosen, skipped
+
+
+def run_checks(checks: list[Check], seed: int = 0, progress: Callable[[CheckResult], None] | None = None,
+               ) -> list[CheckResult]:
+    """Run each check with its own fresh seed; a crash is a failed check, not a crashed harness."""
+    results = []
+    for i, check in enumerate(checks):
+        try:
+            res = check.run(seed * 100003 + i)
+        except FlashkitError as e:
+            res = CheckResult(check.variant, check.label, float("nan"), float("nan"), None, None, False,
+                              f"{type(e).__name__}: {e}")
+        results.append(res)
+        if progress:
+            progress(res)
+    return results

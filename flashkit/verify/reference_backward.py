@@ -1,0 +1,60 @@
+"""The float64 reference backward and the plain same-precision backward (NumPy or CuPy, like reference.py).
+
+Layout (batch, seqlen, heads, head_dim); dk and dv summed over each kv head's group of query heads.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..call.arrays import array_module
+from ..call.dtypes import DType
+from .reference import element_mask, expand_kv
+
+
+def _attention_grads(q, k, v, dout, scale: float, mask, xp, round_to=None):
+    """(dq, dk, dv) of softmax(scale q k^T) v in q's float type; round_to rounds P and dS as a 16-bit kernel does."""
+    heads, kv_heads = q.shape[2], k.shape[2]
+    r = round_to or (lambda x: x)
+    ke, ve = expand_kv(k, heads, xp), expand_kv(v, heads, xp)
+    s = xp.einsum("bqhd,bkhd->bhqk", q, ke) * scale
+    if mask is not None:
+        s = xp.where(mask, s, -xp.inf)
+    m = s.max(axis=-1, keepdims=True)
+    m = xp.where(xp.isfinite(m), m, 0)
+    p = xp.exp(s - m)
+    l = p.sum(axis=-1, keepdims=True)
+    p = r(p / xp.where(l > 0, l, 1))                                   # P (0 on rows that see no key)
+    out = r(xp.einsum("bhqk,bkhd->bqhd", p, ve))
+    dv = xp.einsum("bhqk,bqhd->bkhd", p, dout)                         # dV = P^T dO
+    dp = xp.einsum("bqhd,bkhd->bhqk", dout, ve)                        # dP = dO V^T
+    dsum = xp.einsum("bqhd,bqhd->bhq", dout, out)[..., None]           # D = rowsum(dO O)
+    ds = r(p * (dp - dsum))                                            # dS = P (dP - D)
+    dq = xp.einsum("bhqk,bkhd->bqhd", ds, ke) * scale
+    dk = xp.einsum("bhqk,bqhd->bkhd", ds, q) * scale
+    group = heads // kv_heads
+    b, sk, _, d = dk.shape
+    dk = dk.reshape(b, sk, kv_heads, group, d).sum(axis=3)
+    dv = dv.reshape(b, sk, kv_heads, group, d).sum(axis=3)
+    return r(dq), r(dk), r(dv)
+
+
+def reference_backward(q, k, v, dout, *, scale: float, causal: bool = False):
+    """float64 (dq, dk, dv) on upcast inputs, the element mask explicit."""
+    xp = array_module(q)
+    q64, k64, v64, do64 = (xp.asarray(x).astype(xp.float64) for x in (q, k, v, dout))
+    mask = element_mask(q.shape[1], k.shape[1], causal, None, xp)
+    return _attention_grads(q64, k64, v64, do64, scale, mask, xp)
+
+
+def plain_backward(q, k, v, dout, *, scale: float, dtype: DType, causal: bool = False):
+    """The textbook backward in the input precision: fp32 products, P, O, dS and the gradients rounded to `dtype`."""
+    xp = array_module(q)
+    compute = np.dtype(dtype.compute)
+
+    def round_to(x):
+        return x.astype(compute).astype(xp.float32)
+
+    q32, k32, v32, do32 = (round_to(xp.asarray(x).astype(xp.float32)) for x in (q, k, v, dout))
+    mask = element_mask(q.shape[1], k.shape[1], causal, None, xp)
+    return _attention_grads(q32, k32, v32, do32, scale, mask, xp, round_to)

@@ -1,0 +1,78 @@
+"""Tile-shape sweep of the fa3 kernel against cuDNN in the same run (the benchmark convention).
+
+Usage: python3 scripts/sweep_fa3.py [hd:block_m,block_n,stages ...]   (no argument: the default grid)
+Prints TFLOP/s of each configuration and of PyTorch's cuDNN backend, and their ratio.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+
+GRID = {64: [(128, 128, 2), (128, 128, 3), (192, 128, 2), (192, 64, 3)],
+        128: [(128, 128, 2), (128, 128, 3), (128, 64, 3)],
+        256: [(128, 64, 2)]}
+SEQLENS = (2048, 8192)
+TOKENS, HIDDEN = 16384, 2048
+
+
+def main(argv: list[str]) -> None:
+    import torch
+    import torch.nn.functional as F
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    from flashkit.api import run
+    from flashkit.bench.config import BenchShape, attention_flops, rotation_copies
+    from flashkit.bench.run import make_inputs
+    from flashkit.bench.timing import time_cupy
+    from flashkit.call.validate import Problem
+    from flashkit.registry import discover_kernels
+    from flashkit.runtime.launch import LaunchInputs
+    import cupy as cp
+
+    grid = GRID
+    if argv:
+        grid = {}
+        for a in argv:
+            hd, cfg = a.split(":")
+            grid.setdefault(int(hd), []).append(tuple(int(x) for x in cfg.split(",")))
+    base = discover_kernels().get("fa3")
+    l2 = 50 * 2**20
+    print(f"{'shape':28s} {'config':14s} {'fa3':>6s} {'cudnn':>6s} ratio")
+    for hd, configs in grid.items():
+        heads = HIDDEN // hd
+        for causal in (False, True):
+            for n in SEQLENS:
+                b = TOKENS // n
+                shape = BenchShape(b, n, heads, hd, causal)
+                inputs = make_inputs(shape, "bfloat16", rotation_copies(3 * b * n * heads * hd * 2, l2), 0)
+                flops = attention_flops(b, heads, n, n, hd, causal)
+                views = [tuple(torch.from_dlpack(x).transpose(1, 2) for x in qkv) for qkv in inputs]
+
+                def cudnn(i):
+                    q, k, v = views[i % len(views)]
+                    return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+                with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+                    t_cudnn = time_cupy(cudnn, 5, 30)
+                out = cp.empty_like(inputs[0][0])
+                problem = Problem(batch=b, seqlen_q=n, seqlen_k=n, heads=heads, kv_heads=heads, head_dim=hd,
+                                  dtype="bfloat16", softmax_scale=hd ** -0.5)
+                for bm, bn, st in configs:
+                    spec = dataclasses.replace(base, launch={"block_m": bm, "block_n": bn, "stages": st,
+                                                             "warps": (bm // 64 + 1) * 4}, overrides={})
+
+                    def fa3(i):
+                        q, k, v = inputs[i % len(inputs)]
+                        run(spec, problem, causal, LaunchInputs(q, k, v, out))
+                    try:
+                        t = time_cupy(fa3, 5, 30)
+                        tf, tc = flops / t / 1e9, flops / t_cudnn / 1e9
+                        print(f"{shape.label:28.28s} {bm}x{bn}x{st:<8d} "
+                              f"{tf:6.0f} {tc:6.0f} {tf / tc:.3f}", flush=True)
+                    except Exception as exc:
+                        print(f"d{hd} n{n} causal={causal} {bm}x{bn}x{st}: {type(exc).__name__}: {str(exc)[:200]}")
+                del inputs, views
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -1,0 +1,218 @@
+"""registry/manifest.py: parsing a variant's YAML header, and rejecting every bad field by file and name."""
+
+from __future__ import annotations
+
+import pytest
+
+from flashkit.errors import FlashkitError, ManifestError
+from flashkit.registry.discover import BUILTIN_DIR
+from flashkit.registry.manifest import FEATURES, REQUIRED, HeadDims, parse_manifest
+from ..synth import manifest, spec_of, write_cu
+
+BUILTIN_FILES = sorted(BUILTIN_DIR.glob("*.cu"))
+
+
+def reject(tmp_path, data) -> str:
+    """Parse a manifest expected to be refused; return the one-line message, which names the file."""
+    path = write_cu(tmp_path, "bad.cu", data)
+    with pytest.raises(ManifestError) as info:
+        parse_manifest(path)
+    msg = str(info.value)
+    assert isinstance(info.value, FlashkitError)
+    assert str(path) in msg, msg
+    assert "\n" not in msg, msg
+    return msg
+
+
+def test_base_manifest_parses(tmp_path):
+    spec = spec_of(tmp_path, "toy")
+    assert spec.name == "toy"
+    assert spec.summary == "a test variant"
+    assert spec.path == tmp_path / "toy.cu"
+    assert spec.entries == ("flashkit_toy_fwd",)
+    assert spec.grids == ("q_blocks",)
+    assert spec.arch_min == (8, 0)
+    assert spec.targets == {}
+    assert spec.dtypes == ("float16", "bfloat16")
+    assert spec.head_dims == HeadDims(values=(64, 128, 256))
+    assert spec.features == {"causal": True, "block_sparse": False, "fp8": False, "backward": False,
+                             "lse": True, "gqa": True}
+    assert spec.requires == {}
+    assert spec.priority == 10
+    assert spec.launch == {"block_m": 64, "block_n": 64, "warps": 4}
+    assert spec.overrides == {}
+    assert spec.workspace == "none"
+
+
+def test_optional_fields_default(tmp_path):
+    spec = spec_of(tmp_path, "toy", priority=None, features={"causal": True})
+    assert spec.priority == 0
+    assert spec.features == {f: f == "causal" for f in FEATURES}
+
+
+def test_multi_entry_with_grid_list(tmp_path):
+    spec = spec_of(tmp_path, "multi", entry=["flashkit_a", "flashkit_b"],
+                   launch={"grid": ["score_tiles", "row_groups"], "block_m": 64, "block_n": 64, "warps": 4},
+                   workspace="scores")
+    assert spec.entries == ("flashkit_a", "flashkit_b")
+    assert spec.grids == ("score_tiles", "row_groups")
+    assert spec.workspace == "scores"
+
+
+def test_single_grid_repeats_for_every_entry(tmp_path):
+    spec = spec_of(tmp_path, "multi", entry=["flashkit_a", "flashkit_b", "flashkit_c"])
+    assert spec.grids == ("q_blocks",) * 3
+
+
+def test_head_dim_range(tmp_path):
+    spec = spec_of(tmp_path, "toy", head_dims={"min": 8, "max": 256, "multiple_of": 8})
+    hd = spec.head_dims
+    assert 8 in hd and 96 in hd and 256 in hd
+    assert 12 not in hd and 0 not in hd and 264 not in hd
+    assert hd.describe() == "multiples of 8 from 8 to 256"
+    assert hd.examples() == (8, 32, 64, 128, 256)
+    assert HeadDims(values=(64, 128)).examples() == (64, 128)
+    assert HeadDims(values=(64, 128)).describe() == "64, 128"
+
+
+def test_yaml_float_compute_capability_is_accepted(tmp_path):
+    # `min: 8.6` unquoted is a YAML float; it must mean 8.6, not fail.
+    import yaml
+    text = yaml.safe_dump(manifest(name="toy"), sort_keys=False)
+    assert "min: '8.0'" in text, text
+    path = write_cu(tmp_path, "toy.cu", text.replace("min: '8.0'", "min: 8.6"))
+    assert parse_manifest(path).arch_min == (8, 6)
+
+
+def test_targets_and_declared_archs(tmp_path):
+    spec = spec_of(tmp_path, "toy", arch={"min": "8.0", "targets": {"9.0": "sm_90a"}})
+    assert spec.targets == {(9, 0): "sm_90a"}
+    assert spec.target((9, 0)) == "sm_90a"
+    assert spec.target((8, 6)) == "sm_86"
+    assert spec.declared_archs() == ["sm_80", "sm_90a"]
+    assert spec_of(tmp_path, "a", arch={"min": "7.5"}).declared_archs() == ["sm_75", "sm_80", "sm_90"]
+    assert spec_of(tmp_path, "b", arch={"min": "9.0"}).declared_archs() == ["sm_90"]
+    assert spec_of(tmp_path, "c", arch={"min": "8.9"}).declared_archs() == ["sm_89", "sm_90"]
+    assert spec_of(tmp_path, "d", arch={"min": "8.0", "targets": {"10.0": "sm_100a"}}).declared_archs() == \
+        ["sm_100a", "sm_80", "sm_90"]
+
+
+def test_overrides_order(tmp_path):
+    spec = spec_of(tmp_path, "toy", overrides={
+        "8.0": {"block_n": 32}, "8.6": {"block_n": 48}, "9.0": {"block_n": 128},
+        "hd256": {"block_m": 32, "block_n": 16}, "9.0/hd256": {"block_n": 96}})
+    base = {"block_m": 64, "block_n": 64, "warps": 4}
+    assert spec.launch_config(None, 128) == base
+    assert spec.launch_config(None, 256) == {"block_m": 32, "block_n": 16, "warps": 4}
+    assert spec.launch_config((8, 0), 128)["block_n"] == 32
+    assert spec.launch_config((8, 9), 128)["block_n"] == 48       # highest key <= cc with the same major
+    assert spec.launch_config((8, 6), 256) == {"block_m": 32, "block_n": 16, "warps": 4}   # hd beats arch
+    assert spec.launch_config((9, 0), 128)["block_n"] == 128
+    assert spec.launch_config((9, 0), 256) == {"block_m": 32, "block_n": 96, "warps": 4}   # combined last
+    assert spec.launch_config((10, 0), 128) == base                  # another major: no arch key applies
+    assert spec.launch_config((7, 5), 128) == base
+    assert spec.launch == base                                       # the manifest itself is untouched
+
+
+@pytest.mark.parametrize("field", REQUIRED)
+def test_missing_required_field(tmp_path, field):
+    msg = reject(tmp_path, manifest(**{field: None}))
+    assert f"field '{field}' is missing" in msg
+
+
+MALFORMED = [
+    ("name", "Fa2"), ("name", "fa-2"), ("name", 123), ("name", ""),
+    ("summary", 5), ("summary", ["a"]),
+    ("entry", "1bad"), ("entry", "has space"), ("entry", []), ("entry", ["flashkit_ok", 3]), ("entry", 7),
+    ("arch", "8.0"), ("arch", {}), ("arch", {"max": "9.0"}), ("arch", {"min": "eight"}), ("arch", {"min": 8}),
+    ("arch", {"min": "8.0", "targets": {"nine": "sm_90a"}}),
+    ("dtypes", []), ("dtypes", "float16"), ("dtypes", ["float64"]), ("dtypes", ["float16", "int8"]),
+    ("head_dims", []), ("head_dims", [0]), ("head_dims", [-64]), ("head_dims", "64"), ("head_dims", [64.0]),
+    ("head_dims", {"min": 8}), ("head_dims", {"max": 256}),
+    ("features", ["causal"]), ("features", {"causal": "yes"}), ("features", {"warp_specialized": True}),
+    ("features", {"causal": 1}),
+    ("requires", {"causal": 1}), ("requires", {"nope": True}), ("requires", ["causal"]),
+    ("launch", "q_blocks"), ("launch", {"block_m": 64, "warps": 4}), ("launch", {"grid": "tiles", "warps": 4}),
+    ("launch", {"grid": "q_blocks", "block_m": 64}), ("launch", {"grid": "q_blocks", "warps": 0}),
+    ("launch", {"grid": "q_blocks", "warps": 4, "block_m": "64"}),
+    ("launch", {"grid": ["q_blocks", "heads"], "warps": 4}),   # two grids for one entry
+    ("overrides", [1]), ("overrides", {"9.0": {"block_n": 0}}), ("overrides", {"9.0": 128}),
+    ("overrides", {"hd256": {"block_m": "64"}}),
+    ("workspace", "lots"), ("workspace", ["scores"]),
+    ("head_dims", {"min": "x", "max": 256}), ("head_dims", {"min": 8, "max": 256, "multiple_of": 0}),
+    ("head_dims", {"min": 256, "max": 8}), ("head_dims", {"min": 8, "max": 256, "step": 8}),
+    ("arch", {"min": "8.0", "targets": ["sm_90a"]}), ("arch", {"min": "8.0", "targets": {"9.0": 90}}),
+    ("dtypes", [{"a": 1}]),
+    ("priority", "high"), ("priority", 1.5),
+]
+
+
+@pytest.mark.parametrize("field,value", MALFORMED, ids=[f"{f}={v!r}" for f, v in MALFORMED])
+def test_malformed_field(tmp_path, field, value):
+    msg = reject(tmp_path, manifest(**{field: value}))
+    assert f"field '{field}" in msg, msg
+
+
+def test_unknown_field_is_named(tmp_path):
+    msg = reject(tmp_path, manifest(colour="red"))
+    assert "unknown field(s) colour" in msg
+
+
+def test_no_manifest(tmp_path):
+    path = tmp_path / "plain.cu"
+    path.write_text('extern "C" __global__ void f() {}\n')
+    with pytest.raises(ManifestError, match="no manifest") as info:
+        parse_manifest(path)
+    assert str(path) in str(info.value)
+
+
+def test_manifest_must_lead_the_file(tmp_path):
+    path = tmp_path / "late.cu"
+    path.write_text("// a comment first\n/*---\nname: late\n---*/\n")
+    with pytest.raises(ManifestError, match="no manifest"):
+        parse_manifest(path)
+
+
+def test_invalid_yaml(tmp_path):
+    msg = reject(tmp_path, "name: [unclosed\nsummary: x")
+    assert "not valid YAML" in msg
+
+
+def test_manifest_not_a_mapping(tmp_path):
+    msg = reject(tmp_path, "- a\n- b")
+    assert "must be a YAML mapping" in msg
+
+
+def test_builtin_variants_exist():
+    names = {p.stem for p in BUILTIN_FILES}
+    assert "standard" in names, names
+
+
+@pytest.mark.parametrize("path", BUILTIN_FILES, ids=[p.name for p in BUILTIN_FILES])
+def test_builtin_manifest_parses(path):
+    spec = parse_manifest(path)
+    source = path.read_text()
+    body = source[source.index("---*/"):]
+    for entry in spec.entries:
+        assert entry in body, f"{path.name}: entry {entry} is not defined in the source"
+    assert body.count("FLASHKIT_EXPORT_SMEM_BYTES(") == 1, \
+        f"{path.name}: must declare FLASHKIT_EXPORT_SMEM_BYTES exactly once (docs/kernel-contract.md)"
+    assert "#include <" not in body, f"{path.name}: device code includes no toolkit header"
+    assert spec.summary and "\n" not in spec.summary
+
+
+def test_arch_max_bounds_the_range_and_reads_in_words(tmp_path):
+    spec = spec_of(tmp_path, "hopper_only", arch={"min": "9.0", "max": "9.0", "targets": {"9.0": "sm_90a"}})
+    assert spec.arch_max == (9, 0) and spec.runs_on((9, 0))
+    assert not spec.runs_on((8, 9)) and not spec.runs_on((10, 0))
+    assert spec.arch_requirement() == "9.0 exactly" and spec.declared_archs() == ["sm_90a"]
+    ranged = spec_of(tmp_path, "ranged", arch={"min": "8.0", "max": "9.0"})
+    assert ranged.arch_requirement() == "from 8.0 to 9.0" and not ranged.runs_on((12, 0))
+    open_ended = spec_of(tmp_path, "open", arch={"min": "8.0"})
+    assert open_ended.arch_max is None and open_ended.runs_on((12, 0)) and open_ended.arch_requirement() == ">= 8.0"
+
+
+@pytest.mark.parametrize("arch,needle", [({"min": "9.0", "max": "8.0"}, "max >= min"),
+                                          ({"min": "8.0", "maximum": "9.0"}, "keys among min, max, targets")])
+def test_bad_arch_ranges_are_rejected(tmp_path, arch, needle):
+    assert needle in reject(tmp_path, manifest(arch=arch))

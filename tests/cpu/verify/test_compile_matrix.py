@@ -1,0 +1,89 @@
+"""The GPU-less NVRTC compile of every kernel for every architecture its manifest declares.
+
+Fails on any compile error, any spill, any stack frame, any wgmma ptxas serialized, or an entry ptxas did not report. Nothing is cached.
+Compiles run in 2 processes (verify.compile_matrix.compile_matrix); the whole matrix takes a few minutes on 2 cores.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from flashkit.cli.common import parse_arch
+from flashkit.verify.compile_matrix import compile_matrix, plan_compiles, spec_configs
+from flashkit.registry import discover_kernels
+from flashkit.runtime.build import cache_dir
+
+JOBS = 2
+
+
+def _targets() -> list[tuple[str, str]]:
+    cat = discover_kernels(refresh=True)
+    return [(name, target) for name, spec in sorted(cat.specs.items()) for target in spec.declared_archs()]
+
+
+TARGETS = _targets()
+
+
+def test_every_variant_declares_targets():
+    names = {name for name, _ in TARGETS}
+    assert names == set(discover_kernels().specs) and "standard" in names
+
+
+def test_plan_matches_the_declared_archs():
+    for name, spec in discover_kernels().specs.items():
+        planned = set()
+        for target in spec.declared_archs():
+            jobs, skipped = plan_compiles([name], [parse_arch(target)])
+            assert jobs and not skipped, (name, target, skipped)
+            planned |= {t for _, _, t in jobs}
+        assert planned == set(spec.declared_archs()), name
+
+
+def test_plan_skips_archs_below_the_minimum():
+    jobs, skipped = plan_compiles(["standard"], [(7, 0)])
+    assert jobs == []
+    assert skipped == ["standard on sm_70: needs compute capability >= 7.5"]
+
+
+def test_spec_configs_cover_dtypes_head_dims_and_causal():
+    spec = discover_kernels().specs["standard"]
+    configs = spec_configs(spec, (8, 0))
+    assert {c.dtype for c in configs} == set(spec.dtypes)
+    assert {c.head_dim for c in configs} == set(spec.head_dims.examples())
+    assert {c.causal for c in configs} == {False, True}
+    assert len(configs) == len(spec.dtypes) * len(spec.head_dims.examples()) * 2
+    only = spec_configs(spec, (8, 0), dtypes=["float16"], head_dims=[64])
+    assert [(c.dtype, c.head_dim) for c in only] == [("float16", 64)] * 2
+
+
+@pytest.mark.parametrize("variant,target", TARGETS, ids=[f"{v}-{t}" for v, t in TARGETS])
+def test_compiles_without_spills(variant, target):
+    spec = discover_kernels().get(variant)
+    jobs, skipped = plan_compiles([variant], [parse_arch(target)])
+    assert jobs, f"nothing planned for {variant} on {target}: {skipped}"
+    assert {t for _, _, t in jobs} == {target}
+    rows = compile_matrix(jobs, jobs=JOBS, to_cache=False)
+    assert len(rows) == len(jobs)
+    problems = []
+    for row in rows:
+        where = f"{variant} {target} [{row['config']}]"
+        if row["error"]:
+            problems.append(f"{where}: compile error\n{row['error']}")
+            continue
+        if row["spill_bytes"]:
+            problems.append(f"{where}: {row['spill_bytes']} bytes of spills")
+        if row["stack_bytes"]:
+            problems.append(f"{where}: {row['stack_bytes']} bytes stack frame")
+        if row["serialized_wgmma"]:
+            problems.append(f"{where}: ptxas serialized the wgmma of {row['serialized_wgmma']}")
+        reported = {e["entry"] for e in row["entries"]}
+        missing = set(spec.entries) - reported
+        if missing:
+            problems.append(f"{where}: ptxas reported no entry {sorted(missing)} (reported {sorted(reported)})")
+        for e in row["entries"]:
+            if e["registers"] > 255:
+                problems.append(f"{where}: {e['entry']} uses {e['registers']} registers")
+            if e["static_smem"] > 48 * 1024:
+                problems.append(f"{where}: {e['entry']} has {e['static_smem']} bytes of static shared memory")
+    assert not problems, f"{len(problems)} of {len(rows)} compiles failed:\n" + "\n".join(problems)
+    assert not any(cache_dir().glob("*.cubin")), "the CI compile must cache nothing"

@@ -1,0 +1,28 @@
+"""verify/harness.py without a GPU: each family registers its checks, and a variant goes to its family."""
+
+from __future__ import annotations
+
+import flashkit.verify  # noqa: F401  (registers the dense, fp8 and block-sparse families)
+from flashkit.registry import discover_kernels
+from flashkit.verify import harness
+
+
+def test_every_family_registers_with_the_harness():
+    assert {"dense", "fp8", "block_sparse"} <= set(harness._FAMILIES)
+
+
+def test_each_variant_goes_to_the_family_its_manifest_requires():
+    specs = discover_kernels().specs
+    assert harness.family_of(specs["fa2"]) == harness.DENSE
+    assert harness.family_of(specs["fp8"]) == harness.family_of(specs["fp8_hopper"]) == "fp8"
+    assert harness.family_of(specs["block_sparse"]) == "block_sparse"
+
+
+def test_checks_for_builds_the_family_checks_without_running_them():
+    specs = discover_kernels().specs
+    dense = harness.checks_for(specs["fa2"], ["float16"], [64], [False], quick=True)
+    assert len(dense) == len(harness.QUICK_SHAPES) and all(c.variant == "fa2" for c in dense)
+    sparse = harness.checks_for(specs["block_sparse"], ["float16"], [64], [False], quick=True)
+    assert sparse and all(any(p in c.label for p in ("random", "sliding", "butterfly")) for c in sparse)
+    fp8 = harness.checks_for(specs["fp8"], None, [64], [False], quick=True)
+    assert fp8 and all("fp8" in c.label for c in fp8)
