@@ -1,0 +1,171 @@
+"""Ring attention throughput under torchrun: tokens/s, speedup over one GPU, and communication hidden.
+
+    torchrun --nproc-per-node 2 -m flashkit.distributed.bench --seqlen 32768,65536,131072 --json-out ring.json
+
+Per (seqlen, causal): one GPU on the full sequence; the ring; the ring with communication skipped (the
+same blocks on the shard already held); the transfers alone. hidden = 1 - (ring - no_comm) / comm_only.
+Times are medians of CUDA-event timings, the slowest rank's; FLOPs 4*B*H*N^2*D (halved when causal).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+from datetime import timedelta
+
+from ._torch import require_torch
+
+os.environ.setdefault("NCCL_NVLS_ENABLE", "0")   # NVLink multicast stays off
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(prog="python -m flashkit.distributed.bench", description=__doc__.splitlines()[0])
+    ap.add_argument("--seqlen", default="32768,65536,131072", help="full sequence lengths, comma-separated")
+    ap.add_argument("--batch", type=int, default=1)
+    ap.add_argument("--heads", type=int, default=16)
+    ap.add_argument("--kv-heads", type=int, default=4)
+    ap.add_argument("--head-dim", type=int, default=128)
+    ap.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float16"))
+    ap.add_argument("--causal", default="both", choices=("both", "yes", "no"))
+    ap.add_argument("--iters", type=int, default=5)
+    ap.add_argument("--warmup", type=int, default=2)
+    ap.add_argument("--no-single", action="store_true", help="skip the one-GPU baseline")
+    ap.add_argument("--variant", default=None, help="force flashkit's kernel (default: the registry's choice)")
+    ap.add_argument("--json-out", default=None)
+    return ap.parse_args(argv)
+
+
+def timed(torch, fn, iters: int, warmup: int) -> float:
+    """Median seconds of fn() by CUDA events on the current stream, after warm-up."""
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(iters):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) / 1e3)
+    return statistics.median(times)
+
+
+def slowest(torch, seconds: float, device) -> float:
+    """The largest value over the ranks (a ring step is as slow as its slowest rank)."""
+    t = torch.tensor([seconds], dtype=torch.float64, device=device)
+    torch.distributed.all_reduce(t, op=torch.distributed.ReduceOp.MAX)
+    return float(t.item())
+
+
+def every_rank(torch, seconds: float, device, world: int) -> list[float]:
+    t = torch.tensor([seconds], dtype=torch.float64, device=device)
+    out = torch.empty(world, dtype=torch.float64, device=device)
+    torch.distributed.all_gather_into_tensor(out, t)
+    return [float(x) for x in out.tolist()]
+
+
+def bench_case(torch, args, seqlen: int, causal: bool, rank: int, world: int, device) -> dict:
+    from .comm import LocalExchange
+    from .ring import local_attention, ring_attention, ring_forward
+    from .sharding import shard_zigzag
+    dtype = getattr(torch, args.dtype)
+    b, h, hk, d = args.batch, args.heads, args.kv_heads, args.head_dim
+    gen = torch.Generator(device=device).manual_seed(1234 + seqlen)
+    full = [torch.randn((b, seqlen, n, d), generator=gen, device=device, dtype=torch.float32).to(dtype)
+            for n in (h, hk, hk)]
+    scale = d ** -0.5
+    row = {"variant": args.variant or "default", "seqlen": seqlen, "batch": b, "heads": h, "kv_heads": hk,
+           "head_dim": d, "dtype": args.dtype, "causal": causal, "world_size": world}
+    flops = 4.0 * b * h * seqlen * seqlen * d * (0.5 if causal else 1.0)
+    if not args.no_single:
+        t1 = timed(torch, lambda: local_attention(*full, causal=causal, scale=scale, variant=args.variant),
+                   args.iters, args.warmup)
+        row["single_s"] = slowest(torch, t1, device)
+    q, k, v = (shard_zigzag(x, rank, world) for x in full)
+    del full
+    torch.cuda.empty_cache()
+    kw = dict(group=None, rank=rank, world_size=world, causal=causal, scale=scale, variant=args.variant)
+    ring = timed(torch, lambda: ring_attention(q, k, v, causal=causal, softmax_scale=scale, variant=args.variant),
+                 args.iters, args.warmup)
+    ring_rank = every_rank(torch, ring, device, world)
+    no_comm = every_rank(torch, timed(torch, lambda: ring_forward(q, k, v, exchange=LocalExchange(), **kw),
+                                      args.iters, args.warmup), device, world)
+    comm_only = slowest(torch, timed(torch, lambda: ring_forward(q, k, v, compute=False, **kw),
+                                     args.iters, args.warmup), device)
+    step0 = timed(torch, lambda: local_attention(q, k, v, causal=causal, scale=scale, variant=args.variant),
+                  args.iters, args.warmup)
+    row.update(ring_s=max(ring_rank), ring_rank_s=ring_rank, no_comm_s=max(no_comm), no_comm_rank_s=no_comm,
+               comm_only_s=comm_only, step0_s=slowest(torch, step0, device))
+    kv_bytes = 2 * k.numel() * k.element_size()
+    exposed = max(0.0, row["ring_s"] - row["no_comm_s"])
+    row.update(tokens_per_s=b * seqlen / row["ring_s"], ring_tflops_per_gpu=flops / world / row["ring_s"] / 1e12,
+               kv_bytes_per_step=kv_bytes, transfer_s=comm_only / max(1, world - 1),
+               transfer_gbps=kv_bytes / (comm_only / max(1, world - 1)) / 1e9 if world > 1 else None,
+               exposed_comm_s=exposed,
+               hidden_share=(1.0 - min(1.0, exposed / comm_only)) if comm_only > 0 else None,
+               balance=max(no_comm) / min(no_comm))
+    if "single_s" in row:
+        row.update(single_tokens_per_s=b * seqlen / row["single_s"],
+                   single_tflops=flops / row["single_s"] / 1e12, speedup=row["single_s"] / row["ring_s"])
+    return row
+
+
+def format_row(r: dict) -> str:
+    single = f"{r['single_s'] * 1e3:8.2f} {r['speedup']:5.2f}x" if "single_s" in r else "      -      -"
+    hidden = f"{100 * r['hidden_share']:5.1f}%" if r.get("hidden_share") is not None else "    -"
+    return (f"{r['seqlen']:>7} {'causal' if r['causal'] else 'full':>6} {single} {r['ring_s'] * 1e3:8.2f} "
+            f"{r['tokens_per_s'] / 1e6:7.3f}M {r['ring_tflops_per_gpu']:6.1f} {r['no_comm_s'] * 1e3:8.2f} "
+            f"{r['comm_only_s'] * 1e3:7.2f} {hidden} {r['balance']:5.3f}")
+
+
+HEADER = (f"{'seqlen':>7} {'mask':>6} {'1gpu_ms':>8} {'speed':>6} {'ring_ms':>8} {'tok/s':>8} {'TF/gpu':>6} "
+          f"{'nocomm':>8} {'comm':>7} {'hidden':>6} {'bal':>5}")
+
+
+def _default_kernel(args, device) -> str:
+    import torch
+    from .. import explain
+    cc = tuple(torch.cuda.get_device_capability(device))
+    return explain(dtype=args.dtype, head_dim=args.head_dim, heads=args.heads, kv_heads=args.kv_heads, lse=True,
+                   cc=cc).chosen.name + " (the registry's choice)"
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    torch = require_torch()
+    dist = torch.distributed
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    torch.cuda.set_device(local_rank)
+    device = torch.device("cuda", local_rank)
+    if not dist.is_initialized():
+        dist.init_process_group("nccl", timeout=timedelta(seconds=300), device_id=device)
+    rank, world = dist.get_rank(), dist.get_world_size()
+    causal_modes = {"both": (False, True), "yes": (True,), "no": (False,)}[args.causal]
+    rows = []
+    if rank == 0:
+        name = torch.cuda.get_device_name(device)
+        print(f"# ring attention bench: {world} x {name}, torch {torch.__version__}, "
+              f"b{args.batch} h{args.heads} kv{args.kv_heads} d{args.head_dim} {args.dtype}, "
+              f"kernel {args.variant or _default_kernel(args, device)}", flush=True)
+        print(HEADER, flush=True)
+    for seqlen in (int(s) for s in args.seqlen.split(",")):
+        for causal in causal_modes:
+            row = bench_case(torch, args, seqlen, causal, rank, world, device)
+            rows.append(row)
+            if rank == 0:
+                print(format_row(row), flush=True)
+            torch.cuda.empty_cache()
+    if rank == 0 and args.json_out:
+        with open(args.json_out, "w") as f:
+            json.dump({"world_size": world, "device": torch.cuda.get_device_name(device),
+                       "torch": torch.__version__, "rows": rows}, f, indent=1)
+    dist.barrier()
+    dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,143 @@
+"""ring_attention: sequence-parallel (context-parallel) attention over a torch.distributed NCCL group.
+
+Each rank holds a shard of the sequence (zigzag by default: flashkit.distributed.shard_zigzag); K/V
+shards travel around the ring (comm.RingExchange) while flashkit's kernel computes on the one already
+there; the partial (O, LSE) pairs merge exactly in fp32 (merge.merge_into). Forward only for now: the
+backward (K/V forward again, dK/dV back around the ring, the same plan) lands with flashkit's backward
+kernel; `RingState` keeps what it will need.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from ._torch import require_torch
+from .plan import step_blocks
+from .validation import agree_across_ranks, check_local
+
+DEFAULT_TIMEOUT_S = 120.0
+
+
+@dataclass
+class RingState:
+    """What a backward needs: the local shards, the output and LSE, and the ring's shape."""
+
+    q: Any
+    k: Any
+    v: Any
+    out: Any
+    lse: Any
+    causal: bool
+    layout: str
+    softmax_scale: float
+    group: Any
+    rank: int
+    world_size: int
+
+
+def ring_attention(q: Any, k: Any, v: Any, *, group: Any = None, causal: bool = False,
+                   softmax_scale: float | None = None, return_lse: bool = False, layout: str = "zigzag",
+                   timeout: float = DEFAULT_TIMEOUT_S, variant: str | None = None):
+    """Attention over the whole sequence, each rank holding one shard of q, k, v (batch, local_seqlen, heads, d).
+
+    causal=True expects zigzag shards (layout="zigzag", the default: shard_zigzag) or, less balanced,
+    contiguous ones (layout="contiguous": rank r holds the r-th slice). Returns this rank's rows of the
+    output (torch, q's dtype) and, with return_lse=True, their LSE (float32, (batch, heads, local_seqlen)).
+    Every rank checks its inputs and all ranks agree on shapes (a timed all-gather) before any transfer.
+    With a group of one rank (or torch.distributed not initialized) this is local flashkit attention.
+    variant= forces flashkit's kernel for every local step (as in flashkit.attention).
+    """
+    torch = require_torch()
+    dist = torch.distributed
+    distributed = dist.is_available() and dist.is_initialized()
+    rank = dist.get_rank(group) if distributed else 0
+    if rank < 0:
+        from ..errors import InputError
+        raise InputError("group: this process is not a member of the group it passed")
+    world_size = dist.get_world_size(group) if distributed else 1
+    current = torch.cuda.current_device() if torch.cuda.is_available() else None
+    local = check_local(q, k, v, causal, layout, softmax_scale, current, variant)
+    device = _signature_device(torch, group, distributed, current)
+    if world_size > 1 and device.type == "cuda":
+        from .comm import comm_stream
+        with torch.cuda.stream(comm_stream(device)):   # an idle stream: the check need not wait for compute
+            agree_across_ranks(local, group, rank, world_size, device, timeout)
+    else:
+        agree_across_ranks(local, group, rank, world_size, device, timeout)
+    scale = softmax_scale if softmax_scale is not None else 1.0 / math.sqrt(q.shape[-1])
+    if world_size == 1:
+        out, lse = local_attention(q, k, v, causal=causal, scale=scale, variant=variant)
+    else:
+        out, lse = ring_forward(q, k, v, group=group, rank=rank, world_size=world_size, causal=causal,
+                                scale=scale, layout=layout, variant=variant)
+    return (out, lse) if return_lse else out
+
+
+def ring_forward(q: Any, k: Any, v: Any, *, group: Any, rank: int, world_size: int, causal: bool, scale: float,
+                 layout: str = "zigzag", exchange: Any = None, compute: bool = True, variant: str | None = None,
+                 attend: Any = None):
+    """The ring loop on validated inputs: W steps, W-1 transfers overlapped with the compute.
+
+    `exchange` replaces the NCCL exchange (comm.LocalExchange times the loop with communication off);
+    compute=False runs the transfers alone; `attend(q, k, v, causal, scale) -> (out, lse)` replaces
+    flashkit's kernel (the CPU tests run the loop on a Gloo group). Returns (out, lse) of this rank's rows.
+    """
+    torch = require_torch()
+    from .comm import RingExchange, comm_stream
+    from .merge import merge_into
+    if exchange is None:
+        streams = (torch.cuda.current_stream(q.device), comm_stream(q.device)) if q.is_cuda else (None, None)
+        exchange = RingExchange(group, rank, world_size, *streams)
+    if attend is None:
+        def attend(q_, k_, v_, causal_, scale_):
+            return local_attention(q_, k_, v_, causal=causal_, scale=scale_, variant=variant)
+    held = (k.contiguous(), v.contiguous())   # NCCL sends contiguous buffers
+    acc_o = acc_lse = None
+    for step in range(world_size):
+        last = step == world_size - 1
+        if not last:
+            exchange.start(held, step)
+        if compute:
+            for block in step_blocks(rank, step, world_size, q.shape[1], k.shape[1], causal, layout):
+                k_s, v_s = held[0][:, block.k0:block.k1], held[1][:, block.k0:block.k1]
+                o, l = attend(q[:, block.q0:block.q1], k_s, v_s, block.causal, scale)
+                if acc_o is None and block.q0 == 0 and block.q1 == q.shape[1]:
+                    acc_o, acc_lse = o.float(), l   # the first partial covers every row (step 0)
+                else:
+                    merge_into(acc_o, acc_lse, o, l, row0=block.q0)
+        if not last:
+            held = exchange.finish()
+    if acc_o is None:   # compute=False
+        return None, None
+    return acc_o.to(q.dtype), acc_lse
+
+
+def local_attention(q: Any, k: Any, v: Any, *, causal: bool, scale: float, out: Any = None,
+                    variant: str | None = None):
+    """flashkit.attention on torch tensors, launched on torch's current stream: (out, lse) as torch tensors."""
+    torch = require_torch()
+    import cupy
+    from .. import attention
+    dev = q.device.index
+    if out is None:
+        out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    stream = torch.cuda.current_stream(q.device)
+    with cupy.cuda.Device(dev), cupy.cuda.ExternalStream(stream.cuda_stream, dev):
+        _, lse = attention(q, k, v, causal=causal, softmax_scale=scale, return_lse=True, out=out, variant=variant)
+        lse = torch.from_dlpack(lse)   # consumed on the stream that produced it
+    return out, lse
+
+
+def _signature_device(torch, group: Any, distributed: bool, current: int | None):
+    """Where the all-gather of signatures lives: the current CUDA device for NCCL, the CPU otherwise."""
+    if distributed and "nccl" in str(torch.distributed.get_backend(group)) and current is not None:
+        return torch.device("cuda", current)
+    return torch.device("cpu")
+
+
+def ring_attention_backward(*args: Any, **kwargs: Any):
+    """Not yet: waits for flashkit's backward kernel (then dK/dV travel back around the ring, same plan)."""
+    raise NotImplementedError("ring_attention's backward lands after flashkit.attention_backward; "
+                              "the forward keeps what it needs (RingState)")
