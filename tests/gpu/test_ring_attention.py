@@ -3,7 +3,8 @@
 The ring's output (zigzag shards, NCCL) against single-GPU flashkit on the full sequence, by DESIGN's rule,
 plus the error paths (mismatched ranks, wrong device, odd shards, a group of one, a rank that never calls).
 Skipped, with the reason, where torch is missing or fewer than 2 GPUs answer. FLASHKIT_RING_LONG=1 adds the
-issue's 32k/64k/128k-token shapes.
+issue's 32k/64k/128k-token shapes; FLASHKIT_RING_VARIANT forces the kernel; FLASHKIT_RING_LOG=path keeps the
+worker's output.
 """
 
 from __future__ import annotations
@@ -47,6 +48,8 @@ def ring_results():
     args = ["--long"] if os.environ.get("FLASHKIT_RING_LONG", "") not in ("", "0") else []
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", str(WORKER), *args]
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900)
+    if os.environ.get("FLASHKIT_RING_LOG"):   # the worker's whole output, for the record
+        Path(os.environ["FLASHKIT_RING_LOG"]).write_text(proc.stdout + "\n--- stderr ---\n" + proc.stderr)
     results = [json.loads(line[len("RESULT "):]) for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
     return proc, results
 
