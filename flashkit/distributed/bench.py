@@ -2,8 +2,9 @@
 
     torchrun --nproc-per-node 2 -m flashkit.distributed.bench --seqlen 32768,65536,131072 --json-out ring.json
 
-Per (seqlen, causal): one GPU on the full sequence; the ring; the ring with communication skipped (the
-same blocks on the shard already held); the transfers alone. hidden = 1 - (ring - no_comm) / comm_only.
+Per (seqlen, causal): one GPU on the full sequence; the ring (ring_attention, with its input check); the
+ring loop alone (no check); the loop with communication skipped (the same blocks on the shard already
+held); the transfers alone. hidden = 1 - (loop - loop without comm) / comm_only.
 Times are medians of CUDA-event timings, the slowest rank's; FLOPs 4*B*H*N^2*D (halved when causal).
 """
 
@@ -30,8 +31,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--head-dim", type=int, default=128)
     ap.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float16"))
     ap.add_argument("--causal", default="both", choices=("both", "yes", "no"))
-    ap.add_argument("--iters", type=int, default=5)
-    ap.add_argument("--warmup", type=int, default=2)
+    ap.add_argument("--iters", type=int, default=10)
+    ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--no-single", action="store_true", help="skip the one-GPU baseline")
     ap.add_argument("--variant", default=None, help="force flashkit's kernel (default: the registry's choice)")
     ap.add_argument("--json-out", default=None)
@@ -91,6 +92,8 @@ def bench_case(torch, args, seqlen: int, causal: bool, rank: int, world: int, de
     ring = timed(torch, lambda: ring_attention(q, k, v, causal=causal, softmax_scale=scale, variant=args.variant),
                  args.iters, args.warmup)
     ring_rank = every_rank(torch, ring, device, world)
+    unchecked = every_rank(torch, timed(torch, lambda: ring_forward(q, k, v, **kw), args.iters, args.warmup),
+                           device, world)
     no_comm = every_rank(torch, timed(torch, lambda: ring_forward(q, k, v, exchange=LocalExchange(), **kw),
                                       args.iters, args.warmup), device, world)
     comm_only = slowest(torch, timed(torch, lambda: ring_forward(q, k, v, compute=False, **kw),
@@ -98,9 +101,10 @@ def bench_case(torch, args, seqlen: int, causal: bool, rank: int, world: int, de
     step0 = timed(torch, lambda: local_attention(q, k, v, causal=causal, scale=scale, variant=args.variant),
                   args.iters, args.warmup)
     row.update(ring_s=max(ring_rank), ring_rank_s=ring_rank, no_comm_s=max(no_comm), no_comm_rank_s=no_comm,
+               unchecked_s=max(unchecked), unchecked_rank_s=unchecked, check_s=max(ring_rank) - max(unchecked),
                comm_only_s=comm_only, step0_s=slowest(torch, step0, device))
     kv_bytes = 2 * k.numel() * k.element_size()
-    exposed = max(0.0, row["ring_s"] - row["no_comm_s"])
+    exposed = max(0.0, row["unchecked_s"] - row["no_comm_s"])   # the transfers' share, the input check aside
     row.update(tokens_per_s=b * seqlen / row["ring_s"], ring_tflops_per_gpu=flops / world / row["ring_s"] / 1e12,
                kv_bytes_per_step=kv_bytes, transfer_s=comm_only / max(1, world - 1),
                transfer_gbps=kv_bytes / (comm_only / max(1, world - 1)) / 1e9 if world > 1 else None,
@@ -118,11 +122,11 @@ def format_row(r: dict) -> str:
     hidden = f"{100 * r['hidden_share']:5.1f}%" if r.get("hidden_share") is not None else "    -"
     return (f"{r['seqlen']:>7} {'causal' if r['causal'] else 'full':>6} {single} {r['ring_s'] * 1e3:8.2f} "
             f"{r['tokens_per_s'] / 1e6:7.3f}M {r['ring_tflops_per_gpu']:6.1f} {r['no_comm_s'] * 1e3:8.2f} "
-            f"{r['comm_only_s'] * 1e3:7.2f} {hidden} {r['balance']:5.3f}")
+            f"{r['comm_only_s'] * 1e3:7.2f} {hidden} {r['balance']:5.3f} {r['check_s'] * 1e3:6.2f}")
 
 
 HEADER = (f"{'seqlen':>7} {'mask':>6} {'1gpu_ms':>8} {'speed':>6} {'ring_ms':>8} {'tok/s':>8} {'TF/gpu':>6} "
-          f"{'nocomm':>8} {'comm':>7} {'hidden':>6} {'bal':>5}")
+          f"{'nocomm':>8} {'comm':>7} {'hidden':>6} {'bal':>5} {'check':>6}")
 
 
 def _default_kernel(args, device) -> str:

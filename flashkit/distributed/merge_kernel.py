@@ -111,10 +111,10 @@ def fused_merge_applies(acc_o: Any, acc_lse: Any, part_o: Any, part_lse: Any) ->
 
 
 @lru_cache(maxsize=None)
-def _module(device_id: int):
+def _kernel(device_id: int, entry: str):
     import cupy
     with cupy.cuda.Device(device_id):
-        return cupy.RawModule(code=MERGE_SOURCE, options=("-std=c++17",))
+        return cupy.RawModule(code=MERGE_SOURCE, options=("-std=c++17",)).get_function(entry)
 
 
 def fused_merge(acc_o: Any, acc_lse: Any, part_o: Any, part_lse: Any, row0: int) -> None:
@@ -124,7 +124,7 @@ def fused_merge(acc_o: Any, acc_lse: Any, part_o: Any, part_lse: Any, row0: int)
     import torch
     b, n, h, d = part_o.shape
     dev = acc_o.device.index
-    kernel = _module(dev).get_function(ENTRIES[str(part_o.dtype)])
+    kernel = _kernel(dev, ENTRIES[str(part_o.dtype)])
     tpr = threads_per_row(d)
     rows_per_block = THREADS // tpr
     groups = b * n * h

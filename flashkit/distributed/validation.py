@@ -11,6 +11,7 @@ import numbers
 import struct
 import time
 from dataclasses import dataclass
+from functools import lru_cache
 from datetime import timedelta
 from typing import Any
 
@@ -111,12 +112,20 @@ def _check_scale(softmax_scale: Any, head_dim: int) -> float:
 def _check_kernels(q: Any, k: Any, causal: bool, device: int, variant: str | None) -> None:
     """UnsupportedError now, rather than mid-ring, when no kernel (or not the forced one) fits a step."""
     import torch
-    from .. import explain
-    cc = tuple(torch.cuda.get_device_capability(device))
     b, sq, h, d = q.shape
+    _kernels_fit(str(q.dtype).split(".")[1], d, sq, k.shape[1], h, k.shape[2], b, causal,
+                 tuple(torch.cuda.get_device_capability(device)), variant)
+
+
+@lru_cache(maxsize=256)
+def _kernels_fit(dtype: str, d: int, sq: int, sk: int, h: int, hk: int, b: int, causal: bool,
+                 cc: tuple[int, int], variant: str | None) -> bool:
+    """Selection for a call's blocks, once per signature (an error is not cached, so it recurs)."""
+    from .. import explain
     for block_causal in ((True, False) if causal else (False,)):
-        explain(dtype=str(q.dtype).split(".")[1], head_dim=d, seqlen_q=sq, seqlen_k=k.shape[1], heads=h,
-                kv_heads=k.shape[2], batch=b, causal=block_causal, lse=True, cc=cc, variant=variant)
+        explain(dtype=dtype, head_dim=d, seqlen_q=sq, seqlen_k=sk, heads=h, kv_heads=hk, batch=b,
+                causal=block_causal, lse=True, cc=cc, variant=variant)
+    return True
 
 
 def agree_across_ranks(local: LocalCall, group: Any, rank: int, world_size: int, device: Any,

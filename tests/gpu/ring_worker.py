@@ -2,8 +2,9 @@
 
 Every case: fresh random full q, k, v; ring_attention on the zigzag shards; gathered, compared on rank 0
 with single-GPU flashkit on the full sequence by DESIGN's rule: on sampled rows (chunk edges and random
-ones, float64 reference over all keys) max|ring - ref| <= 2 max|plain - ref| + atol, and on every row
-max|ring - single| within the same bound; no NaN/Inf; LSE likewise. Then the error paths: a mismatch
+ones, float64 reference over all keys) max|ring - ref| <= 2 max|plain - ref| + atol (the single-GPU result
+must pass too), and on every row max|ring - single| <= 2x that bound (both lie within it of the exact
+result); the LSE likewise, plus fp32 summation over n keys; no NaN/Inf. Then the error paths: a mismatch
 across ranks, a wrong device, an odd zigzag shard, a group of one, and a rank that never calls (timeout).
 Prints one JSON line per result ("RESULT {...}") and exits non-zero on rank 0 if any failed.
 """
@@ -53,7 +54,7 @@ def check_case(case, rank: int, world: int, device, seed: int, variant: str | No
     from flashkit.call.dtypes import BY_NAME
     from flashkit.distributed import gather_zigzag, ring_attention, shard_zigzag
     from flashkit.distributed.ring import local_attention
-    from flashkit.verify.reference import output_atol, plain_attention, reference_attention
+    from flashkit.verify.reference import accumulation_atol, output_atol, plain_attention, reference_attention
     from flashkit.verify import judge
     b, n, h, hk, d, dtype_name, causal, layout = case
     dtype = getattr(torch, dtype_name)
@@ -103,11 +104,15 @@ def check_case(case, rank: int, world: int, device, seed: int, variant: str | No
     lse_diff = float(torch.where(fin, ring_lse.double() - single_lse.double(), 0.0).abs().max())
     same_inf = bool(((ring_lse == -torch.inf) == (single_lse == -torch.inf)).all())
     finite = bool(torch.isfinite(ring_out).all())
-    passed = (ring_r.passed and res["single"].passed and finite and same_inf and diff <= ring_r.bound
-              and lse_diff <= ring_r.lse_bound)
+    # Every row: ring and single-GPU each within the bound of the float64 result, so within twice it of each
+    # other; their LSEs also carry fp32 summation over n keys (eps32 sqrt(n) |lse|, the single kernel's
+    # sequential sum over 128k keys drifts past judge's head_dim-long term, the ring's halves do less).
+    lse_full_bound = 2 * ring_r.lse_bound + accumulation_atol(cupy.from_dlpack(single_lse), n)
+    passed = (ring_r.passed and res["single"].passed and finite and same_inf and diff <= 2 * ring_r.bound
+              and lse_diff <= lse_full_bound)
     return {"kind": "exact", "label": label, "passed": passed, "ring_err": ring_r.max_error, "bound": ring_r.bound,
             "single_err": res["single"].max_error, "ring_vs_single_max": diff, "lse_err": ring_r.lse_error,
-            "lse_bound": ring_r.lse_bound, "lse_ring_vs_single": lse_diff, "rows_sampled": int(rows.numel()),
+            "lse_bound": ring_r.lse_bound, "lse_ring_vs_single": lse_diff, "lse_full_bound": lse_full_bound, "rows_sampled": int(rows.numel()),
             "ring_first_call_s": round(ring_s, 3), "note": ring_r.note}
 
 
