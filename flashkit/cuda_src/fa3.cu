@@ -34,6 +34,6 @@ extern "C" __global__ void __launch_bounds__(Traits::kThreads, 1)
                      const __grid_constant__ flashkit::hopper::TensorMap o_map) {
     // Causal blocks further down see more keys: launch them first.
     const int m_block = FLASHKIT_CAUSAL ? gridDim.x - 1 - blockIdx.x : blockIdx.x;
-    flashkit::hopper::ws_forward<Traits, FwdMask>(params, {q_map, k_map, v_map, o_map}, m_block, blockIdx.y,
-                                                  blockIdx.z);
+    const FwdMask mask(params, m_block);
+    flashkit::hopper::ws_forward<Traits>(params, {q_map, k_map, v_map, o_map}, mask, m_block, blockIdx.y, blockIdx.z);
 }

@@ -1,4 +1,4 @@
-"""The block_sparse variant on a GPU: every mask pattern against the reference, empty rows, mask building speed,
+"""The block-sparse variants (block_sparse on mma.sync, block_sparse_hopper on the TMA core) on a GPU: every mask pattern against the reference, empty rows, mask building speed,
 and work that scales with density."""
 
 from __future__ import annotations
@@ -15,24 +15,28 @@ from flashkit.registry import discover_kernels
 
 pytestmark = pytest.mark.gpu
 
-SPEC = discover_kernels().get("block_sparse")
-QUICK = block_sparse_checks(SPEC, SPEC.dtypes, SPEC.head_dims.examples(), (False, True), quick=True)
+SPECS = [discover_kernels().get(name) for name in ("block_sparse", "block_sparse_hopper")]
+QUICK = [c for s in SPECS for c in block_sparse_checks(s, s.dtypes, s.head_dims.examples(), (False, True), quick=True)]
 # The full pattern set on one dtype / head dim (the 4097 shape included).
-FULL = block_sparse_checks(SPEC, ("bfloat16",), (128,), (False, True), quick=False)
+FULL = [c for s in SPECS for c in block_sparse_checks(s, ("bfloat16",), (128,), (False, True), quick=False)]
 
 
 def _run(check, seed=0):
+    from flashkit.runtime.device import device_info
+    spec = discover_kernels().get(check.variant)
+    if not spec.runs_on(device_info().cc):
+        pytest.skip(f"{spec.name} needs compute capability {spec.arch_requirement()}")
     res = check.run(seed)
     assert res.passed, f"{res.label}: err {res.max_error:.3g} > bound {res.bound:.3g}; lse err {res.lse_error} " \
                        f"> {res.lse_bound}; {res.note}"
 
 
-@pytest.mark.parametrize("check", QUICK, ids=[c.label for c in QUICK])
+@pytest.mark.parametrize("check", QUICK, ids=[f"{c.variant}: {c.label}" for c in QUICK])
 def test_quick_matrix(check):
     _run(check)
 
 
-@pytest.mark.parametrize("check", FULL, ids=[c.label for c in FULL])
+@pytest.mark.parametrize("check", FULL, ids=[f"{c.variant}: {c.label}" for c in FULL])
 def test_every_pattern(check):
     _run(check, seed=1)
 

@@ -246,7 +246,9 @@ def test_attention_rejects_mismatched_mask_before_compile():
 
 def test_registry_selects_block_sparse_only_with_a_mask():
     sel = flashkit.explain(dtype="bfloat16", head_dim=128, block_sparse=True, causal=True, cc=(9, 0))
-    assert sel.chosen.name == "block_sparse"
+    assert sel.chosen.name == "block_sparse_hopper"   # the TMA core on Hopper
+    ampere = flashkit.explain(dtype="bfloat16", head_dim=128, block_sparse=True, causal=True, cc=(8, 0))
+    assert ampere.chosen.name == "block_sparse"
     plain = flashkit.explain(dtype="bfloat16", head_dim=128, cc=(9, 0))
     assert plain.chosen.name != "block_sparse"
     assert any("block_sparse=True" in r for r in plain.rejected["block_sparse"])

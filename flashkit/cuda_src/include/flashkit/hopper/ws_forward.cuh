@@ -21,9 +21,11 @@ struct ForwardMaps {
     const TensorMap& o;
 };
 
+// The forward of query block m_block of (head, batch); `mask` (mask.cuh's interface) says which
+// K/V tiles the block visits, in which order, and which of them need the element mask.
 template <class Kt, class Mask>
-__device__ __forceinline__ void ws_forward(const Params& p, const ForwardMaps& maps, int m_block, int head,
-                                           int batch) {
+__device__ __forceinline__ void ws_forward(const Params& p, const ForwardMaps& maps, const Mask& mask, int m_block,
+                                           int head, int batch) {
     extern __shared__ __align__(1024) unsigned char smem_raw[];
     const u32 smem = (smem_u32(smem_raw) + gmma::kTileAlign - 1) & ~static_cast<u32>(gmma::kTileAlign - 1);
     const int tid = threadIdx.x;
@@ -39,7 +41,6 @@ __device__ __forceinline__ void ws_forward(const Params& p, const ForwardMaps& m
     }
     __syncthreads();
 
-    const Mask mask(p, m_block);
     const int n_blocks = mask.num_kv_blocks();
     const TileCoords q_at{m_block * Kt::kBlockM, head, batch};
     if (warpgroup == 0) {

@@ -102,9 +102,6 @@ struct WsMainloop {
         if constexpr (kMasked) apply_mask(mask, s, row0, n_block * kBN + col_lane);
         softmax.update_max(s, alpha, scale_log2);
         softmax.exponentiate(s, scale_log2);
-        // Pin P here: the compiler may otherwise sink this register-only math past the volatile
-        // wgmma wait that follows, and the softmax no longer runs under the P V in flight.
-        gmma::fence_accumulators(s[0]);
     }
 
     // After the previous P V completed: O *= alpha, and P (s) -> 16-bit A fragments.

@@ -1,0 +1,41 @@
+/*---
+name: block_sparse_hopper
+summary: block-sparse forward on the warp-specialized Hopper core (TMA producer, ping-pong wgmma consumers, sm_90a)
+entry: flashkit_block_sparse_hopper_fwd
+arch: {min: "9.0", max: "9.0", targets: {"9.0": sm_90a}}
+dtypes: [float16, bfloat16]
+head_dims: [64, 128, 256]
+features: {causal: true, block_sparse: true, fp8: false, backward: false, lse: true, gqa: true}
+requires: {block_sparse: true}
+priority: 60
+launch: {grid: q_blocks, block_m: 128, block_n: 128, warps: 12, stages: 2}   # tiles nest in 128-key mask blocks
+overrides: {"hd256": {block_n: 64}}
+tensor_maps: {q: block_m, k: block_n, v: block_n, o: 64}
+workspace: none
+---*/
+// Block-sparse attention on the Hopper core of fa3.cu (include/flashkit/hopper/ws_forward.cuh):
+// the same producer, stage rings, ping-pong consumers and TMA epilogue, driven by the
+// BlockSparseMask type (block_sparse.cuh): the producer loads only the K/V tiles of the blocks a
+// flashkit.BlockMask keeps for this query block, and the consumers mask only the tiles that cross
+// a ragged tail or (with FLASHKIT_CAUSAL) the diagonal.
+#include "flashkit/block_sparse.cuh"
+#include "flashkit/hopper/ws_forward.cuh"
+
+typedef flashkit::hopper::WsTraits<flashkit::Element, FLASHKIT_HEAD_DIM, FLASHKIT_BLOCK_M, FLASHKIT_BLOCK_N,
+                                   FLASHKIT_STAGES>
+    Traits;
+typedef flashkit::BlockSparseMask<Traits::kBlockM, Traits::kBlockN, FLASHKIT_CAUSAL != 0> FwdMask;
+static_assert(FLASHKIT_WARPS * flashkit::kWarpSize == Traits::kThreads, "warps: a producer and kBlockM / 64 consumers");
+
+FLASHKIT_EXPORT_SMEM_BYTES(Traits::kSmemBytes);
+
+extern "C" __global__ void __launch_bounds__(Traits::kThreads, 1)
+    flashkit_block_sparse_hopper_fwd(const flashkit::Params params,
+                                     const __grid_constant__ flashkit::hopper::TensorMap q_map,
+                                     const __grid_constant__ flashkit::hopper::TensorMap k_map,
+                                     const __grid_constant__ flashkit::hopper::TensorMap v_map,
+                                     const __grid_constant__ flashkit::hopper::TensorMap o_map) {
+    const FwdMask mask(params, blockIdx.x, blockIdx.y, blockIdx.z);
+    flashkit::hopper::ws_forward<Traits>(params, {q_map, k_map, v_map, o_map}, mask, blockIdx.x, blockIdx.y,
+                                         blockIdx.z);
+}
