@@ -12,7 +12,7 @@ from .errors import InputError
 from .registry import Request, Selection, discover_kernels, select_kernel
 from .registry.manifest import KernelSpec
 from .runtime.build import build_module, make_config
-from .runtime.device import cupy_module, device_info
+from .runtime.device import cupy_module, device_count, device_info
 from .runtime.launch import LaunchInputs, launch
 
 ALIGN_BYTES = 16   # the flash kernels load 16-byte vectors: base and row/head strides must be multiples
@@ -102,7 +102,13 @@ def explain(*, dtype: str = "bfloat16", head_dim: int = 128, seqlen_q: int = 102
     req = Request(dtype=dt.name, head_dim=head_dim, seqlen_q=seqlen_q, seqlen_k=seqlen_k or seqlen_q,
                   heads=heads, kv_heads=kv_heads or heads, batch=batch, causal=causal,
                   block_sparse=block_sparse, fp8=fp8 or dt is FLOAT8_E4M3, lse=lse, cc=cc)
-    return select_kernel(req, discover_kernels().specs, variant)
+    sel = select_kernel(req, discover_kernels().specs, variant)
+    if "kv_splits" in sel.chosen.grids:   # the split-KV path: how many key chunks on this device
+        from .runtime.kv_split import split_note
+        info = device_info() if device_count() else None
+        sel.notes.append(split_note(sel.chosen, req, info and info.sm_count,
+                                    info and info.max_smem_per_block + 1024))
+    return sel
 
 
 def variants() -> list[KernelSpec]:

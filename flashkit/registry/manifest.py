@@ -15,11 +15,13 @@ from ..errors import ManifestError
 MANIFEST_RE = re.compile(r"\A\s*/\*---\s*\n(.*?)\n\s*---\*/", re.S)
 NAME_RE = re.compile(r"^[a-z][a-z0-9_]*$")
 SYMBOL_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-FEATURES = ("causal", "block_sparse", "fp8", "backward", "lse", "gqa")
-GRID_KINDS = ("q_blocks", "heads", "score_tiles", "row_groups", "kv_tiles")
-WORKSPACE_KINDS = ("none", "scores", "running_state", "v_transposed", "dq_accum")
+FEATURES = ("causal", "block_sparse", "fp8", "backward", "lse", "gqa", "kv_cache")
+GRID_KINDS = ("q_blocks", "heads", "score_tiles", "row_groups", "kv_tiles", "kv_splits", "split_combine")
+WORKSPACE_KINDS = ("none", "scores", "running_state", "v_transposed", "dq_accum", "split_partials")
 REQUIRED = ("name", "summary", "entry", "arch", "dtypes", "head_dims", "features", "launch")
-KNOWN = set(REQUIRED) | {"priority", "overrides", "workspace", "requires", "tensor_maps"}
+KNOWN = set(REQUIRED) | {"priority", "overrides", "workspace", "requires", "tensor_maps", "limits"}
+# limits: upper bounds of a request where a variant is the right choice (a decode kernel: short queries).
+LIMIT_KEYS = ("seqlen_q", "packed_rows")   # packed_rows: seqlen_q * heads / kv_heads
 TENSOR_MAP_NAMES = ("q", "k", "v", "o")   # kernel arguments after Params, in this order
 
 
@@ -79,6 +81,7 @@ class KernelSpec:
     overrides: dict[str, dict[str, int]] = field(default_factory=dict)
     workspace: str = "none"
     tensor_maps: dict[str, int | str] = field(default_factory=dict)   # tensor -> box rows (int or launch key)
+    limits: dict[str, int] = field(default_factory=dict)   # LIMIT_KEYS -> largest value served
 
     def tensor_map_rows(self, launch: dict[str, int]) -> dict[str, int]:
         """Box rows of each tensor map the entry takes, in argument order, launch keys resolved."""
@@ -225,6 +228,10 @@ def _spec_from(path: Path, data: dict) -> KernelSpec:
             for t, r in tensor_maps.items()):
         raise bad("tensor_maps", f"a mapping of tensors ({', '.join(TENSOR_MAP_NAMES)}) to box rows "
                                  "(a positive int or a launch key such as block_m)")
+    limits = data.get("limits") or {}
+    if not isinstance(limits, dict) or any(k not in LIMIT_KEYS or not isinstance(v, int) or isinstance(v, bool)
+                                           or v <= 0 for k, v in limits.items()):
+        raise bad("limits", f"a mapping of {', '.join(LIMIT_KEYS)} to positive ints")
     priority = data.get("priority", 0)
     if not isinstance(priority, int):
         raise bad("priority", "an integer")
@@ -233,4 +240,4 @@ def _spec_from(path: Path, data: dict) -> KernelSpec:
         arch_min=arch_min, arch_max=arch_max, targets=targets, dtypes=tuple(dtypes), head_dims=head_dims,
         features={f: bool(features.get(f, False)) for f in FEATURES}, requires=dict(requires),
         priority=priority, launch=ints, overrides={str(k): dict(v) for k, v in overrides.items()},
-        workspace=workspace, tensor_maps=dict(tensor_maps))
+        workspace=workspace, tensor_maps=dict(tensor_maps), limits=dict(limits))

@@ -26,6 +26,7 @@ class Request:
     backward: bool = False
     lse: bool = False
     cc: tuple[int, int] | None = None
+    kv_cache: bool = False   # attention_with_kvcache: per-sequence lengths, a paged cache
 
     def summary(self) -> str:
         flags = [f for f in ("causal", "block_sparse", "fp8", "backward", "lse") if getattr(self, f)]
@@ -39,6 +40,7 @@ class Request:
 FEATURE_WORDS = {
     "causal": "causal masks", "block_sparse": "block masks", "fp8": "fp8 inputs",
     "backward": "the backward pass", "lse": "return_lse", "gqa": "GQA/MQA (kv_heads < heads)",
+    "kv_cache": "KV caches (cache_seqlens, block_table)",
 }
 
 
@@ -56,12 +58,14 @@ def reasons(spec: KernelSpec, req: Request) -> list[str]:
     if req.head_dim not in spec.head_dims:
         out.append(f"head_dim={req.head_dim} not supported: supported {spec.head_dims.describe()}")
     asked = {"causal": req.causal, "block_sparse": req.block_sparse, "fp8": req.fp8,
-             "backward": req.backward, "lse": req.lse, "gqa": req.kv_heads != req.heads}
+             "backward": req.backward, "lse": req.lse, "gqa": req.kv_heads != req.heads,
+             "kv_cache": req.kv_cache}
     for feat, wanted in asked.items():
         if wanted and not spec.supports(feat):
             out.append(f"{FEATURE_WORDS[feat]} not supported")
     if spec.supports("backward") and not req.backward and "backward" not in spec.requires:
         out.append("a backward kernel: serves attention_backward only")
+    out += limit_reasons(spec, req)
     if spec.tensor_maps and (missing := binding_missing()):
         out.append(missing)
     for feat, needed in spec.requires.items():
@@ -69,6 +73,16 @@ def reasons(spec: KernelSpec, req: Request) -> list[str]:
             state = "with" if needed else "without"
             out.append(f"only runs {state} {FEATURE_WORDS[feat]} ({feat}={needed})")
     return out
+
+
+def limit_reasons(spec: KernelSpec, req: Request) -> list[str]:
+    """The manifest's `limits`, exact bounds; a KV-cache call (which only such kernels serve) ignores them."""
+    if req.kv_cache:
+        return []
+    values = {"seqlen_q": req.seqlen_q, "packed_rows": req.seqlen_q * (req.heads // max(req.kv_heads, 1))}
+    words = {"seqlen_q": "seqlen_q", "packed_rows": "seqlen_q * heads / kv_heads"}
+    return [f"{words[k]}={values[k]} above {limit}: serves {words[k]} <= {limit} (longer queries run faster on "
+            "the prefill kernels)" for k, limit in spec.limits.items() if values[k] > limit]
 
 
 @dataclass
@@ -79,11 +93,13 @@ class Selection:
     chosen: KernelSpec | None
     rejected: dict[str, list[str]] = field(default_factory=dict)
     outranked: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)   # how the chosen kernel runs the call (e.g. its split count)
 
     def report(self) -> str:
         lines = [f"request: {self.request.summary()}"]
         if self.chosen:
             lines.append(f"selected: {self.chosen.name} (priority {self.chosen.priority})")
+            lines += [f"  {note}" for note in self.notes]
         for name in self.outranked:
             lines.append(f"  {name}: fits, lower priority")
         for name, why in self.rejected.items():

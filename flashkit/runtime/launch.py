@@ -10,7 +10,9 @@ from ..call.dtypes import BY_NAME, dtype_of_storage
 from ..call.validate import Problem
 from ..registry.manifest import KernelSpec
 from .build import BuildConfig, LoadedKernel
-from .device import cupy_module
+from .device import cupy_module, device_info
+from .kv_split import SMEM_RESERVED as SPLIT_SMEM_RESERVED
+from .kv_split import plan as split_plan
 from .params import make_params
 from .tma import array_geometry, encode
 
@@ -33,6 +35,10 @@ def grid_for(kind: str, p: Problem, cfg: dict[str, int]) -> tuple[int, int, int]
         return (cdiv(p.seqlen_q, cfg["warps"]), p.heads, p.batch)
     if kind == "kv_tiles":
         return (cdiv(p.seqlen_k, cfg["block_n"]), p.kv_heads, p.batch)
+    if kind == "kv_splits":   # cfg carries the split plan (kv_split.plan)
+        return (cfg["splits"], cfg["row_blocks"] * p.kv_heads, p.batch)
+    if kind == "split_combine":   # one warp per output row; nothing to merge with one split
+        return (cdiv(p.batch * p.heads * p.seqlen_q, cfg["warps"]) if cfg["splits"] > 1 else 0, 1, 1)
     raise ValueError(f"unknown grid kind {kind!r}")
 
 
@@ -44,6 +50,9 @@ def workspace_bytes(kind: str, p: Problem, cfg: dict[str, int]) -> int:
         return p.batch * p.heads * p.seqlen_q * p.seqlen_k * FLOAT32_BYTES
     if kind == "running_state":
         return p.batch * p.heads * p.seqlen_q * (p.head_dim + RUNNING_STATE_EXTRA) * FLOAT32_BYTES
+    if kind == "split_partials":   # fp32 O and LSE of every split, none with one split
+        rows = p.batch * p.heads * p.seqlen_q
+        return cfg["splits"] * rows * (p.head_dim + 1) * FLOAT32_BYTES if cfg["splits"] > 1 else 0
     if kind == "dq_accum":   # backward: dq_accum, lse2, dsum over query rows padded to block_m, semaphores
         m_blocks = -(-p.seqlen_q // cfg["block_m"])
         rows = p.batch * p.heads * m_blocks * cfg["block_m"]
@@ -73,6 +82,13 @@ def launch(spec: KernelSpec, loaded: LoadedKernel, config: BuildConfig, p: Probl
     """Launch every entry of the variant in order on the current stream."""
     cupy = cupy_module()
     cfg = config.launch_dict
+    extras = dict(io.extras)
+    if "kv_splits" in spec.grids:   # the split-KV plan, from this device's SM count
+        info = device_info()
+        sp = split_plan(p.batch, p.heads, p.kv_heads, p.seqlen_q, p.seqlen_k, p.head_dim, cfg, info.sm_count,
+                        info.max_smem_per_block + SPLIT_SMEM_RESERVED)
+        cfg = {**cfg, "splits": sp.splits, "row_blocks": sp.row_blocks}
+        extras["cache"] = {**extras.get("cache", {}), "splits": sp.splits, "row_blocks": sp.row_blocks}
     ws_bytes = workspace_bytes(spec.workspace, p, cfg)
     workspace = cupy.empty(ws_bytes, dtype=cupy.uint8) if ws_bytes else None
     params = make_params(
@@ -82,7 +98,7 @@ def launch(spec: KernelSpec, loaded: LoadedKernel, config: BuildConfig, p: Probl
         **_strides("q", io.q), **_strides("k", io.k), **_strides("v", io.v), **_strides("o", io.out),
         batch=p.batch, heads=p.heads, kv_heads=p.kv_heads, seqlen_q=p.seqlen_q, seqlen_k=p.seqlen_k,
         head_dim=p.head_dim, softmax_scale=p.softmax_scale, softmax_scale_log2=p.softmax_scale * LOG2E,
-        **io.extras)
+        **extras)
     block = (cfg["warps"] * WARP_SIZE, 1, 1)
     args = (params[()], *tensor_map_args(spec, cfg, p, io))
     for fn, kind in zip(loaded.functions, spec.grids):

@@ -19,10 +19,18 @@ BWD_INTS = ("deterministic",)
 BWD_DTYPE = np.dtype([(n, np.uint64) for n in BWD_POINTERS] + [(n, np.int64) for n in BWD_STRIDES]
                      + [(n, np.int32) for n in BWD_INTS], align=True)
 
+# The KV-cache block (`KvCacheParams cache`, appended after bwd so every earlier offset is unchanged).
+CACHE_POINTERS = ("block_table", "seqlens")
+CACHE_STRIDES = ("table_batch_stride",)
+CACHE_INTS = ("page_size", "splits", "row_blocks")
+CACHE_DTYPE = np.dtype([(n, np.uint64) for n in CACHE_POINTERS] + [(n, np.int64) for n in CACHE_STRIDES]
+                       + [(n, np.int32) for n in CACHE_INTS], align=True)
+
 # align=True lays the fields out as a C compiler does (natural alignment, padded to 8).
 PARAMS_DTYPE = np.dtype(
     [(n, np.uint64) for n in POINTERS] + [(n, np.int64) for n in STRIDES]
-    + [(n, np.int32) for n in INTS] + [(n, np.float32) for n in FLOATS] + [("bwd", BWD_DTYPE)], align=True)
+    + [(n, np.int32) for n in INTS] + [(n, np.float32) for n in FLOATS] + [("bwd", BWD_DTYPE)]
+    + [("cache", CACHE_DTYPE)], align=True)
 
 
 def flat_fields(dtype: np.dtype = PARAMS_DTYPE, prefix: str = "", base: int = 0):

@@ -3,6 +3,7 @@
 # Each family registers its checks on import; the first registered that a manifest requires wins
 # (fp8 before block_sparse, as before the split).
 from . import dense, fp8, block_sparse  # noqa: F401,I001
+from . import decode  # noqa: F401,I001  (the split-KV decode family: every variant declaring kv_cache)
 from .harness import Check, CheckResult, Shape, checks_for, judge, random_qkv, run_checks, runnable_variants
 
 __all__ = ["Check", "CheckResult", "Shape", "checks_for", "judge", "random_qkv", "run_checks", "runnable_variants"]

@@ -112,14 +112,20 @@ DENSE = "dense"
 _FAMILIES: dict[str, FamilyChecks] = {}
 
 
-def register_family(feature: str, checks: FamilyChecks) -> None:
-    """Verify variants whose manifest requires `feature` with `checks` (DENSE: every other variant)."""
+_BY_SUPPORT: set[str] = set()   # families that take every variant supporting their feature (kv_cache)
+
+
+def register_family(feature: str, checks: FamilyChecks, by_support: bool = False) -> None:
+    """Verify variants whose manifest requires `feature` (by_support: declares it) with `checks` (DENSE: the rest)."""
     _FAMILIES[feature] = checks
+    if by_support:
+        _BY_SUPPORT.add(feature)
 
 
 def family_of(spec: KernelSpec) -> str:
     """The registered family that verifies a variant: the first one its manifest requires, else dense."""
-    return next((f for f in _FAMILIES if f != DENSE and spec.requires.get(f)), DENSE)
+    return next((f for f in _FAMILIES if f != DENSE and (spec.requires.get(f) or (f in _BY_SUPPORT
+                                                                              and spec.supports(f)))), DENSE)
 
 
 def checks_for(spec: KernelSpec, dtypes: Iterable[str] | None = None, head_dims: Iterable[int] | None = None,

@@ -35,8 +35,8 @@ def test_base_manifest_parses(tmp_path):
     assert spec.targets == {}
     assert spec.dtypes == ("float16", "bfloat16")
     assert spec.head_dims == HeadDims(values=(64, 128, 256))
-    assert spec.features == {"causal": True, "block_sparse": False, "fp8": False, "backward": False,
-                             "lse": True, "gqa": True}
+    declared = {"causal": True, "block_sparse": False, "fp8": False, "backward": False, "lse": True, "gqa": True}
+    assert spec.features == {**dict.fromkeys(spec.features, False), **declared}   # later features default off
     assert spec.requires == {}
     assert spec.priority == 10
     assert spec.launch == {"block_m": 64, "block_n": 64, "warps": 4}

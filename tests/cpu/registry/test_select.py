@@ -201,7 +201,7 @@ def test_the_registered_kernels_by_architecture():
     assert set(fa3.tensor_maps) == {"q", "k", "v", "o"}
 
     def chosen(cc, causal=False, head_dim=128, dtype="bfloat16"):
-        req = Request(dtype=dtype, head_dim=head_dim, causal=causal, cc=cc)
+        req = Request(dtype=dtype, head_dim=head_dim, causal=causal, cc=cc, seqlen_q=1024, seqlen_k=1024)   # prefill
         return select_kernel(req, specs).chosen.name
 
     for causal in (False, True):
@@ -222,5 +222,5 @@ def test_tma_kernels_need_the_driver_binding(monkeypatch):
     monkeypatch.setattr(tma, "binding_missing", lambda: tma.MISSING_BINDING)
     monkeypatch.setattr("flashkit.registry.select.binding_missing", tma.binding_missing)
     specs = discover_kernels(refresh=True).specs
-    sel = select_kernel(Request(dtype="bfloat16", head_dim=128, cc=(9, 0)), specs)
+    sel = select_kernel(Request(dtype="bfloat16", head_dim=128, cc=(9, 0), seqlen_q=1024, seqlen_k=1024), specs)
     assert sel.chosen.name == "hopper" and sel.rejected["fa3"] == [tma.MISSING_BINDING]

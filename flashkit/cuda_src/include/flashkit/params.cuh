@@ -26,6 +26,18 @@ struct BwdParams {
     int deterministic;           // 1: dQ's per-key-block adds run in key-block order (bit-identical)
 };
 
+// KV caches (decode, attention_with_kvcache): per-sequence lengths, a paged layout, and the split-KV
+// geometry. Paged: k / v are (num_pages, page_size, kv_heads, head_dim) and their batch strides step
+// one page; sequence b's key j lives in page block_table[b * table_batch_stride + j / page_size].
+struct KvCacheParams {
+    const int* block_table;      // (batch, max_pages) int32, or nullptr: k / v are (batch, seqlen_k, ...)
+    const int* seqlens;          // (batch,) int32 keys of each sequence, or nullptr: all have seqlen_k
+    index_t table_batch_stride;  // elements between two sequences' rows of block_table
+    int page_size;               // keys per page (a multiple of the K/V tile), 0 when not paged
+    int splits;                  // key chunks per (row block, kv head, batch); 1: no combine pass
+    int row_blocks;              // blocks of packed (query row, group head) rows per kv head
+};
+
 struct Params {
     // Layout (batch, seqlen, heads, head_dim); the last dimension is contiguous.
     const void* q;
@@ -60,6 +72,7 @@ struct Params {
     float softmax_scale_log2;    // softmax_scale * log2(e), for exp2-based softmax
 
     BwdParams bwd;               // the backward's gradients (zero in forward calls)
+    KvCacheParams cache;         // decode and KV caches (zero elsewhere)
 };
 
 }  // namespace flashkit

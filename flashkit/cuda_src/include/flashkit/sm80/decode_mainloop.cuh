@@ -1,0 +1,244 @@
+// The split-KV decode forward on mma.sync (sm_80+): one CTA per (key chunk, row block, kv head, sequence).
+//
+// Rows: 16 packed (query row, group head) rows (gqa_pack.cuh), Q held in registers by every warp.
+// Keys: the chunk's 16-key tiles are dealt round-robin to the warps (warp w takes tiles first + w,
+// first + w + kWarps, ...). Each warp runs its own cp.async ring of kStages (K, V) tile pairs in its own
+// slice of shared memory: no CTA barrier in the main loop, up to (kStages - 1) tiles in flight per warp.
+// Per tile, in the warp:
+//   S = Q K_j^T                      mma.sync m16n8k16, K_j by ldmatrix (swizzled)
+//   S = -inf where key >= key_end    (the sequence's length, the causal bound) on boundary tiles only
+//   {m, l}, P = online softmax(S)    softmax.cuh, O *= alpha
+//   O += P V_j                       P as the A fragment, V_j by ldmatrix.trans
+// End: each warp's (O / l, LSE) goes to shared memory and the CTA merges its warps exactly
+// (split_kv.cuh's rule); the result is the output (one split) or the chunk's fp32 partial.
+#pragma once
+
+#include "flashkit/gqa_pack.cuh"
+#include "flashkit/paged_kv.cuh"
+#include "flashkit/sm80/mma.cuh"
+#include "flashkit/softmax.cuh"
+#include "flashkit/split_kv.cuh"
+#include "flashkit/tile.cuh"
+
+namespace flashkit {
+
+template <int kHeadDim_, int kWarps_, int kStages_, typename Element_, typename OutT_>
+struct DecodeTraits {
+    typedef Element_ Element;
+    typedef OutT_ OutT;
+    static constexpr int kHeadDim = kHeadDim_;
+    static constexpr int kWarps = kWarps_;
+    static constexpr int kStages = kStages_;
+    static constexpr int kThreads = kWarps * kWarpSize;
+    static constexpr int kBlockM = kMmaM;         // packed rows per CTA: one m16 tile
+    static constexpr int kBlockN = 2 * kMmaN;     // keys per warp tile: one k16 step of P V
+    static constexpr int kNTiles = kBlockN / kMmaN;
+    static constexpr int kDTiles = kHeadDim / kMmaN;
+    static constexpr int kQKSteps = kHeadDim / kMmaK;
+    static constexpr int kElemBytes = sizeof(Element);
+    static constexpr int kRowBytes = kHeadDim * kElemBytes;
+    static constexpr int kTileBytes = kBlockN * kRowBytes;        // one K or V tile
+    static constexpr int kStageBytes = 2 * kTileBytes;            // K then V
+    static constexpr int kWarpBytes = kStages * kStageBytes;      // a warp's ring
+    static constexpr int kQBytes = kBlockM * kRowBytes;
+    static constexpr int kSmemBytes = kQBytes + kWarps * kWarpBytes;
+    // The merge reuses the rings for each warp's fp32 O and the Q tile for the warps' LSE.
+    static constexpr int kMergeOBytes = kBlockM * kHeadDim * 4;
+
+    static_assert(kElemBytes == 2, "mma.sync path: 16-bit elements");
+    static_assert(kStages >= 2, "a ring needs two stages");
+    static_assert(kHeadDim % 64 == 0, "head dim: multiple of 64 (swizzle spans 8 chunks of a row)");
+    static_assert(kMergeOBytes <= kWarpBytes, "a warp's O fits in its ring");
+    static_assert(kWarps * kBlockM * 4 <= kQBytes, "the warps' LSE fit in the Q tile");
+};
+
+// One warp's state: Q fragments, O accumulator, online softmax.
+template <class Kt>
+struct DecodeWarp {
+    typedef typename Kt::Element Element;
+    u32 q_frag[Kt::kQKSteps][4];
+    float acc_o[1][Kt::kDTiles][4];
+    OnlineSoftmax<1> softmax;
+    u32 k_lane, v_lane;           // this lane's ldmatrix row offset in a K / V tile (bytes)
+    LdsmColumns cols_hi16, cols_hi8;
+
+    __device__ __forceinline__ DecodeWarp(u32 sQ, int lane)
+        : cols_hi16(lane, lane / 16), cols_hi8(lane, lane / 8 % 2) {
+        const int r8 = lane % 8;
+        k_lane = ((lane / 16) * kMmaN + r8) * Kt::kRowBytes;        // B of Q K^T: keys 8-15 for lanes 16+
+        v_lane = (((lane / 8) % 2) * kMmaN + r8) * Kt::kRowBytes;   // B of P V (.trans): keys 8-15, lanes 8-15/24-31
+        const u32 q_lane = sQ + (lane % 16) * Kt::kRowBytes;
+#pragma unroll
+        for (int kk = 0; kk < Kt::kQKSteps; ++kk) ldsm_x4(q_frag[kk], q_lane + cols_hi16.col(kk) * Kt::kElemBytes);
+#pragma unroll
+        for (int nd = 0; nd < Kt::kDTiles; ++nd)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) acc_o[0][nd][e] = 0.f;
+        softmax.init();
+    }
+
+    // One tile at shared address sK (V right after it); keys from n0; masked: compare keys with key_end.
+    __device__ __forceinline__ void step(u32 sK, int n0, bool masked, const int (&key_end)[2], int lane,
+                                         float scale_log2) {
+        float s[1][Kt::kNTiles][4];
+#pragma unroll
+        for (int ni = 0; ni < Kt::kNTiles; ++ni)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) s[0][ni][e] = 0.f;
+#pragma unroll
+        for (int kk = 0; kk < Kt::kQKSteps; ++kk) {   // S = Q K^T
+            u32 b[4];
+            ldsm_x4(b, sK + k_lane + cols_hi8.col(kk) * Kt::kElemBytes);
+            mma_16816<Element>(s[0][0], q_frag[kk], b[0], b[1]);
+            mma_16816<Element>(s[0][1], q_frag[kk], b[2], b[3]);
+        }
+        if (masked) {   // S = -inf for keys at or past the row's end
+            const int col = n0 + kFragCols * (lane % kQuadLanes);
+#pragma unroll
+            for (int ni = 0; ni < Kt::kNTiles; ++ni)
+#pragma unroll
+                for (int e = 0; e < 4; ++e)
+                    if (col + ni * kMmaN + (e & 1) >= key_end[e / 2]) s[0][ni][e] = FLASHKIT_NEG_INF;
+        }
+        softmax.update(s, acc_o, scale_log2);   // S -> P, O *= alpha
+        u32 a[4];
+        pack_a_fragment<Element>(a, s[0], 0);
+        const u32 sV = sK + Kt::kTileBytes;
+#pragma unroll
+        for (int dp = 0; dp < Kt::kDTiles / 2; ++dp) {   // O += P V
+            u32 b[4];
+            ldsm_x4_trans(b, sV + v_lane + cols_hi16.col(dp) * Kt::kElemBytes);
+            mma_16816<Element>(acc_o[0][2 * dp], a, b[0], b[1]);
+            mma_16816<Element>(acc_o[0][2 * dp + 1], a, b[2], b[3]);
+        }
+    }
+};
+
+// The whole CTA: chunk `split` of the keys of (row_block, kv_head, batch).
+template <class Kt, bool kCausal>
+__device__ __forceinline__ void decode_block(const Params& p, int split, int kv_head, int row_block, int batch) {
+    typedef typename Kt::Element Element;
+    typedef typename Kt::OutT OutT;
+    extern __shared__ __align__(128) unsigned char smem_raw[];
+    const int tid = threadIdx.x;
+    const int warp = tid / kWarpSize;
+    const int lane = tid % kWarpSize;
+    const u32 sQ = smem_u32(smem_raw);
+
+    const PackedRows pack(p, kv_head);
+    const int row0 = row_block * Kt::kBlockM;
+    const int last_row = (row0 + Kt::kBlockM < pack.rows ? row0 + Kt::kBlockM : pack.rows) - 1;
+    const int seqlen_k = p.cache.seqlens == nullptr ? p.seqlen_k : p.cache.seqlens[batch];
+    const int kv_end = row_key_end<kCausal>(pack.query_row(last_row), seqlen_k, p.seqlen_q);   // the most any row sees
+    const int mask_from = row_key_end<kCausal>(pack.query_row(row0), seqlen_k, p.seqlen_q);   // the least
+    const int n_tiles = (kv_end + Kt::kBlockN - 1) / Kt::kBlockN;
+    const SplitRange range(n_tiles, split, p.cache.splits);
+
+    load_packed_q_async<Kt::kBlockM, Kt::kHeadDim, Kt::kThreads, Element>(p, pack, sQ, batch, row0, tid);
+    cp_async_wait<0>();
+    __syncthreads();
+    DecodeWarp<Kt> w(sQ, lane);
+    int key_end[2];   // this thread's rows g and g + 8
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        const int row = row0 + lane / kQuadLanes + h * kFragRowHalf;
+        key_end[h] = row < pack.rows ? row_key_end<kCausal>(pack.query_row(row), seqlen_k, p.seqlen_q) : 0;
+    }
+
+    // This warp's tiles: first + i * kWarps, i < n_it.
+    const int first = range.first + warp;
+    const int n_it = first < range.end ? (range.end - first + Kt::kWarps - 1) / Kt::kWarps : 0;
+    KvTileSource<Kt::kBlockN> src(p, batch, kv_head, Kt::kElemBytes);
+    const u32 ring = sQ + Kt::kQBytes + warp * Kt::kWarpBytes;
+    typedef SwizzledTile<Kt::kHeadDim, Element> Layout;
+    auto issue = [&](int i) {   // cp.async of the warp's i-th (K, V) tile pair into its ring slot
+        const int n0 = (first + i * Kt::kWarps) * Kt::kBlockN;
+        const int page = src.table == nullptr ? 0 : src.page_of(i, first, Kt::kWarps, range.end, lane);
+        const u8 *k_rows, *v_rows;
+        src.tile_rows(n0, page, k_rows, v_rows);
+        const u32 slot = ring + (i % Kt::kStages) * Kt::kStageBytes;
+        load_rows_async<Kt::kBlockN, Kt::kRowBytes, kWarpSize, Layout>(slot, k_rows, src.k_row_bytes, kv_end - n0, lane);
+        load_rows_async<Kt::kBlockN, Kt::kRowBytes, kWarpSize, Layout>(slot + Kt::kTileBytes, v_rows, src.v_row_bytes,
+                                                                       kv_end - n0, lane);
+    };
+#pragma unroll
+    for (int i = 0; i < Kt::kStages - 1; ++i) {   // prologue: kStages - 1 groups (empty past the end)
+        if (i < n_it) issue(i);
+        cp_async_commit();
+    }
+    for (int i = 0; i < n_it; ++i) {
+        if (i + Kt::kStages - 1 < n_it) issue(i + Kt::kStages - 1);   // the slot tile i - 1 freed
+        cp_async_commit();
+        cp_async_wait<Kt::kStages - 1>();   // tile i landed
+        __syncwarp();
+        const int n0 = (first + i * Kt::kWarps) * Kt::kBlockN;
+        w.step(ring + (i % Kt::kStages) * Kt::kStageBytes, n0, n0 + Kt::kBlockN > mask_from, key_end, lane,
+               p.softmax_scale_log2);
+        __syncwarp();   // every lane is done reading the slot before it is refilled
+    }
+    cp_async_wait<0>();
+
+    // Merge the warps: O_w / l_w and LSE_w to shared memory, then the exact LSE-weighted sum.
+    float lse[1][2];
+    w.softmax.finalize(w.acc_o, p.softmax_scale_log2, lse);   // O /= l
+    __syncthreads();   // every warp is done with Q and its ring
+    float* merge_o = reinterpret_cast<float*>(smem_raw + Kt::kQBytes + warp * Kt::kWarpBytes);
+    float* merge_lse = reinterpret_cast<float*>(smem_raw);   // [kWarps][kBlockM]
+    const int g = lane / kQuadLanes;
+    const int t = lane % kQuadLanes;
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        const int r = g + h * kFragRowHalf;
+#pragma unroll
+        for (int nd = 0; nd < Kt::kDTiles; ++nd) {
+            float2 v2;
+            v2.x = w.acc_o[0][nd][2 * h];
+            v2.y = w.acc_o[0][nd][2 * h + 1];
+            *reinterpret_cast<float2*>(merge_o + r * Kt::kHeadDim + nd * kMmaN + kFragCols * t) = v2;
+        }
+        if (t == 0) merge_lse[warp * Kt::kBlockM + r] = lse[0][h];
+    }
+    __syncthreads();
+
+    const SplitPartials part(p);
+    constexpr int kVec = 4;
+    constexpr int kRowVecs = Kt::kHeadDim / kVec;
+    for (int idx = tid; idx < Kt::kBlockM * kRowVecs; idx += Kt::kThreads) {
+        const int r = idx / kRowVecs;
+        const int c = (idx % kRowVecs) * kVec;
+        const int row = row0 + r;
+        if (row >= pack.rows) continue;
+        float m = FLASHKIT_NEG_INF;
+#pragma unroll
+        for (int ww = 0; ww < Kt::kWarps; ++ww) m = fmaxf(m, merge_lse[ww * Kt::kBlockM + r]);
+        float row_lse = FLASHKIT_NEG_INF;
+        float acc[kVec] = {0.f, 0.f, 0.f, 0.f};
+        if (m != FLASHKIT_NEG_INF) {
+            float sum = 0.f;
+#pragma unroll
+            for (int ww = 0; ww < Kt::kWarps; ++ww) sum += exp_diff(merge_lse[ww * Kt::kBlockM + r], m);
+            row_lse = m + fast_log2(sum) * kLn2;
+#pragma unroll
+            for (int ww = 0; ww < Kt::kWarps; ++ww) {
+                const float wt = exp_diff(merge_lse[ww * Kt::kBlockM + r], row_lse);
+                const float4 o = *reinterpret_cast<const float4*>(
+                    smem_raw + Kt::kQBytes + ww * Kt::kWarpBytes + (r * Kt::kHeadDim + c) * 4);
+                acc[0] += wt * o.x;
+                acc[1] += wt * o.y;
+                acc[2] += wt * o.z;
+                acc[3] += wt * o.w;
+            }
+        }
+        const index_t out_row = (static_cast<index_t>(batch) * p.heads + pack.head(row)) * p.seqlen_q +
+                                pack.query_row(row);
+        if (p.cache.splits == 1) {
+            store4(output_row<OutT>(p, out_row) + c, acc[0], acc[1], acc[2], acc[3]);
+            if (c == 0 && p.lse != nullptr) p.lse[out_row] = row_lse;
+        } else {
+            *reinterpret_cast<float4*>(part.o_row(split, out_row) + c) = make_float4(acc[0], acc[1], acc[2], acc[3]);
+            if (c == 0) part.lse_of(split, out_row) = row_lse;
+        }
+    }
+}
+
+}  // namespace flashkit

@@ -1,0 +1,67 @@
+"""attention_with_kvcache: flash-attn's flash_attn_with_kvcache over the split-KV decode kernel.
+
+Every argument is checked before anything is written or launched (features/kv_cache.py); k_new / v_new are
+appended into the cache at cache_seqlens, then q attends the first cache_seqlens + seqlen_new keys of its
+sequence (causal: bottom-right aligned to that length).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .api import _aligned, _output, request_for, run
+from .call.arrays import describe, to_cupy
+from .call.validate import check_flag
+from .errors import InputError
+from .features.kv_cache import (append_new, check_values, describe_seqlens, kernel_fields, seqlens_array,
+                                validate_kvcache)
+from .registry import discover_kernels, select_kernel
+from .runtime.device import cupy_module, device_info
+from .runtime.launch import LaunchInputs
+
+
+def attention_with_kvcache(q: Any, k_cache: Any, v_cache: Any, *, cache_seqlens: Any, block_table: Any = None,
+                           k_new: Any = None, v_new: Any = None, causal: bool = False,
+                           softmax_scale: float | None = None, return_lse: bool = False, out: Any = None,
+                           variant: str | None = None, check_indices: bool = True):
+    """softmax(scale q K^T) V over each sequence's cached keys (plus k_new / v_new, appended first).
+
+    q (batch, seqlen_q, heads, D); caches (batch, seqlen_cache, kv_heads, D), or paged
+    (num_pages, page_size, kv_heads, D) with block_table (batch, max_pages) int32; cache_seqlens (batch,)
+    int32 or an int. check_indices=False skips the value checks (one synchronizing read).
+    Returns out (and the float32 LSE, (batch, heads, seqlen_q), with return_lse=True).
+    """
+    causal, return_lse = check_flag(causal, "causal"), check_flag(return_lse, "return_lse")
+    check_indices = check_flag(check_indices, "check_indices")
+    if variant is not None and not isinstance(variant, str):
+        raise InputError(f"variant: expected a variant name (str), got {type(variant).__name__}")
+    seqlens_meta = describe_seqlens(cache_seqlens)
+    call = validate_kvcache(
+        describe(q, "q"), describe(k_cache, "k_cache"), describe(v_cache, "v_cache"), seqlens_meta,
+        describe(block_table, "block_table") if block_table is not None else None,
+        describe(k_new, "k_new") if k_new is not None else None,
+        describe(v_new, "v_new") if v_new is not None else None, softmax_scale)
+    problem = call.problem
+    req = request_for(problem, causal=causal, lse=return_lse, kv_cache=True, cc=device_info().cc)
+    sel = select_kernel(req, discover_kernels().specs, variant)
+
+    cupy = cupy_module()
+    kc, vc = to_cupy(k_cache, "k_cache"), to_cupy(v_cache, "v_cache")
+    for arr, name in ((kc, "k_cache"), (vc, "v_cache")):
+        if arr.data.ptr % 16:
+            raise InputError(f"{name}: expected a 16-byte aligned base address")
+    table = to_cupy(block_table, "block_table") if block_table is not None else None
+    seqlens = seqlens_array(cache_seqlens, problem.batch, cupy)
+    if check_indices:
+        check_values(call, seqlens, table, cupy)
+    kn = to_cupy(k_new, "k_new") if k_new is not None else None
+    vn = to_cupy(v_new, "v_new") if v_new is not None else None
+    lengths = append_new(call, kc, vc, kn, vn, seqlens, table, cupy)
+    qc = _aligned(to_cupy(q, "q"))
+    out_arr = _output(out, problem, problem.dtype, cupy)
+    lse = cupy.empty((problem.batch, problem.heads, problem.seqlen_q), dtype=cupy.float32) if return_lse else None
+    run(sel.chosen, problem, causal, LaunchInputs(qc, kc, vc, out_arr, lse, kernel_fields(lengths, table, call)))
+    return (out_arr, lse) if return_lse else out_arr
+
+
+__all__ = ["attention_with_kvcache"]

@@ -1,0 +1,71 @@
+"""runtime/kv_split.py: the split count follows the SM count and the shape; the workspace and grids follow it."""
+
+from __future__ import annotations
+
+from flashkit.call.validate import Problem
+from flashkit.registry import discover_kernels
+from flashkit.runtime.kv_split import ctas_per_sm, plan, smem_bytes, split_count
+from flashkit.runtime.launch import grid_for, workspace_bytes
+
+CFG = {"block_m": 16, "block_n": 16, "warps": 4, "stages": 3}
+
+
+def test_smem_matches_the_traits_and_two_ctas_fit_an_h100_sm():
+    assert smem_bytes(CFG, 128) == 16 * 256 + 4 * 3 * 2 * 16 * 256
+    assert ctas_per_sm(CFG, 128) == 2
+
+
+def test_a_full_grid_is_not_split():
+    assert plan(64, 32, 4, 1, 8192, 128, CFG, sms=132).splits == 1
+    assert plan(128, 32, 8, 1, 2048, 128, CFG, sms=132).splits == 1
+
+
+def test_a_small_grid_is_split_to_fill_the_gpu():
+    p = plan(8, 32, 8, 1, 32768, 128, CFG, sms=132)
+    assert p.splits == 4 and p.ctas == 256
+    one = plan(1, 32, 8, 1, 131072, 128, CFG, sms=132)
+    assert one.ctas >= 0.95 * 264 and one.splits > 16
+    assert plan(1, 32, 8, 1, 131072, 128, CFG, sms=66).splits < one.splits   # fewer SMs, fewer splits
+
+
+def test_short_caches_are_not_split_below_the_minimum_chunk():
+    assert plan(1, 32, 8, 1, 100, 128, CFG, sms=132).splits == 1
+    assert split_count(4, 32, 264, 4) == 2
+
+
+def test_gqa_packing_counts_row_blocks():
+    assert plan(2, 32, 4, 4, 1000, 128, CFG, sms=132).row_blocks == 2     # 4 rows x 8 heads = 32 packed rows
+    assert plan(2, 8, 8, 1, 1000, 128, CFG, sms=132).row_blocks == 1
+
+
+def test_grids_and_workspace_follow_the_plan():
+    p = Problem(8, 1, 32768, 32, 8, 128, "bfloat16", 0.1)
+    cfg = {**CFG, "splits": 4, "row_blocks": 1}
+    assert grid_for("kv_splits", p, cfg) == (4, 8, 8)
+    assert grid_for("split_combine", p, cfg) == (8 * 32 // 4, 1, 1)
+    assert workspace_bytes("split_partials", p, cfg) == 4 * 8 * 32 * 129 * 4
+    one = {**cfg, "splits": 1}
+    assert grid_for("split_combine", p, one)[0] == 0 and workspace_bytes("split_partials", p, one) == 0
+
+
+def test_the_decode_manifest_and_its_selection_bounds():
+    from flashkit.registry import Request, select_kernel
+    spec = discover_kernels(refresh=True).get("decode")
+    assert spec.grids == ("kv_splits", "split_combine") and spec.workspace == "split_partials"
+    assert spec.limits == {"seqlen_q": 16, "packed_rows": 64} and spec.supports("kv_cache")
+    specs = discover_kernels().specs
+    for cc in ((8, 0), (9, 0)):
+        dec = Request(dtype="bfloat16", head_dim=128, seqlen_q=1, seqlen_k=8192, heads=32, kv_heads=4, batch=64, cc=cc)
+        assert select_kernel(dec, specs).chosen.name == "decode"
+        long_q = Request(dtype="bfloat16", head_dim=128, seqlen_q=17, seqlen_k=8192, heads=32, kv_heads=32, cc=cc)
+        sel = select_kernel(long_q, specs)
+        assert sel.chosen.name != "decode" and "seqlen_q=17 above 16" in sel.rejected["decode"][0]
+        cache = Request(dtype="bfloat16", head_dim=128, seqlen_q=64, seqlen_k=8192, heads=32, kv_heads=4, kv_cache=True,
+                        cc=cc)
+        assert select_kernel(cache, specs).chosen.name == "decode"   # the only KV-cache kernel, at any seqlen_q
+
+
+def test_explain_names_the_path_and_the_split_count():
+    import flashkit
+    sel = flashkit.explain(seqlen_q=1, seqlen_k=32768, heads=32, kv_heads=8, batch=8, cc=(9, 0))
+    assert sel.chosen.name == "decode" and "split-KV decode" in sel.report() and "splits of the keys" in sel.report()

@@ -1,0 +1,61 @@
+"""The split-KV decode variant on a GPU: the decode matrix (DESIGN's rule against the float64 reference),
+paged caches with shuffled block tables, the k_new / v_new append, automatic selection and the split plan."""
+
+from __future__ import annotations
+
+import pytest
+
+import flashkit
+from flashkit.registry import discover_kernels
+from flashkit.verify.decode import CASES, QUICK_CASES, DecodeCase, decode_check, decode_checks
+
+pytestmark = pytest.mark.gpu
+
+SPEC = discover_kernels().get("decode")
+QUICK = decode_checks(SPEC, SPEC.dtypes, [64, 128], (False, True), quick=True)
+# The full decode matrix on bf16 / hd128 (every seqlen_k, both seqlen_q, every group and page size).
+FULL = [decode_check(SPEC, c, 128, "bfloat16", causal) for c in CASES if c not in QUICK_CASES
+        for causal in (False, True)]
+
+
+def _run(check, seed=0):
+    res = check.run(seed)
+    assert res.passed, f"{res.label}: err {res.max_error:.3g} > bound {res.bound:.3g}; lse err {res.lse_error} " \
+                       f"> {res.lse_bound}; {res.note}"
+
+
+@pytest.mark.parametrize("check", QUICK, ids=[c.label for c in QUICK])
+def test_quick_matrix(check):
+    _run(check)
+
+
+@pytest.mark.parametrize("check", FULL, ids=[c.label for c in FULL])
+def test_full_matrix_bf16_hd128(check):
+    _run(check, seed=1)
+
+
+@pytest.mark.parametrize("case", [DecodeCase(1, 1, 131072, 8, 1), DecodeCase(2, 16, 5000, 4, 1),
+                                  DecodeCase(1, 3, 2, 16, 2)], ids=lambda c: c.label())
+def test_edge_shapes(case):
+    """Many splits (128k keys), 16 query rows of MQA in four row blocks, fewer keys than query rows."""
+    for causal in (False, True):
+        _run(decode_check(SPEC, case, 128, "float16", causal))
+
+
+def test_decode_is_selected_for_decode_shapes():
+    sel = flashkit.explain(seqlen_q=1, seqlen_k=8192, heads=32, kv_heads=4, batch=8)
+    assert sel.chosen.name == "decode" and any("split" in n for n in sel.notes)
+    assert flashkit.explain(seqlen_q=512, seqlen_k=8192, heads=32, kv_heads=4).chosen.name != "decode"
+
+
+def test_cache_seqlens_beyond_capacity_raise_before_launch():
+    import cupy
+    q = cupy.zeros((2, 1, 4, 64), dtype=cupy.float16)
+    kc = cupy.zeros((2, 32, 4, 64), dtype=cupy.float16)
+    with pytest.raises(flashkit.InputError, match="cache_seqlens"):
+        flashkit.attention_with_kvcache(q, kc, kc, cache_seqlens=cupy.array([3, 33], dtype=cupy.int32))
+    table = cupy.array([[0, 1], [2, 9]], dtype=cupy.int32)
+    pages = cupy.zeros((4, 16, 4, 64), dtype=cupy.float16)
+    with pytest.raises(flashkit.InputError, match=r"block_table: entry \[1, 1\]"):
+        flashkit.attention_with_kvcache(q, pages, pages, cache_seqlens=cupy.array([20, 20], dtype=cupy.int32),
+                                        block_table=table)
