@@ -108,7 +108,7 @@ def bench_case(torch, args, seqlen: int, causal: bool, rank: int, world: int, de
     row.update(tokens_per_s=b * seqlen / row["ring_s"], ring_tflops_per_gpu=flops / world / row["ring_s"] / 1e12,
                kv_bytes_per_step=kv_bytes, transfer_s=comm_only / max(1, world - 1),
                transfer_gbps=kv_bytes / (comm_only / max(1, world - 1)) / 1e9 if world > 1 else None,
-               exposed_comm_s=exposed,
+               exposed_comm_s=exposed, comm_overhead_share=exposed / row["ring_s"],
                hidden_share=(1.0 - min(1.0, exposed / comm_only)) if comm_only > 0 else None,
                balance=max(no_comm) / min(no_comm))
     if "single_s" in row:
