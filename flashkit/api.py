@@ -9,6 +9,8 @@ from .call.arrays import describe, to_cupy
 from .call.dtypes import BY_NAME, FLOAT8_E4M3, dtype_by_name
 from .call.validate import Problem, check_flag, check_scale, validate_inputs
 from .errors import InputError
+from .features.mods import NO_MODS, check_mods
+from .features.mods import kernel_fields as mods_kernel_fields
 from .registry import Request, Selection, discover_kernels, select_kernel
 from .registry.manifest import KernelSpec
 from .runtime.build import build_module, make_config
@@ -22,8 +24,13 @@ FP8_OUT_DTYPES = ("bfloat16", "float16")
 def attention(q: Any, k: Any, v: Any, *, causal: bool = False, softmax_scale: float | None = None,
               variant: str | None = None, return_lse: bool = False, block_mask: Any = None,
               fp8: bool = False, q_scale: Any = None, k_scale: Any = None, v_scale: Any = None,
-              out_dtype: str | None = None, out: Any = None, fp8_options: dict | None = None):
+              out_dtype: str | None = None, out: Any = None, fp8_options: dict | None = None,
+              window_size: tuple[int, int] | None = None, softcap: float = 0.0, alibi_slopes: Any = None,
+              attention_chunk: int = 0):
     """softmax(scale * q k^T [masked]) v for (batch, seqlen, heads, head_dim) CUDA arrays.
+
+    window_size=(left, right), attention_chunk, softcap and alibi_slopes (float32 (heads,) or (batch, heads))
+    follow flash-attn (flashkit.features.mods).
 
     fp8=True quantizes q, k, v with flashkit.features.fp8.quantize_qkv(**fp8_options): block, hadamard, seed.
 
@@ -43,6 +50,9 @@ def attention(q: Any, k: Any, v: Any, *, causal: bool = False, softmax_scale: fl
     if variant is not None and not isinstance(variant, str):
         raise InputError(f"variant: expected a variant name (str), got {type(variant).__name__}")
     problem = validate_inputs(describe(q, "q"), describe(k, "k"), describe(v, "v"), softmax_scale, prequantized)
+    mods = check_mods(problem, causal, window_size=window_size, softcap=softcap, alibi_slopes=alibi_slopes,
+                      attention_chunk=attention_chunk, device=describe(q, "q").device) if (
+        window_size is not None or softcap != 0 or alibi_slopes is not None or attention_chunk != 0) else NO_MODS
     if fp8 and problem.dtype == "float32":
         raise InputError("fp8: quantizing needs float16 or bfloat16 inputs, got float32")
     if block_mask is not None:
@@ -53,7 +63,7 @@ def attention(q: Any, k: Any, v: Any, *, causal: bool = False, softmax_scale: fl
     use_fp8 = fp8 or prequantized
     cc = device_info().cc
     req = request_for(problem, causal=causal, block_sparse=block_mask is not None, fp8=use_fp8,
-                      lse=return_lse, cc=cc)
+                      lse=return_lse, cc=cc, **mods.request_flags())
     sel = select_kernel(req, discover_kernels().specs, variant)
 
     cupy = cupy_module()
@@ -69,21 +79,25 @@ def attention(q: Any, k: Any, v: Any, *, causal: bool = False, softmax_scale: fl
         extras.update(scale_fields(problem, *scales, keep=keep))
     if block_mask is not None:
         extras.update(block_mask.kernel_fields(problem, keep=keep))
+    if mods.features:
+        slopes = to_cupy(alibi_slopes, "alibi_slopes") if mods.alibi else None
+        keep.append(slopes)
+        extras.update(mods_kernel_fields(mods, problem, slopes))
     out_arr = _output(out, problem, out_name, cupy)
     lse = cupy.empty((problem.batch, problem.heads, problem.seqlen_q), dtype=cupy.float32) if return_lse else None
     run(sel.chosen, problem, causal, LaunchInputs(qc, kc, vc, out_arr, lse, extras),
-        block_sparse=block_mask is not None, out_dtype=out_name)
+        block_sparse=block_mask is not None, out_dtype=out_name, mods=mods.features)
     return (out_arr, lse) if return_lse else out_arr
 
 
 def run(spec: KernelSpec, problem: Problem, causal: bool, io: LaunchInputs, block_sparse: bool = False,
-        out_dtype: str | None = None) -> None:
+        out_dtype: str | None = None, mods: tuple[str, ...] = ()) -> None:
     """Build (or fetch) the specialization for this device and launch it."""
     if problem.softmax_scale < 0:   # the kernels take row maxima of the raw scores: hand them a positive scale
         q, problem = _negate_scale(io.q, problem, cupy_module())
         io = replace(io, q=q)
     cc = device_info().cc
-    config = make_config(spec, problem.dtype, problem.head_dim, causal, cc, block_sparse, out_dtype)
+    config = make_config(spec, problem.dtype, problem.head_dim, causal, cc, block_sparse, out_dtype, mods)
     launch(spec, build_module(spec, config, cc), config, problem, io)
 
 
@@ -96,12 +110,14 @@ def request_for(problem: Problem, cc: tuple[int, int] | None = None, **flags: bo
 def explain(*, dtype: str = "bfloat16", head_dim: int = 128, seqlen_q: int = 1024, seqlen_k: int | None = None,
             heads: int = 16, kv_heads: int | None = None, batch: int = 1, causal: bool = False,
             block_sparse: bool = False, fp8: bool = False, lse: bool = False,
-            cc: tuple[int, int] | None = None, variant: str | None = None) -> Selection:
+            cc: tuple[int, int] | None = None, variant: str | None = None, window: bool = False,
+            softcap: bool = False, alibi: bool = False) -> Selection:
     """Which kernel a request would run, and why every other was rejected; launches nothing."""
     dt = dtype_by_name(dtype)
     req = Request(dtype=dt.name, head_dim=head_dim, seqlen_q=seqlen_q, seqlen_k=seqlen_k or seqlen_q,
                   heads=heads, kv_heads=kv_heads or heads, batch=batch, causal=causal,
-                  block_sparse=block_sparse, fp8=fp8 or dt is FLOAT8_E4M3, lse=lse, cc=cc)
+                  block_sparse=block_sparse, fp8=fp8 or dt is FLOAT8_E4M3, lse=lse, cc=cc, window=window,
+                  softcap=softcap, alibi=alibi)
     sel = select_kernel(req, discover_kernels().specs, variant)
     if "kv_splits" in sel.chosen.grids:   # the split-KV path: how many key chunks on this device
         from .runtime.kv_split import split_note

@@ -21,17 +21,20 @@ from .common import device_cc_or_none, emit_json, one_line_errors, parse_arch
 @click.option("--block-sparse", is_flag=True)
 @click.option("--fp8", is_flag=True)
 @click.option("--lse", is_flag=True, help="The call asks for the log-sum-exp.")
+@click.option("--window", is_flag=True, help="The call passes window_size or attention_chunk.")
+@click.option("--softcap", is_flag=True, help="The call passes softcap > 0.")
+@click.option("--alibi", is_flag=True, help="The call passes alibi_slopes.")
 @click.option("--arch", default=None, help="Compute capability to assume (sm_90, 9.0); default: this GPU's.")
 @click.option("--variant", default=None, help="Explain forcing this variant.")
 @click.option("--json", "as_json", is_flag=True)
 @one_line_errors
-def command(dtype, head_dim, seqlen_q, seqlen_k, heads, kv_heads, batch, causal, block_sparse, fp8, lse, arch,
-            variant, as_json) -> None:
+def command(dtype, head_dim, seqlen_q, seqlen_k, heads, kv_heads, batch, causal, block_sparse, fp8, lse, window,
+            softcap, alibi, arch, variant, as_json) -> None:
     """Explain kernel selection for a request, without running anything."""
     cc = parse_arch(arch) if arch else device_cc_or_none()
     kwargs = dict(dtype=dtype, head_dim=head_dim, seqlen_q=seqlen_q, seqlen_k=seqlen_k, heads=heads,
                   kv_heads=kv_heads, batch=batch, causal=causal, block_sparse=block_sparse, fp8=fp8, lse=lse,
-                  cc=cc, variant=variant)
+                  cc=cc, variant=variant, window=window, softcap=softcap, alibi=alibi)
     try:
         sel = api.explain(**kwargs)
     except UnsupportedError as e:

@@ -5,7 +5,8 @@ entry: flashkit_causal_fwd
 arch: {min: "8.0"}
 dtypes: [float16, bfloat16]
 head_dims: [64, 128, 256]
-features: {causal: true, block_sparse: false, fp8: false, backward: false, lse: true, gqa: true}
+features: {causal: true, block_sparse: false, fp8: false, backward: false, lse: true, gqa: true,
+           window: true, softcap: true, alibi: true}
 requires: {causal: true}
 priority: 60
 launch: {grid: q_blocks, block_m: 128, block_n: 64, warps: 4}
@@ -25,7 +26,9 @@ workspace: none
 #include "flashkit/sm80/fwd_mainloop.cuh"
 
 using flashkit::KernelTraits;
-typedef flashkit::CausalMask<KernelTraits::kBlockM, KernelTraits::kBlockN> FwdMask;
+// With FLASHKIT_WINDOW, the local mask (the runtime passes window_right = 0: causal stays causal).
+typedef flashkit::LocalOr<FLASHKIT_WINDOW, KernelTraits::kBlockM, KernelTraits::kBlockN,
+                          flashkit::CausalMask<KernelTraits::kBlockM, KernelTraits::kBlockN>>::type FwdMask;
 
 FLASHKIT_EXPORT_SMEM_BYTES(KernelTraits::kSmemBytes);
 
@@ -35,5 +38,5 @@ extern "C" __global__ void __launch_bounds__(KernelTraits::kThreads)
     const int head = blockIdx.y;
     const int batch = blockIdx.z;
     const FwdMask mask(params, m_block);
-    flashkit::fwd_block<KernelTraits, FwdMask>(params, mask, m_block, head, batch);
+    flashkit::fwd_block<KernelTraits, FwdMask, flashkit::BuildScoreMod>(params, mask, m_block, head, batch);
 }

@@ -5,7 +5,8 @@ entry: flashkit_fa2_fwd
 arch: {min: "8.0"}
 dtypes: [float16, bfloat16]
 head_dims: [64, 128, 256]
-features: {causal: true, block_sparse: false, fp8: false, backward: false, lse: true, gqa: true}
+features: {causal: true, block_sparse: false, fp8: false, backward: false, lse: true, gqa: true,
+           window: true, softcap: true, alibi: true}
 priority: 50
 launch: {grid: q_blocks, block_m: 128, block_n: 64, warps: 4}
 overrides: {"hd128": {block_m: 128, block_n: 128, warps: 8}, "hd256": {warps: 8}}
@@ -24,7 +25,10 @@ workspace: none
 
 using flashkit::KernelTraits;
 
-typedef flashkit::DenseMask<FLASHKIT_CAUSAL, KernelTraits::kBlockM, KernelTraits::kBlockN>::type FwdMask;
+// With FLASHKIT_WINDOW, the local mask (window_size / attention_chunk; mask.cuh); softcap / ALiBi
+// by FLASHKIT_SOFTCAP / FLASHKIT_ALIBI (score_mod.cuh).
+typedef flashkit::LocalOr<FLASHKIT_WINDOW, KernelTraits::kBlockM, KernelTraits::kBlockN,
+                          flashkit::DenseMask<FLASHKIT_CAUSAL, KernelTraits::kBlockM, KernelTraits::kBlockN>::type>::type FwdMask;
 
 FLASHKIT_EXPORT_SMEM_BYTES(KernelTraits::kSmemBytes);
 
@@ -34,5 +38,5 @@ extern "C" __global__ void __launch_bounds__(KernelTraits::kThreads)
     const int head = blockIdx.y;
     const int batch = blockIdx.z;
     const FwdMask mask(params, m_block);
-    flashkit::fwd_block<KernelTraits, FwdMask>(params, mask, m_block, head, batch);
+    flashkit::fwd_block<KernelTraits, FwdMask, flashkit::BuildScoreMod>(params, mask, m_block, head, batch);
 }

@@ -26,10 +26,14 @@ class Request:
     backward: bool = False
     lse: bool = False
     cc: tuple[int, int] | None = None
+    window: bool = False     # window_size or attention_chunk (a local mask)
+    softcap: bool = False
+    alibi: bool = False
     kv_cache: bool = False   # attention_with_kvcache: per-sequence lengths, a paged cache
 
     def summary(self) -> str:
-        flags = [f for f in ("causal", "block_sparse", "fp8", "backward", "lse") if getattr(self, f)]
+        flags = [f for f in ("causal", "block_sparse", "fp8", "backward", "lse", "window", "softcap", "alibi")
+                 if getattr(self, f)]
         arch = f"sm_{self.cc[0]}{self.cc[1]}" if self.cc else "no device"
         gqa = f" kv_heads={self.kv_heads}" if self.kv_heads != self.heads else ""
         return (f"dtype={self.dtype} head_dim={self.head_dim} batch={self.batch} heads={self.heads}{gqa} "
@@ -40,6 +44,7 @@ class Request:
 FEATURE_WORDS = {
     "causal": "causal masks", "block_sparse": "block masks", "fp8": "fp8 inputs",
     "backward": "the backward pass", "lse": "return_lse", "gqa": "GQA/MQA (kv_heads < heads)",
+    "window": "local attention (window_size, attention_chunk)", "softcap": "softcap", "alibi": "ALiBi slopes",
     "kv_cache": "KV caches (cache_seqlens, block_table)",
 }
 
@@ -59,7 +64,7 @@ def reasons(spec: KernelSpec, req: Request) -> list[str]:
         out.append(f"head_dim={req.head_dim} not supported: supported {spec.head_dims.describe()}")
     asked = {"causal": req.causal, "block_sparse": req.block_sparse, "fp8": req.fp8,
              "backward": req.backward, "lse": req.lse, "gqa": req.kv_heads != req.heads,
-             "kv_cache": req.kv_cache}
+             "window": req.window, "softcap": req.softcap, "alibi": req.alibi, "kv_cache": req.kv_cache}
     for feat, wanted in asked.items():
         if wanted and not spec.supports(feat):
             out.append(f"{FEATURE_WORDS[feat]} not supported")

@@ -30,6 +30,7 @@ class BuildConfig:
     launch: tuple[tuple[str, int], ...]
     out_dtype: str | None = None
     block_sparse: bool = False
+    mods: tuple[str, ...] = ()   # built-in modifications compiled in: window, softcap, alibi (features/mods.py)
 
     @property
     def launch_dict(self) -> dict[str, int]:
@@ -42,19 +43,21 @@ class BuildConfig:
                  f"-DFLASHKIT_HEAD_DIM={self.head_dim}",
                  f"-DFLASHKIT_CAUSAL={int(self.causal)}",
                  f"-DFLASHKIT_BLOCK_SPARSE={int(self.block_sparse)}"]
+        flags += [f"-DFLASHKIT_{m.upper()}=1" for m in self.mods]
         return flags + [f"-DFLASHKIT_{k.upper()}={v}" for k, v in self.launch]
 
     def describe(self) -> str:
         parts = [self.dtype] + ([f"-> {self.out_dtype}"] if self.out_dtype not in (None, self.dtype) else [])
         parts += [f"hd{self.head_dim}"] + (["causal"] if self.causal else [])
-        parts += (["block_sparse"] if self.block_sparse else []) + [f"{k}={v}" for k, v in self.launch]
+        parts += (["block_sparse"] if self.block_sparse else []) + list(self.mods)
+        parts += [f"{k}={v}" for k, v in self.launch]
         return " ".join(parts)
 
 
 def make_config(spec: KernelSpec, dtype: str, head_dim: int, causal: bool, cc: tuple[int, int] | None,
-                block_sparse: bool = False, out_dtype: str | None = None) -> BuildConfig:
+                block_sparse: bool = False, out_dtype: str | None = None, mods: tuple[str, ...] = ()) -> BuildConfig:
     launch = spec.launch_config(cc, head_dim)
-    return BuildConfig(dtype, head_dim, causal, tuple(sorted(launch.items())), out_dtype, block_sparse)
+    return BuildConfig(dtype, head_dim, causal, tuple(sorted(launch.items())), out_dtype, block_sparse, tuple(mods))
 
 
 @lru_cache(maxsize=None)

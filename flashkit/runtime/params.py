@@ -26,11 +26,19 @@ CACHE_INTS = ("page_size", "splits", "row_blocks")
 CACHE_DTYPE = np.dtype([(n, np.uint64) for n in CACHE_POINTERS] + [(n, np.int64) for n in CACHE_STRIDES]
                        + [(n, np.int32) for n in CACHE_INTS], align=True)
 
+# The modifications block (`ModParams mods`, appended after cache so every earlier offset is unchanged).
+MODS_POINTERS = ("alibi_slopes",)
+MODS_STRIDES = ("alibi_batch_stride", "alibi_head_stride")
+MODS_INTS = ("window_left", "window_right", "chunk")
+MODS_FLOATS = ("softcap", "softcap_in", "softcap_out", "inv_softmax_scale")
+MODS_DTYPE = np.dtype([(n, np.uint64) for n in MODS_POINTERS] + [(n, np.int64) for n in MODS_STRIDES]
+                      + [(n, np.int32) for n in MODS_INTS] + [(n, np.float32) for n in MODS_FLOATS], align=True)
+
 # align=True lays the fields out as a C compiler does (natural alignment, padded to 8).
 PARAMS_DTYPE = np.dtype(
     [(n, np.uint64) for n in POINTERS] + [(n, np.int64) for n in STRIDES]
     + [(n, np.int32) for n in INTS] + [(n, np.float32) for n in FLOATS] + [("bwd", BWD_DTYPE)]
-    + [("cache", CACHE_DTYPE)], align=True)
+    + [("cache", CACHE_DTYPE)] + [("mods", MODS_DTYPE)], align=True)
 
 
 def flat_fields(dtype: np.dtype = PARAMS_DTYPE, prefix: str = "", base: int = 0):

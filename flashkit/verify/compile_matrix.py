@@ -10,11 +10,15 @@ from ..registry import discover_kernels
 from ..registry.manifest import KernelSpec
 from ..runtime.build import BuildConfig, compile_variant, make_config, store_cubin
 
+MODS = ("window", "softcap", "alibi")   # built-in modifications (features/mods.py), compiled together
+
 
 def spec_configs(spec: KernelSpec, cc: tuple[int, int], dtypes=None, head_dims=None) -> list[BuildConfig]:
-    """Every specialization a variant can be asked for on this arch."""
+    """Every specialization a variant can be asked for on this arch (with its declared modifications all on too)."""
     causal_opts = spec.causal_options()
     sparse = spec.requires.get("block_sparse", False)
+    mods = tuple(m for m in MODS if spec.supports(m))
+    mod_sets = [()] + ([mods] if mods else [])
     out = []
     for dt in spec.dtypes:
         if dtypes and dt not in dtypes:
@@ -25,7 +29,7 @@ def spec_configs(spec: KernelSpec, cc: tuple[int, int], dtypes=None, head_dims=N
                 continue
             for c in causal_opts:
                 for od in out_dtypes:
-                    out.append(make_config(spec, dt, hd, c, cc, sparse, od))
+                    out += [make_config(spec, dt, hd, c, cc, sparse, od, m) for m in mod_sets]
     return out
 
 

@@ -110,6 +110,7 @@ def random_qkv(shape: Shape, head_dim: int, dtype: str, seed: int):
 FamilyChecks = Callable[[KernelSpec, list, list, tuple, bool], list[Check]]
 DENSE = "dense"
 _FAMILIES: dict[str, FamilyChecks] = {}
+_EXTENSIONS: dict[str, FamilyChecks] = {}   # checks added to a variant's family's (e.g. modifications)
 
 
 _BY_SUPPORT: set[str] = set()   # families that take every variant supporting their feature (kv_cache)
@@ -120,6 +121,11 @@ def register_family(feature: str, checks: FamilyChecks, by_support: bool = False
     _FAMILIES[feature] = checks
     if by_support:
         _BY_SUPPORT.add(feature)
+
+
+def register_extension(name: str, checks: FamilyChecks) -> None:
+    """Add `checks` to every variant's family checks; the function returns [] for variants it does not cover."""
+    _EXTENSIONS[name] = checks
 
 
 def family_of(spec: KernelSpec) -> str:
@@ -134,7 +140,10 @@ def checks_for(spec: KernelSpec, dtypes: Iterable[str] | None = None, head_dims:
     dtypes = [d for d in (dtypes or spec.dtypes) if d in spec.dtypes]
     head_dims = [d for d in (head_dims or spec.head_dims.examples()) if d in spec.head_dims]
     causal_opts = spec.causal_options(tuple(causal) if causal is not None else (False, True))
-    return _FAMILIES[family_of(spec)](spec, dtypes, head_dims, causal_opts, quick)
+    out = _FAMILIES[family_of(spec)](spec, dtypes, head_dims, causal_opts, quick)
+    for extension in _EXTENSIONS.values():
+        out += extension(spec, dtypes, head_dims, causal_opts, quick)
+    return out
 
 
 def runnable_variants(names: Iterable[str] | None = None) -> tuple[list[KernelSpec], dict[str, str]]:

@@ -23,6 +23,43 @@ def causal_mask(seqlen_q: int, seqlen_k: int, xp=np):
     return j <= i + (seqlen_k - seqlen_q)
 
 
+def local_mask(seqlen_q: int, seqlen_k: int, window: tuple[int, int] = (-1, -1), chunk: int = 0, xp=np):
+    """window_size / attention_chunk (flash-attn, FA3): i + off - left <= j <= i + off + right, same chunk.
+
+    off = seqlen_k - seqlen_q; -1 leaves a side unbounded; chunks by floor division (a row with
+    i + off < 0 lies in no key's chunk). Shape (seqlen_q, seqlen_k).
+    """
+    diag = xp.arange(seqlen_q)[:, None] + (seqlen_k - seqlen_q)
+    j = xp.arange(seqlen_k)[None, :]
+    out = xp.ones((seqlen_q, seqlen_k), dtype=bool)
+    if window[0] >= 0:
+        out &= j >= diag - window[0]
+    if window[1] >= 0:
+        out &= j <= diag + window[1]
+    if chunk > 0:
+        out &= xp.floor_divide(diag, chunk) == xp.floor_divide(j, chunk)
+    return out
+
+
+def score_mod(softcap: float = 0.0, alibi_slopes=None):
+    """The scaled-score modification s -> c tanh(s / c), then - slope |i + off - j|; None when neither is asked."""
+    if not softcap and alibi_slopes is None:
+        return None
+
+    def mod(s, xp):
+        if softcap:
+            s = softcap * xp.tanh(s / softcap)
+        if alibi_slopes is not None:
+            sq, sk = s.shape[-2], s.shape[-1]
+            dist = xp.abs(xp.arange(sq)[:, None] + (sk - sq) - xp.arange(sk)[None, :]).astype(s.dtype)
+            slopes = xp.asarray(alibi_slopes).astype(s.dtype)
+            slopes = slopes[None] if slopes.ndim == 1 else slopes   # (batch or 1, heads)
+            s = s - slopes[:, :, None, None] * dist
+        return s
+
+    return mod
+
+
 def element_mask(seqlen_q: int, seqlen_k: int, causal: bool, mask: Any = None, xp=np):
     """The explicit boolean mask, broadcastable to (batch, heads, seqlen_q, seqlen_k); None means all visible."""
     out = causal_mask(seqlen_q, seqlen_k, xp)[None, None] if causal else None
@@ -37,13 +74,17 @@ def expand_kv(x, heads: int, xp):
     return xp.repeat(x, group, axis=2) if group > 1 else x
 
 
-def _softmax_attention(q, k, v, scale: float, mask, xp, round_to=None):
+def _softmax_attention(q, k, v, scale: float, mask, xp, round_to=None, mod=None):
     """softmax(scale q k^T) v in q's float type; round_to rounds S and P as a same-precision kernel would."""
     heads = q.shape[2]
     k, v = expand_kv(k, heads, xp), expand_kv(v, heads, xp)
     s = xp.einsum("bqhd,bkhd->bhqk", q, k) * scale
     if round_to is not None:
         s = round_to(s)
+    if mod is not None:   # on the scaled scores, before the mask (rounded again as a same-precision kernel would)
+        s = mod(s, xp)
+        if round_to is not None:
+            s = round_to(s)
     if mask is not None:
         s = xp.where(mask, s, -xp.inf)
     m = s.max(axis=-1, keepdims=True)
@@ -58,15 +99,18 @@ def _softmax_attention(q, k, v, scale: float, mask, xp, round_to=None):
     return out, lse
 
 
-def reference_attention(q, k, v, *, scale: float, causal: bool = False, mask=None):
+def reference_attention(q, k, v, *, scale: float, causal: bool = False, mask=None, softcap: float = 0.0,
+                        alibi_slopes=None):
     """float64 attention on upcast inputs. Returns (out (b, sq, h, d), lse (b, h, sq)); masked rows give 0, -inf."""
     xp = array_module(q)
     q64, k64, v64 = (xp.asarray(x).astype(xp.float64) for x in (q, k, v))
     emask = element_mask(q.shape[1], k.shape[1], causal, mask, xp)
-    return _softmax_attention(q64, k64, v64, scale, emask, xp)
+    slopes = None if alibi_slopes is None else xp.asarray(alibi_slopes).astype(xp.float64)
+    return _softmax_attention(q64, k64, v64, scale, emask, xp, mod=score_mod(softcap, slopes))
 
 
-def plain_attention(q, k, v, *, scale: float, dtype: DType, causal: bool = False, mask=None):
+def plain_attention(q, k, v, *, scale: float, dtype: DType, causal: bool = False, mask=None, softcap: float = 0.0,
+                    alibi_slopes=None):
     """The textbook computation in the input precision: fp32 products, S and P rounded to `dtype`."""
     xp = array_module(q)
     compute = np.dtype(dtype.compute)
@@ -76,7 +120,8 @@ def plain_attention(q, k, v, *, scale: float, dtype: DType, causal: bool = False
 
     q32, k32, v32 = (round_to(xp.asarray(x)) if x.dtype != compute else x.astype(xp.float32) for x in (q, k, v))
     emask = element_mask(q.shape[1], k.shape[1], causal, mask, xp)
-    out, lse = _softmax_attention(q32, k32, v32, scale, emask, xp, round_to)
+    slopes = None if alibi_slopes is None else xp.asarray(alibi_slopes).astype(xp.float32)
+    out, lse = _softmax_attention(q32, k32, v32, scale, emask, xp, round_to, score_mod(softcap, slopes))
     return round_to(out), lse
 
 

@@ -16,7 +16,7 @@ PARAMS_CUH = INCLUDE_DIR / "flashkit" / "params.cuh"
 C_SIZES = {"index_t": 8, "int": 4, "float": 4}    # pointers are 8
 
 
-NESTED = {"BwdParams", "KvCacheParams"}                        # nested blocks, flattened to dotted names ("bwd.dq")
+NESTED = {"BwdParams", "KvCacheParams", "ModParams"}           # nested blocks, flattened to dotted names ("bwd.dq")
 FLAT = {n: (t, off) for n, t, off in flat_fields()}
 
 
@@ -53,7 +53,7 @@ def test_struct_parses_into_many_fields():
 
 def test_field_order_matches_the_numpy_mirror():
     assert [n for n, _ in struct_fields()] == list(FLAT)
-    assert ("bwd.dq", "void*") in struct_fields() and {"bwd", "cache"} <= set(PARAMS_DTYPE.names)
+    assert ("bwd.dq", "void*") in struct_fields() and {"bwd", "cache", "mods"} <= set(PARAMS_DTYPE.names)
 
 
 def test_field_sizes_and_kinds_match():

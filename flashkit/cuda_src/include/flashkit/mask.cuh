@@ -88,4 +88,99 @@ __device__ __forceinline__ void apply_mask(const Mask& mask, float (&s)[kMTiles]
         }
 }
 
+
+// Local attention, flash-attn's window_size = (left, right) and FlashAttention-3's attention_chunk, with
+// off = seqlen_k - seqlen_q (bottom-right aligned): query i sees key j iff
+//   i + off - left <= j <= i + off + right                  (an open side arrives as seqlen_q + seqlen_k)
+//   and, when chunk > 0, floor((i + off) / chunk) == floor(j / chunk).
+// Causal is (left, 0) with no chunk limit. Each row sees one interval [key_begin(row), key_end(row)),
+// both ends non-decreasing in the row, so query block rows [m0, m1] visit tiles
+//   [key_begin(m0) / N, ceil(key_end(m1) / N))        (every other tile is never loaded),
+// of which tiles inside [key_begin(m1), key_end(m0)) are visible to every row and skip the element mask.
+// Visiting order (it = num_kv_blocks() - 1 down to 0): the masked tiles of the left edge, of the right
+// edge, then the fully visible ones, so that the loop's "masked first" split holds.
+template <int kBlockM, int kBlockN>
+struct LocalMask {
+    const Params& p;
+    int n_blocks, n_masked;
+    int n_full;    // fully visible tiles: it < n_full is tile full0 + it
+    int full0;     // first fully visible tile
+    int right0;    // first masked tile of the right edge (n_right of them, then the left edge)
+    int n_right;
+    int left0;     // first visited tile (the left edge's masked tiles start here)
+
+    // floor(x / c) * c for any sign of x (c > 0).
+    static __device__ __forceinline__ int chunk_floor(int x, int c) {
+        return (x >= 0 ? x / c : -((c - 1 - x) / c)) * c;
+    }
+    __device__ __forceinline__ int key_begin(int row) const {
+        const int diag = row + p.seqlen_k - p.seqlen_q;
+        int lo = max(0, diag - p.mods.window_left);
+        if (p.mods.chunk > 0) lo = max(lo, chunk_floor(diag, p.mods.chunk));
+        return lo;
+    }
+    __device__ __forceinline__ int key_end(int row) const {
+        const int diag = row + p.seqlen_k - p.seqlen_q;
+        int hi = min(p.seqlen_k, diag + p.mods.window_right + 1);
+        if (p.mods.chunk > 0) hi = min(hi, chunk_floor(diag, p.mods.chunk) + p.mods.chunk);
+        return hi;
+    }
+
+    __device__ __forceinline__ LocalMask(const Params& p_, int m_block) : p(p_) {
+        const int m0 = m_block * kBlockM;
+        const int m1 = min(m0 + kBlockM, p.seqlen_q) - 1;   // last row of the block
+        const int lo = key_begin(m0), hi = key_end(m1);
+        left0 = lo / kBlockN;
+        const int end = hi > lo ? ceil_div(hi, kBlockN) : left0;   // no row sees a key: no tile
+        n_blocks = end - left0;
+        // Keys [key_begin(m1), key_end(m0)) are visible to every row of the block.
+        const int f0 = max(left0, ceil_div(max(key_begin(m1), 0), kBlockN));
+        const int f1 = min(end, key_end(m0) / kBlockN);
+        if (f1 > f0) {
+            full0 = f0, n_full = f1 - f0, right0 = f1, n_right = end - f1;
+        } else {
+            full0 = left0, n_full = 0, right0 = left0, n_right = n_blocks;
+        }
+        n_masked = n_blocks - n_full;
+    }
+    __device__ __forceinline__ int num_kv_blocks() const { return n_blocks; }
+    __device__ __forceinline__ int num_masked_blocks() const { return n_masked; }
+    __device__ __forceinline__ int kv_block(int it) const {
+        if (it < n_full) return full0 + it;
+        const int k = it - n_full;
+        return k < n_right ? right0 + k : left0 + (k - n_right);
+    }
+};
+
+// S[i][j] = -inf outside [key_begin(i), key_end(i)) (same C layout as the generic apply_mask above).
+template <int kBlockM, int kBlockN, int kMTiles, int kNTiles>
+__device__ __forceinline__ void apply_mask(const LocalMask<kBlockM, kBlockN>& mask,
+                                           float (&s)[kMTiles][kNTiles][4], int row0, int col0) {
+#pragma unroll
+    for (int mi = 0; mi < kMTiles; ++mi)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {   // rows g, g + 8
+            const int row = row0 + mi * kMmaM + h * kFragRowHalf;
+            const int begin = mask.key_begin(row) - col0, end = mask.key_end(row) - col0;
+#pragma unroll
+            for (int ni = 0; ni < kNTiles; ++ni)
+#pragma unroll
+                for (int e = 0; e < 2; ++e) {
+                    const int c = ni * kMmaN + e;
+                    if (c < begin || c >= end) s[mi][ni][2 * h + e] = FLASHKIT_NEG_INF;
+                }
+        }
+}
+
+// A variant's mask with local attention selected at compile time (FLASHKIT_WINDOW): LocalMask when
+// kLocal, else the variant's own (NoMask, CausalMask).
+template <bool kLocal, int kBlockM, int kBlockN, class Otherwise>
+struct LocalOr {
+    typedef Otherwise type;
+};
+template <int kBlockM, int kBlockN, class Otherwise>
+struct LocalOr<true, kBlockM, kBlockN, Otherwise> {
+    typedef LocalMask<kBlockM, kBlockN> type;
+};
+
 }  // namespace flashkit

@@ -38,6 +38,22 @@ struct KvCacheParams {
     int row_blocks;              // blocks of packed (query row, group head) rows per kv head
 };
 
+// Built-in attention modifications (score_mod.cuh, mask.cuh's LocalMask), read only by kernels built
+// with FLASHKIT_WINDOW / FLASHKIT_SOFTCAP / FLASHKIT_ALIBI. Windows arrive with -1 (unbounded) already
+// replaced by seqlen_q + seqlen_k, so a kernel needs no branch for an open side.
+struct ModParams {
+    const float* alibi_slopes;   // (batch, heads) or (heads,) float32, or nullptr
+    index_t alibi_batch_stride;  // elements; 0 when the slopes broadcast over the batch
+    index_t alibi_head_stride;
+    int window_left;             // query i sees keys [i + off - left, i + off + right], off = seqlen_k - seqlen_q
+    int window_right;
+    int chunk;                   // attention_chunk: floor((i + off) / chunk) == floor(j / chunk); 0: none
+    float softcap;               // c: scaled scores become c tanh(s / c); 0: none
+    float softcap_in;            // softmax_scale / c: the tanh argument per raw score q.k
+    float softcap_out;           // c / softmax_scale: back to raw-score units
+    float inv_softmax_scale;     // 1 / softmax_scale: ALiBi's bias in raw-score units
+};
+
 struct Params {
     // Layout (batch, seqlen, heads, head_dim); the last dimension is contiguous.
     const void* q;
@@ -73,6 +89,7 @@ struct Params {
 
     BwdParams bwd;               // the backward's gradients (zero in forward calls)
     KvCacheParams cache;         // decode and KV caches (zero elsewhere)
+    ModParams mods;              // window, chunk, softcap, ALiBi (zero when a kernel is built without them)
 };
 
 }  // namespace flashkit

@@ -3,6 +3,7 @@
 // One CTA, kBlockM query rows of one (head, batch); warps split the rows (split-Q) and never
 // exchange data. Per visited K/V tile j (visiting order and masking from the Mask type):
 //   S = Q K_j^T                        mma.sync, K_j read with ldmatrix (swizzled smem)
+//   S = score_mod(S)                   softcap / ALiBi (score_mod.cuh; NoScoreMod: nothing)
 //   S = -inf where masked              only on the tiles the mask says cross a boundary
 //   {m, l}, P = online softmax(S)      in registers (softmax.cuh), O *= alpha
 //   O += P V_j                         P packed to 16 bits in registers as the A operand
@@ -13,13 +14,14 @@
 
 #include "flashkit/epilogue.cuh"
 #include "flashkit/mask.cuh"
+#include "flashkit/score_mod.cuh"
 #include "flashkit/sm80/mma.cuh"
 #include "flashkit/softmax.cuh"
 #include "flashkit/tile.cuh"
 
 namespace flashkit {
 
-template <class Kt, class Mask>
+template <class Kt, class Mask, class ScoreMod = NoScoreMod>
 struct FwdMainloop {
     typedef typename Kt::Element Element;
     static constexpr int kD = Kt::kHeadDim;
@@ -30,6 +32,7 @@ struct FwdMainloop {
     // main loop runs at the 255-register limit.
     const Params& p;
     const Mask& mask;
+    ScoreMod score_mod;
     int batch, kv_head;
     u32 sK, sV;                   // K / V tiles (shared addresses)
     u32 q_lane, k_lane, v_lane;   // this lane's ldmatrix row address in the Q / K / V tiles
@@ -44,6 +47,7 @@ struct FwdMainloop {
                                            int batch_, int tid)
         : p(p_),
           mask(mask_),
+          score_mod(p_, head, batch_),
           batch(batch_),
           kv_head(head / (p_.heads / p_.kv_heads)),   // GQA / MQA
           cols_hi16(tid % kWarpSize, (tid % kWarpSize) / 16),
@@ -161,6 +165,7 @@ struct FwdMainloop {
         load_kv_async<true>(sV, n_block);
         float s[kMTiles][Kt::kNTiles][4];
         gemm_qk(s);   // S = Q K_j^T
+        apply_score_mod(score_mod, s, row0, n_block * Kt::kBlockN + col_lane);   // S = mod(S)
         if (masked) apply_mask(mask, s, row0, n_block * Kt::kBlockN + col_lane);
         cp_async_wait<0>();
         __syncthreads();   // V_j resident; every warp is done reading K_j
@@ -171,7 +176,7 @@ struct FwdMainloop {
 };
 
 // The whole forward of query block m_block of (head, batch).
-template <class Kt, class Mask>
+template <class Kt, class Mask, class ScoreMod = NoScoreMod>
 __device__ __forceinline__ void fwd_block(const Params& p, const Mask& mask, int m_block,
                                           int head, int batch) {
     typedef typename Kt::Element Element;
@@ -184,7 +189,7 @@ __device__ __forceinline__ void fwd_block(const Params& p, const Mask& mask, int
     const int warp = tid / kWarpSize;
     const int lane = tid % kWarpSize;
     const int m0 = m_block * Kt::kBlockM;
-    FwdMainloop<Kt, Mask> loop(mask, p, sQ, head, batch, tid);
+    FwdMainloop<Kt, Mask, ScoreMod> loop(mask, p, sQ, head, batch, tid);
 
     const int n_blocks = mask.num_kv_blocks();
     const int n_masked = mask.num_masked_blocks();

@@ -1,0 +1,104 @@
+"""The built-in modifications timed against dense flashkit and PyTorch in one run (python3 -m flashkit.bench.mods).
+
+Sliding window: flashkit never visits tiles outside the window, PyTorch's SDPA takes an explicit boolean mask
+(all tiles computed), flex_attention a compiled block mask. TFLOP/s count the visible (query, key) pairs only:
+4 * B * H * D * pairs. Benchmark convention: bf16, CUDA events, warm-up, median, inputs rotated past the L2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from typing import Any, Callable
+
+from .timing import time_cupy
+from .torch_baselines import time_torch
+
+ROTATE = 3   # copies of the inputs: 3 x 192 MiB at the default shape, far past a 50 MB L2
+
+
+def visible_pairs(seqlen: int, left: int, causal: bool = True) -> int:
+    """Visible (query, key) pairs of a square window (left, 0) (left < 0: plain causal)."""
+    if left < 0:
+        return seqlen * (seqlen + 1) // 2
+    return sum(min(i, left) + 1 for i in range(seqlen))
+
+
+def main(argv: list[str] | None = None) -> dict:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--seqlen", type=int, default=8192)
+    ap.add_argument("--batch", type=int, default=2)
+    ap.add_argument("--heads", type=int, default=16)
+    ap.add_argument("--head-dim", type=int, default=128)
+    ap.add_argument("--windows", default="1024,4096")
+    ap.add_argument("--warmup", type=int, default=5)
+    ap.add_argument("--iters", type=int, default=30)
+    ap.add_argument("--no-flex", action="store_true")
+    ap.add_argument("--out", default=None, help="JSON file for the rows")
+    args = ap.parse_args(argv)
+
+    import cupy
+    import torch
+    import torch.nn.functional as F
+
+    import flashkit
+    b, s, h, d = args.batch, args.seqlen, args.heads, args.head_dim
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    views = [tuple(torch.randn(b, s, h, d, device="cuda", dtype=torch.bfloat16, generator=gen) for _ in range(3))
+             for _ in range(ROTATE)]
+    cviews = [tuple(cupy.from_dlpack(t) for t in v) for v in views]
+    slopes = cupy.asarray([2.0 ** (-8 * (i + 1) / h) for i in range(h)], dtype=cupy.float32)
+    rows: list[dict[str, Any]] = []
+
+    def record(name: str, ms: float, pairs: int, impl: str) -> None:
+        tflops = 4 * b * h * d * pairs / (ms * 1e-3) / 1e12
+        rows.append({"name": name, "impl": impl, "ms": ms, "tflops": tflops})
+        print(f"{name:<44} {impl:<10} {ms:8.3f} ms {tflops:7.1f} TFLOP/s", flush=True)
+
+    def fk(**kw) -> Callable[[int], Any]:
+        return lambda i: flashkit.attention(*cviews[i % ROTATE], **kw)
+
+    full = visible_pairs(s, -1)
+    record("causal (dense, best kernel)", time_cupy(fk(causal=True), args.warmup, args.iters), full, "flashkit")
+    record("causal (dense, FA2 family)", time_cupy(fk(causal=True, variant="causal"), args.warmup, args.iters), full,
+           "flashkit")
+    record("causal softcap=30", time_cupy(fk(causal=True, softcap=30.0), args.warmup, args.iters), full, "flashkit")
+    record("causal alibi", time_cupy(fk(causal=True, alibi_slopes=slopes), args.warmup, args.iters), full, "flashkit")
+    record("causal softcap+alibi", time_cupy(fk(causal=True, softcap=30.0, alibi_slopes=slopes), args.warmup,
+                                             args.iters), full, "flashkit")
+    tv = [tuple(t.transpose(1, 2) for t in v) for v in views]   # (b, h, s, d) views for PyTorch
+    record("causal (dense)", time_torch(lambda i: F.scaled_dot_product_attention(*tv[i % ROTATE], is_causal=True),
+                                        args.warmup, args.iters), full, "sdpa")
+    for left in (int(w) for w in args.windows.split(",")):
+        pairs = visible_pairs(s, left)
+        name = f"window ({left}, 0)"
+        record(name, time_cupy(fk(causal=True, window_size=(left, 0)), args.warmup, args.iters), pairs, "flashkit")
+        record(name + " non-causal call", time_cupy(fk(window_size=(left, 0)), args.warmup, args.iters), pairs,
+               "flashkit")
+        i_idx = torch.arange(s, device="cuda")[:, None]
+        j_idx = torch.arange(s, device="cuda")[None, :]
+        mask = (j_idx <= i_idx) & (j_idx >= i_idx - left)
+        record(name, time_torch(lambda i: F.scaled_dot_product_attention(*tv[i % ROTATE], attn_mask=mask),
+                                args.warmup, args.iters), pairs, "sdpa+mask")
+        if not args.no_flex:
+            try:
+                from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+                flex = torch.compile(flex_attention, dynamic=False)
+
+                def sliding(bb, hh, q_idx, kv_idx, left=left):
+                    return (kv_idx <= q_idx) & (kv_idx >= q_idx - left)
+                bm = create_block_mask(sliding, B=None, H=None, Q_LEN=s, KV_LEN=s, device="cuda")
+                record(name, time_torch(lambda i: flex(*tv[i % ROTATE], block_mask=bm), args.warmup, args.iters),
+                       pairs, "flex")
+            except Exception as e:   # flex needs a working torch.compile; say so and go on
+                print(f"flex_attention failed: {type(e).__name__}: {str(e).splitlines()[0][:200]}", flush=True)
+    result = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "cupy": cupy.__version__,
+              "shape": {"batch": b, "seqlen": s, "heads": h, "head_dim": d}, "rows": rows}
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump(result, f, indent=1)
+    return result
+
+
+if __name__ == "__main__":
+    main()

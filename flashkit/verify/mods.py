@@ -1,0 +1,105 @@
+"""Verification of the built-in modifications (window_size, attention_chunk, softcap, alibi_slopes).
+
+An extension of the harness: every variant whose manifest declares `window`, `softcap` or `alibi` gets
+these checks on top of its family's. The reference applies the same modification (verify/reference.py:
+local_mask as the explicit element mask, score_mod on the scaled scores); the rule is DESIGN.md's.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass
+
+from ..call.dtypes import BY_NAME
+from ..registry.manifest import KernelSpec
+from ..runtime.device import cupy_module
+from .harness import SHAPES, Check, CheckResult, Shape, judge, random_qkv, register_extension
+from .reference import local_mask, output_atol, plain_attention, reference_attention
+
+ALIBI_BASE = 8.0   # the ALiBi paper's slopes: 2^(-8 (h + 1) / heads)
+
+
+@dataclass(frozen=True)
+class ModCase:
+    """One modification setting; alibi is None, 'heads' ((heads,) slopes) or 'batch' ((batch, heads))."""
+
+    name: str
+    causal: bool = False
+    window: tuple[int, int] | None = None
+    chunk: int = 0
+    softcap: float = 0.0
+    alibi: str | None = None
+
+    def features(self) -> set[str]:
+        return ({"window"} if self.window is not None or self.chunk else set()) | (
+            {"softcap"} if self.softcap else set()) | ({"alibi"} if self.alibi else set())
+
+
+CASES = (
+    ModCase("window(256,0)", window=(256, 0)),
+    ModCase("window(64,64)", window=(64, 64)),
+    ModCase("window(-1,100)", window=(-1, 100)),
+    ModCase("window(300,17)", window=(300, 17)),
+    ModCase("causal window(200,-1)", causal=True, window=(200, -1)),
+    ModCase("chunk(128)", chunk=128),
+    ModCase("causal chunk(100)", causal=True, chunk=100),
+    ModCase("softcap(1.5)", softcap=1.5),
+    ModCase("alibi(heads)", alibi="heads"),
+    ModCase("causal alibi(batch,heads)", causal=True, alibi="batch"),
+    ModCase("softcap(2)+alibi", softcap=2.0, alibi="heads"),
+    ModCase("causal window(128,0)+softcap(3)+alibi", causal=True, window=(128, 0), softcap=3.0, alibi="batch"),
+)
+QUICK_CASES = tuple(c for c in CASES if c.name in ("window(300,17)", "causal chunk(100)", "softcap(2)+alibi"))
+QUICK_SHAPES = (Shape(2, 127, 1000, 4, 4), Shape(2, 1000, 127, 8, 8), Shape(3, 128, 128, 8, 1))
+CASE_BY_NAME = {c.name: c for c in CASES}
+
+
+def alibi_slopes(case: ModCase, shape: Shape, seed: int, xp):
+    """The ALiBi paper's geometric slopes, jittered per (batch, head) by the seed; float32."""
+    rng = xp.random.default_rng(seed + 1)
+    base = 2.0 ** (-ALIBI_BASE * (xp.arange(shape.heads) + 1) / shape.heads)
+    rows = 1 if case.alibi == "heads" else shape.batch
+    slopes = (base[None] * (0.5 + rng.random((rows, shape.heads)))).astype(xp.float32)
+    return slopes[0] if case.alibi == "heads" else slopes
+
+
+def mod_check(spec: KernelSpec, shape: Shape, head_dim: int, dtype: str, case: ModCase) -> Check:
+    """One modified run against the float64 reference with the same modification."""
+    label = f"{shape.label()} d{head_dim} {dtype} {case.name}"
+
+    def run(seed: int) -> CheckResult:
+        from ..api import attention
+        xp = cupy_module()
+        q, k, v = random_qkv(shape, head_dim, dtype, seed)
+        slopes = alibi_slopes(case, shape, seed, xp) if case.alibi else None
+        out = xp.full(q.shape, xp.nan, dtype=q.dtype)   # poisoned: an unwritten element stays NaN
+        want_lse = spec.supports("lse")
+        result = attention(q, k, v, causal=case.causal, variant=spec.name, return_lse=want_lse, out=out,
+                           window_size=case.window, softcap=case.softcap, alibi_slopes=slopes,
+                           attention_chunk=case.chunk)
+        out, lse = result if want_lse else (result, None)
+        emask = None
+        if case.window is not None or case.chunk:
+            emask = local_mask(shape.seqlen_q, shape.seqlen_k, case.window or (-1, -1), case.chunk, xp)
+        kw = dict(scale=head_dim ** -0.5, causal=case.causal, mask=emask, softcap=case.softcap, alibi_slopes=slopes)
+        ref, lse_ref = reference_attention(q, k, v, **kw)
+        plain, lse_plain = plain_attention(q, k, v, dtype=BY_NAME[dtype], **kw)
+        atol = output_atol(ref, BY_NAME[dtype], max(shape.seqlen_k, head_dim))
+        return judge(spec.name, label, out, ref, plain, atol, lse, lse_ref, lse_plain, head_dim=head_dim)
+
+    return Check(spec.name, label, run)
+
+
+def cases_for(spec: KernelSpec, causal_opts, cases=CASES) -> list[ModCase]:
+    """The cases a variant can run: it declares every feature they need, and their causal setting."""
+    return [c for c in cases if c.causal in causal_opts and all(spec.supports(f) for f in c.features())]
+
+
+def mod_checks(spec: KernelSpec, dtypes, head_dims, causal_opts, quick: bool, cases=None, shapes=None) -> list[Check]:
+    """Each modification case over the shape matrix (DESIGN's; a smaller set when quick)."""
+    cases = cases_for(spec, causal_opts, cases or (QUICK_CASES if quick else CASES))
+    shapes = shapes or (QUICK_SHAPES if quick else SHAPES)
+    return [mod_check(spec, s, d, t, c) for t, d, c, s in itertools.product(dtypes, head_dims, cases, shapes)]
+
+
+register_extension("mods", mod_checks)

@@ -1,0 +1,73 @@
+"""Selection with the modification features (window, softcap, alibi): who serves them, and the exact reasons."""
+
+from __future__ import annotations
+
+import pytest
+from click.testing import CliRunner
+
+from flashkit import api
+from flashkit.cli import cli as cli_main
+from flashkit.registry import Request, discover_kernels, select_kernel
+from flashkit.registry.manifest import FEATURES
+from flashkit.registry.select import reasons
+from flashkit.runtime.build import make_config
+from flashkit.verify.compile_matrix import spec_configs
+
+
+def test_features_are_known_and_declared_by_the_fa2_family():
+    assert {"window", "softcap", "alibi"} <= set(FEATURES)
+    specs = discover_kernels(refresh=True).specs
+    for name in ("fa2", "causal"):
+        assert all(specs[name].supports(f) for f in ("window", "softcap", "alibi")), name
+
+
+@pytest.mark.parametrize("causal,chosen", [(False, "fa2"), (True, "causal")])
+@pytest.mark.parametrize("cc", [(8, 0), (9, 0)])
+def test_mods_select_the_fa2_family(causal, chosen, cc):
+    req = Request(dtype="bfloat16", head_dim=128, seqlen_q=8192, seqlen_k=8192, causal=causal, window=True,
+                  softcap=True, alibi=True, cc=cc)
+    sel = select_kernel(req, discover_kernels().specs)
+    assert sel.chosen.name == chosen
+    for name, why in sel.rejected.items():
+        spec = discover_kernels().specs[name]
+        for feat, words in (("window", "local attention (window_size, attention_chunk) not supported"),
+                            ("softcap", "softcap not supported"), ("alibi", "ALiBi slopes not supported")):
+            assert (words in why) == (not spec.supports(feat)), (name, why)
+
+
+def test_each_feature_has_its_own_reason():
+    spec = discover_kernels().specs["fa3"] if "fa3" in discover_kernels().specs else discover_kernels().specs["fa1"]
+    base = dict(dtype="bfloat16", head_dim=128, cc=(9, 0))
+    assert reasons(spec, Request(**base, window=True)).count(
+        "local attention (window_size, attention_chunk) not supported") == 1
+    assert "softcap not supported" in reasons(spec, Request(**base, softcap=True))
+    assert "ALiBi slopes not supported" in reasons(spec, Request(**base, alibi=True))
+    assert not any("not supported" in r for r in reasons(discover_kernels().specs["fa2"],
+                                                          Request(**base, window=True, softcap=True, alibi=True)))
+
+
+def test_explain_api_and_cli():
+    sel = api.explain(head_dim=64, window=True, alibi=True, cc=(9, 0))
+    assert sel.chosen.name == "fa2" and "window alibi" in sel.request.summary()
+    res = CliRunner().invoke(cli_main, ["explain", "--window", "--softcap", "--arch", "sm_90", "--head-dim", "128"])
+    assert res.exit_code == 0, res.output
+    assert "selected: fa2" in res.output and "softcap not supported" in res.output
+
+
+def test_build_config_defines_only_the_asked_mods():
+    spec = discover_kernels().specs["fa2"]
+    plain = make_config(spec, "float16", 64, False, (8, 0))
+    assert not any("WINDOW" in d or "SOFTCAP" in d or "ALIBI" in d for d in plain.defines())
+    cfg = make_config(spec, "float16", 64, False, (8, 0), mods=("window", "alibi"))
+    assert "-DFLASHKIT_WINDOW=1" in cfg.defines() and "-DFLASHKIT_ALIBI=1" in cfg.defines()
+    assert "-DFLASHKIT_SOFTCAP=1" not in cfg.defines() and "window alibi" in cfg.describe()
+
+
+def test_compile_matrix_covers_the_mods_of_the_variants_declaring_them():
+    specs = discover_kernels().specs
+    for name in ("fa2", "causal"):
+        configs = spec_configs(specs[name], (8, 0))
+        with_mods = [c for c in configs if c.mods]
+        assert with_mods and len(with_mods) * 2 == len(configs)
+        assert {c.mods for c in with_mods} == {("window", "softcap", "alibi")}
+    assert not any(c.mods for c in spec_configs(specs["standard"], (8, 0)))
