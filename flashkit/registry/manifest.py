@@ -108,15 +108,16 @@ class KernelSpec:
         hi = f"{self.arch_max[0]}.{self.arch_max[1]}"
         return f"{lo} exactly" if self.arch_max == self.arch_min else f"from {lo} to {hi}"
 
-    def launch_config(self, cc: tuple[int, int] | None, head_dim: int) -> dict[str, int]:
-        """The launch table with overrides applied: arch key, then hd key, then 'arch/hd' key."""
+    def launch_config(self, cc: tuple[int, int] | None, head_dim: int, mods: tuple[str, ...] = ()) -> dict[str, int]:
+        """The launch table with overrides applied: arch key, hd key, 'arch/hd' key, then 'hd/<mod>' per modification."""
         config = dict(self.launch)
         arch_key = None
         if cc is not None:
             fitting = [k for k in self.overrides if re.fullmatch(r"\d+\.\d+", k)
                        and parse_cc(k, self.name)[0] == cc[0] and parse_cc(k, self.name) <= cc]
             arch_key = max(fitting, key=lambda k: parse_cc(k, self.name), default=None)
-        for key in (arch_key, f"hd{head_dim}", f"{arch_key}/hd{head_dim}" if arch_key else None):
+        keys = [arch_key, f"hd{head_dim}", f"{arch_key}/hd{head_dim}" if arch_key else None]
+        for key in keys + [f"hd{head_dim}/{m}" for m in sorted(mods)]:
             if key and key in self.overrides:
                 config.update(self.overrides[key])
         return config

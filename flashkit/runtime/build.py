@@ -56,7 +56,7 @@ class BuildConfig:
 
 def make_config(spec: KernelSpec, dtype: str, head_dim: int, causal: bool, cc: tuple[int, int] | None,
                 block_sparse: bool = False, out_dtype: str | None = None, mods: tuple[str, ...] = ()) -> BuildConfig:
-    launch = spec.launch_config(cc, head_dim)
+    launch = spec.launch_config(cc, head_dim, tuple(mods))
     return BuildConfig(dtype, head_dim, causal, tuple(sorted(launch.items())), out_dtype, block_sparse, tuple(mods))
 
 

@@ -14,16 +14,16 @@ from flashkit.runtime.build import make_config
 from flashkit.verify.compile_matrix import spec_configs
 
 
-def test_features_are_known_and_declared_by_the_fa2_family():
+def test_features_are_known_and_declared_by_the_fa2_family_and_fa3():
     assert {"window", "softcap", "alibi"} <= set(FEATURES)
     specs = discover_kernels(refresh=True).specs
-    for name in ("fa2", "causal"):
+    for name in ("fa2", "causal", "fa3"):
         assert all(specs[name].supports(f) for f in ("window", "softcap", "alibi")), name
 
 
-@pytest.mark.parametrize("causal,chosen", [(False, "fa2"), (True, "causal")])
-@pytest.mark.parametrize("cc", [(8, 0), (9, 0)])
-def test_mods_select_the_fa2_family(causal, chosen, cc):
+@pytest.mark.parametrize("causal,cc,chosen", [(False, (8, 0), "fa2"), (True, (8, 0), "causal"),
+                                              (False, (9, 0), "fa3"), (True, (9, 0), "fa3")])
+def test_mods_select_fa3_on_hopper_and_the_fa2_family_elsewhere(causal, cc, chosen):
     req = Request(dtype="bfloat16", head_dim=128, seqlen_q=8192, seqlen_k=8192, causal=causal, window=True,
                   softcap=True, alibi=True, cc=cc)
     sel = select_kernel(req, discover_kernels().specs)
@@ -36,7 +36,7 @@ def test_mods_select_the_fa2_family(causal, chosen, cc):
 
 
 def test_each_feature_has_its_own_reason():
-    spec = discover_kernels().specs["fa3"] if "fa3" in discover_kernels().specs else discover_kernels().specs["fa1"]
+    spec = discover_kernels().specs["hopper"]
     base = dict(dtype="bfloat16", head_dim=128, cc=(9, 0))
     assert reasons(spec, Request(**base, window=True)).count(
         "local attention (window_size, attention_chunk) not supported") == 1
@@ -48,10 +48,20 @@ def test_each_feature_has_its_own_reason():
 
 def test_explain_api_and_cli():
     sel = api.explain(head_dim=64, window=True, alibi=True, cc=(9, 0))
-    assert sel.chosen.name == "fa2" and "window alibi" in sel.request.summary()
+    assert sel.chosen.name == "fa3" and "window alibi" in sel.request.summary()
     res = CliRunner().invoke(cli_main, ["explain", "--window", "--softcap", "--arch", "sm_90", "--head-dim", "128"])
     assert res.exit_code == 0, res.output
-    assert "selected: fa2" in res.output and "softcap not supported" in res.output
+    assert "selected: fa3" in res.output and "softcap not supported" in res.output   # hopper's reason
+
+
+def test_a_score_mod_moves_fa3_hd64_to_two_consumers():
+    """Three consumers of 160 registers spill with softcap / ALiBi at hd64: the manifest's hd64/<mod> keys."""
+    spec = discover_kernels().specs["fa3"]
+    assert make_config(spec, "bfloat16", 64, False, (9, 0)).launch_dict["block_m"] == 192
+    for mods in (("softcap",), ("alibi",), ("alibi", "softcap", "window")):
+        cfg = make_config(spec, "bfloat16", 64, False, (9, 0), mods=mods).launch_dict
+        assert (cfg["block_m"], cfg["warps"]) == (128, 12), mods
+    assert make_config(spec, "bfloat16", 64, False, (9, 0), mods=("window",)).launch_dict["block_m"] == 192
 
 
 def test_build_config_defines_only_the_asked_mods():

@@ -22,8 +22,9 @@ struct ForwardMaps {
 };
 
 // The forward of query block m_block of (head, batch); `mask` (mask.cuh's interface) says which
-// K/V tiles the block visits, in which order, and which of them need the element mask.
-template <class Kt, class Mask>
+// K/V tiles the block visits, in which order, and which of them need the element mask; ScoreMod
+// (score_mod.cuh) modifies the scores before the softmax.
+template <class Kt, class ScoreMod = NoScoreMod, class Mask>
 __device__ __forceinline__ void ws_forward(const Params& p, const ForwardMaps& maps, const Mask& mask, int m_block,
                                            int head, int batch) {
     extern __shared__ __align__(1024) unsigned char smem_raw[];
@@ -54,7 +55,7 @@ __device__ __forceinline__ void ws_forward(const Params& p, const ForwardMaps& m
     const int consumer = warpgroup - 1;
     const int tid_in_group = tid % gmma::kWarpgroupThreads;
     const int lane = tid % kWarpSize;
-    WsMainloop<Kt, Mask> loop(mask, smem, consumer, p.softmax_scale_log2);
+    WsMainloop<Kt, Mask, ScoreMod> loop(mask, p, head, batch, smem, consumer);
     if (n_blocks > 0) {
         const int row0 = q_at.row + consumer * gmma::kWarpgroupRows + tid_in_group / kWarpSize * Kt::kWarpRows +
                          lane / kQuadLanes;

@@ -1,6 +1,7 @@
 // One consumer warpgroup of the warp-specialized Hopper forward: the products, the softmax and
 // their order (FlashAttention-3, sections 3.1-3.2). Per visited K/V tile i (keys [n0, n0 + kBlockN)):
 //   S_i = Q K_i^T              wgmma m64 n{kBlockN} k16, Q and K_i from shared memory (K-major)
+//   S_i = mod(S_i)             softcap / ALiBi (score_mod.cuh; NoScoreMod: nothing)
 //   S_i = -inf where masked    only on the tiles the mask says cross a boundary
 //   {m, l}, P_i = exp2(S_i c - m c)   OnlineSoftmax (c = softmax_scale log2 e); O owes alpha
 //   O += P_i V_i               wgmma m64 n{kHeadDim} k16, P from registers (A), V_i read MN-major
@@ -13,8 +14,9 @@
 #pragma once
 
 #include "flashkit/hopper/ws_traits.cuh"
-#include "flashkit/mask.cuh"
 #include "flashkit/fragment.cuh"
+#include "flashkit/mask.cuh"
+#include "flashkit/score_mod.cuh"
 #include "flashkit/softmax.cuh"
 
 namespace flashkit {
@@ -43,7 +45,7 @@ struct PingPong {
     }
 };
 
-template <class Kt, class Mask>
+template <class Kt, class Mask, class ScoreMod = NoScoreMod>
 struct WsMainloop {
     typedef typename Kt::Element Element;
     typedef typename Kt::QTile QTile;
@@ -52,6 +54,7 @@ struct WsMainloop {
     static constexpr int kBN = Kt::kBlockN;
 
     const Mask& mask;
+    ScoreMod score_mod;
     u32 q_tile;          // this consumer's 64 rows start at row 64 * consumer of the Q tile
     u32 k_tiles, v_tiles;
     int q_row0;          // first Q tile row of this consumer
@@ -62,9 +65,10 @@ struct WsMainloop {
     float alpha[1][2];                 // what O owes before its next product
     OnlineSoftmax<1> softmax;
 
-    __device__ __forceinline__ WsMainloop(const Mask& mask_, u32 smem, int consumer, float scale_log2_)
-        : mask(mask_), q_tile(smem + Kt::kQOffset), k_tiles(smem + Kt::kKOffset), v_tiles(smem + Kt::kVOffset),
-          q_row0(consumer * gmma::kWarpgroupRows), scale_log2(scale_log2_) {
+    __device__ __forceinline__ WsMainloop(const Mask& mask_, const Params& p, int head, int batch, u32 smem,
+                                          int consumer)
+        : mask(mask_), score_mod(p, head, batch), q_tile(smem + Kt::kQOffset), k_tiles(smem + Kt::kKOffset), v_tiles(smem + Kt::kVOffset),
+          q_row0(consumer * gmma::kWarpgroupRows), scale_log2(p.softmax_scale_log2) {
 #pragma unroll
         for (int nd = 0; nd < Kt::kDTiles; ++nd)
 #pragma unroll
@@ -99,6 +103,7 @@ struct WsMainloop {
     template <bool kMasked>
     __device__ __forceinline__ void softmax_step(int n_block, int row0, int col_lane) {
         gmma::fence_accumulators(s[0]);
+        apply_score_mod(score_mod, s, row0, n_block * kBN + col_lane);   // S = mod(S)
         if constexpr (kMasked) apply_mask(mask, s, row0, n_block * kBN + col_lane);
         softmax.update_max(s, alpha, scale_log2);
         softmax.exponentiate(s, scale_log2);
