@@ -36,7 +36,7 @@ def _cases():
 
 def _inputs(shape, hd, dtype, seed):
     import cupy as cp
-    from flashkit.dtypes import BY_NAME
+    from flashkit.call.dtypes import BY_NAME
     b, sq, sk, h, hk = shape
     rs = cp.random.RandomState(seed)
     storage = BY_NAME[dtype].storage
@@ -56,7 +56,7 @@ def _poison_pool(shapes_dtypes):
 def run_backward(shape, hd, causal, dtype, seed, deterministic=False):
     import cupy as cp
     import flashkit
-    from flashkit.dtypes import BY_NAME
+    from flashkit.call.dtypes import BY_NAME
     q, k, v, dout = _inputs(shape, hd, dtype, seed)
     out, lse = flashkit.attention(q, k, v, causal=causal, return_lse=True, variant="fa2")
     storage = cp.dtype(BY_NAME[dtype].storage)
@@ -68,9 +68,9 @@ def run_backward(shape, hd, causal, dtype, seed, deterministic=False):
 
 def judge(inputs, grads, hd, causal, dtype):
     import cupy as cp
-    from flashkit.dtypes import BY_NAME
-    from flashkit.reference import output_atol
-    from flashkit.reference_backward import plain_backward, reference_backward
+    from flashkit.call.dtypes import BY_NAME
+    from flashkit.verify.reference import output_atol
+    from flashkit.verify.reference_backward import plain_backward, reference_backward
     q, k, v, dout = inputs
     scale = 1.0 / math.sqrt(hd)
     refs = reference_backward(q, k, v, dout, scale=scale, causal=causal)
