@@ -4,6 +4,7 @@
 # (fp8 before block_sparse, as before the split).
 from . import dense, fp8, block_sparse  # noqa: F401,I001
 from . import decode  # noqa: F401,I001  (the split-KV decode family: every variant declaring kv_cache)
+from . import backward  # noqa: F401,I001  (every variant declaring backward: gradients, not outputs)
 from . import mods  # noqa: F401,I001  (an extension: window, chunk, softcap, ALiBi on every variant declaring them)
 from .harness import Check, CheckResult, Shape, checks_for, judge, random_qkv, run_checks, runnable_variants
 

@@ -6,7 +6,6 @@ out and lse come from the fa2 forward, as a training step would have them.
 
 from __future__ import annotations
 
-import math
 import zlib
 
 import pytest
@@ -44,52 +43,22 @@ def _inputs(shape, hd, dtype, seed):
     return mk((b, sq, h, hd)), mk((b, sk, hk, hd)), mk((b, sk, hk, hd)), mk((b, sq, h, hd))
 
 
-def _poison_pool(shapes_dtypes):
-    """Fill then free blocks of the outputs' sizes, so the gradients land on NaN-filled memory."""
-    import cupy as cp
-    junk = [cp.empty(s, dtype=dt) for s, dt in shapes_dtypes]
-    for j in junk:
-        j.view(cp.uint16).fill(0xFFFF)   # NaN in float16 and bfloat16
-    del junk
-
-
 def run_backward(shape, hd, causal, dtype, seed, deterministic=False):
     import cupy as cp
     import flashkit
-    from flashkit.call.dtypes import BY_NAME
+    from flashkit.verify.backward import poison_pool
     q, k, v, dout = _inputs(shape, hd, dtype, seed)
     out, lse = flashkit.attention(q, k, v, causal=causal, return_lse=True, variant="fa2")
-    storage = cp.dtype(BY_NAME[dtype].storage)
-    _poison_pool([(q.shape, storage), (k.shape, storage), (v.shape, storage)])
+    poison_pool((q, k, v))
     grads = flashkit.attention_backward(dout, q, k, v, out, lse, causal=causal, deterministic=deterministic)
     cp.cuda.Device().synchronize()
     return (q, k, v, dout), grads
 
 
 def judge(inputs, grads, hd, causal, dtype):
-    import cupy as cp
-    from flashkit.call.dtypes import BY_NAME
-    from flashkit.verify.reference import output_atol
-    from flashkit.verify.reference_backward import plain_backward, reference_backward
-    q, k, v, dout = inputs
-    scale = 1.0 / math.sqrt(hd)
-    refs = reference_backward(q, k, v, dout, scale=scale, causal=causal)
-    plains = plain_backward(q, k, v, dout, scale=scale, dtype=BY_NAME[dtype], causal=causal)
-    report = []
-    ok = True
-    for name, g, ref, plain in zip(("dq", "dk", "dv"), grads, refs, plains):
-        g64 = g.astype(cp.float32).astype(cp.float64)
-        finite = bool(cp.isfinite(g64).all())
-        err = float(cp.abs(g64 - ref).max())
-        plain_err = float(cp.abs(plain.astype(cp.float64) - ref).max())
-        n = max(q.shape[1], k.shape[1])
-        atol = output_atol(ref, BY_NAME[dtype], n)
-        bound = 2 * plain_err + atol
-        passed = finite and err <= bound
-        ok &= passed
-        report.append(f"{name}: err {err:.3g} bound {bound:.3g} (plain {plain_err:.3g}, atol {atol:.3g})"
-                      f"{'' if finite else ' NON-FINITE'}")
-    return ok, "; ".join(report)
+    from flashkit.verify.backward import judge_gradients
+    result = judge_gradients("fa2_bwd", "", inputs, grads, hd, causal, dtype)
+    return result.passed, result.note
 
 
 @pytest.mark.parametrize("shape,hd,causal,dtype", _cases())

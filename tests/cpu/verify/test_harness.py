@@ -8,7 +8,7 @@ from flashkit.verify import harness
 
 
 def test_every_family_registers_with_the_harness():
-    assert {"dense", "fp8", "block_sparse"} <= set(harness._FAMILIES)
+    assert {"dense", "fp8", "block_sparse", "backward"} <= set(harness._FAMILIES)
 
 
 def test_each_variant_goes_to_the_family_its_manifest_requires():
@@ -16,6 +16,14 @@ def test_each_variant_goes_to_the_family_its_manifest_requires():
     assert harness.family_of(specs["fa2"]) == harness.DENSE
     assert harness.family_of(specs["fp8"]) == harness.family_of(specs["fp8_hopper"]) == "fp8"
     assert harness.family_of(specs["block_sparse"]) == "block_sparse"
+    assert harness.family_of(specs["fa2_bwd"]) == "backward"   # gradients, not forward outputs
+
+
+def test_backward_variants_are_checked_through_their_gradients():
+    specs = discover_kernels().specs
+    checks = harness.checks_for(specs["fa2_bwd"], ["bfloat16"], [64], [False, True], quick=True)
+    assert len(checks) == 2 * len(harness.QUICK_SHAPES)
+    assert all(c.variant == "fa2_bwd" and c.label.endswith(" backward") for c in checks)
 
 
 def test_checks_for_builds_the_family_checks_without_running_them():
