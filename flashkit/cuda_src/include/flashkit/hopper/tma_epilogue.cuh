@@ -4,7 +4,7 @@
 // rows with TMA, which clips rows past seqlen_q. The LSE goes straight from registers.
 #pragma once
 
-#include "flashkit/hopper/ws_producer.cuh"
+#include "flashkit/hopper/ws_traits.cuh"
 
 namespace flashkit {
 namespace hopper {

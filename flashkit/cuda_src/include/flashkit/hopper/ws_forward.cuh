@@ -10,6 +10,7 @@
 
 #include "flashkit/hopper/tma_epilogue.cuh"
 #include "flashkit/hopper/ws_mainloop.cuh"
+#include "flashkit/hopper/ws_producer.cuh"
 
 namespace flashkit {
 namespace hopper {

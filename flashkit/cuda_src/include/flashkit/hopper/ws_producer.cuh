@@ -10,12 +10,6 @@
 namespace flashkit {
 namespace hopper {
 
-struct TileCoords {
-    int row;    // first row (query or key index)
-    int head;   // head (Q, O) or kv head (K, V)
-    int batch;
-};
-
 // Every panel of a kRows-row tile at `dst` (panel p at dst + p * kPanelSize), completing on `bar`.
 template <class Kt, class Tile>
 __device__ __forceinline__ void load_tile(u32 dst, const TensorMap& map, u32 bar, const TileCoords& at) {

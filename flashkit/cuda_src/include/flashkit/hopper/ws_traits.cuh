@@ -24,6 +24,13 @@ constexpr int kMaxConsumers = 3;
 constexpr int kEpilogueBarrierBase = kSchedulerBarrierBase + kMaxConsumers;
 constexpr int kRegisterFile = 65536;   // 32-bit registers of one SM
 
+// Where a tile starts in a contract tensor: the TMA coordinates past the head-dim panel.
+struct TileCoords {
+    int row;    // first row (query or key index)
+    int head;   // head (Q, O) or kv head (K, V)
+    int batch;
+};
+
 template <typename Element_, int kHeadDim_, int kBlockM_, int kBlockN_, int kStages_>
 struct WsTraits {
     typedef Element_ Element;
