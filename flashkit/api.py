@@ -49,9 +49,10 @@ def attention(q: Any, k: Any, v: Any, *, causal: bool = False, softmax_scale: fl
         raise InputError("fp8_options: expected a dict (block, hadamard, seed) together with fp8=True")
     if variant is not None and not isinstance(variant, str):
         raise InputError(f"variant: expected a variant name (str), got {type(variant).__name__}")
-    problem = validate_inputs(describe(q, "q"), describe(k, "k"), describe(v, "v"), softmax_scale, prequantized)
+    q_meta = describe(q, "q")
+    problem = validate_inputs(q_meta, describe(k, "k"), describe(v, "v"), softmax_scale, prequantized)
     mods = check_mods(problem, causal, window_size=window_size, softcap=softcap, alibi_slopes=alibi_slopes,
-                      attention_chunk=attention_chunk, device=describe(q, "q").device) if (
+                      attention_chunk=attention_chunk, device=q_meta.device) if (
         window_size is not None or softcap != 0 or alibi_slopes is not None or attention_chunk != 0) else NO_MODS
     if fp8 and problem.dtype == "float32":
         raise InputError("fp8: quantizing needs float16 or bfloat16 inputs, got float32")
@@ -81,7 +82,8 @@ def attention(q: Any, k: Any, v: Any, *, causal: bool = False, softmax_scale: fl
         extras.update(block_mask.kernel_fields(problem, keep=keep))
     if mods.features:
         slopes = to_cupy(alibi_slopes, "alibi_slopes") if mods.alibi else None
-        keep.append(slopes)
+        if slopes is not None:
+            keep.append(slopes)
         extras.update(mods_kernel_fields(mods, problem, slopes))
     out_arr = _output(out, problem, out_name, cupy)
     lse = cupy.empty((problem.batch, problem.heads, problem.seqlen_q), dtype=cupy.float32) if return_lse else None

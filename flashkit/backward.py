@@ -4,14 +4,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from .api import _aligned
+from .api import _aligned, request_for
 from .call.arrays import ArrayMeta, describe, to_cupy
 from .call.dtypes import BY_NAME
 from .errors import InputError
-from .registry import Request, discover_kernels, select_kernel
+from .registry import discover_kernels, select_kernel
 from .runtime.build import build_module, make_config
 from .runtime.device import cupy_module, device_info
-from .runtime.launch import LaunchInputs, launch
+from .runtime.launch import LaunchInputs, launch, stride_fields
 from .call.validate import Problem, check_flag, validate_inputs
 
 LSE_DTYPE = "float32"
@@ -30,14 +30,13 @@ def attention_backward(dout: Any, q: Any, k: Any, v: Any, out: Any, lse: Any, *,
     causal, deterministic = check_flag(causal, "causal"), check_flag(deterministic, "deterministic")
     if variant is not None and not isinstance(variant, str):
         raise InputError(f"variant: expected a variant name (str), got {type(variant).__name__}")
-    problem = validate_inputs(describe(q, "q"), describe(k, "k"), describe(v, "v"), softmax_scale)
     q_meta = describe(q, "q")
+    problem = validate_inputs(q_meta, describe(k, "k"), describe(v, "v"), softmax_scale)
     for x, name in ((dout, "dout"), (out, "out")):
         _check_like_q(describe(x, name), q_meta)
     _check_lse(describe(lse, "lse"), problem, q_meta)
-    req = Request(dtype=problem.dtype, head_dim=problem.head_dim, seqlen_q=problem.seqlen_q,
-                  seqlen_k=problem.seqlen_k, heads=problem.heads, kv_heads=problem.kv_heads, batch=problem.batch,
-                  causal=causal, backward=True, cc=device_info().cc)
+    cc = device_info().cc
+    req = request_for(problem, cc=cc, causal=causal, backward=True)
     spec = select_kernel(req, discover_kernels().specs, variant).chosen
 
     cupy = cupy_module()
@@ -50,18 +49,12 @@ def attention_backward(dout: Any, q: Any, k: Any, v: Any, out: Any, lse: Any, *,
     dv = cupy.empty(vc.shape, dtype=storage)
     bwd = {"dout": doc.data.ptr, "dq": dq.data.ptr, "dk": dk.data.ptr, "dv": dv.data.ptr,
            "deterministic": int(deterministic),
-           **_strides("do", doc), **_strides("dq", dq), **_strides("dk", dk), **_strides("dv", dv)}
-    cc = device_info().cc
+           **stride_fields("do", doc), **stride_fields("dq", dq), **stride_fields("dk", dk),
+           **stride_fields("dv", dv)}
     config = make_config(spec, problem.dtype, problem.head_dim, causal, cc)
     launch(spec, build_module(spec, config, cc), config, problem,
            LaunchInputs(qc, kc, vc, oc, lsec, extras={"bwd": bwd}))
     return dq, dk, dv
-
-
-def _strides(prefix: str, a) -> dict[str, int]:
-    item = a.itemsize
-    return {f"{prefix}_batch_stride": a.strides[0] // item, f"{prefix}_row_stride": a.strides[1] // item,
-            f"{prefix}_head_stride": a.strides[2] // item}
 
 
 def _check_like_q(m: ArrayMeta, q: ArrayMeta) -> None:

@@ -60,7 +60,8 @@ def workspace_bytes(kind: str, p: Problem, cfg: dict[str, int]) -> int:
     return 0
 
 
-def _strides(prefix: str, a) -> dict[str, int]:
+def stride_fields(prefix: str, a) -> dict[str, int]:
+    """Params' <prefix>_{batch,row,head}_stride of a (batch, seqlen, heads, D) array, in elements."""
     item = a.itemsize
     return {f"{prefix}_batch_stride": a.strides[0] // item, f"{prefix}_row_stride": a.strides[1] // item,
             f"{prefix}_head_stride": a.strides[2] // item}
@@ -95,7 +96,8 @@ def launch(spec: KernelSpec, loaded: LoadedKernel, config: BuildConfig, p: Probl
         q=io.q.data.ptr, k=io.k.data.ptr, v=io.v.data.ptr, o=io.out.data.ptr,
         lse=io.lse.data.ptr if io.lse is not None else 0,
         workspace=workspace.data.ptr if workspace is not None else 0,
-        **_strides("q", io.q), **_strides("k", io.k), **_strides("v", io.v), **_strides("o", io.out),
+        **stride_fields("q", io.q), **stride_fields("k", io.k), **stride_fields("v", io.v),
+        **stride_fields("o", io.out),
         batch=p.batch, heads=p.heads, kv_heads=p.kv_heads, seqlen_q=p.seqlen_q, seqlen_k=p.seqlen_k,
         head_dim=p.head_dim, softmax_scale=p.softmax_scale, softmax_scale_log2=p.softmax_scale * LOG2E,
         **extras)
