@@ -15,7 +15,8 @@ from .registry import Request, Selection, discover_kernels, select_kernel
 from .registry.manifest import KernelSpec
 from .runtime.build import build_module, make_config
 from .runtime.device import cupy_module, device_count, device_info
-from .runtime.launch import LaunchInputs, launch
+from .runtime.call_cache import CALLS, array_signature, context_signature, scalar_signature, workspace
+from .runtime.launch import LaunchInputs, PreparedLaunch, launch, prepare_launch  # noqa: F401 (launch: re-exported)
 
 ALIGN_BYTES = 16   # the flash kernels load 16-byte vectors: base and row/head strides must be multiples
 FP8_OUT_DTYPES = ("bfloat16", "float16")
@@ -49,6 +50,11 @@ def attention(q: Any, k: Any, v: Any, *, causal: bool = False, softmax_scale: fl
         raise InputError("fp8_options: expected a dict (block, hadamard, seed) together with fp8=True")
     if variant is not None and not isinstance(variant, str):
         raise InputError(f"variant: expected a variant name (str), got {type(variant).__name__}")
+    key = None if (fp8 or prequantized or alibi_slopes is not None or fp8_options is not None) else _forward_key(
+        q, k, v, out, causal, softmax_scale, variant, return_lse, block_mask, out_dtype, window_size, softcap,
+        attention_chunk)
+    if key is not None and (cached := CALLS.get(key)) is not None:   # this signature validated and selected before
+        return cached(q, k, v, out)
     q_meta = describe(q, "q")
     problem = validate_inputs(q_meta, describe(k, "k"), describe(v, "v"), softmax_scale, prequantized)
     mods = check_mods(problem, causal, window_size=window_size, softcap=softcap, alibi_slopes=alibi_slopes,
@@ -87,20 +93,70 @@ def attention(q: Any, k: Any, v: Any, *, causal: bool = False, softmax_scale: fl
         extras.update(mods_kernel_fields(mods, problem, slopes))
     out_arr = _output(out, problem, out_name, cupy)
     lse = cupy.empty((problem.batch, problem.heads, problem.seqlen_q), dtype=cupy.float32) if return_lse else None
-    run(sel.chosen, problem, causal, LaunchInputs(qc, kc, vc, out_arr, lse, extras),
-        block_sparse=block_mask is not None, out_dtype=out_name, mods=mods.features)
+    prepared = run(sel.chosen, problem, causal, LaunchInputs(qc, kc, vc, out_arr, lse, extras),
+                   block_sparse=block_mask is not None, out_dtype=out_name, mods=mods.features)
+    if key is not None and qc is q and kc is k and vc is v and problem.softmax_scale > 0:   # no copy, no negation
+        CALLS.put(key, _CachedForward(prepared, out_arr.shape, out_arr.dtype, lse.shape if return_lse else None,
+                                      block_mask))
     return (out_arr, lse) if return_lse else out_arr
 
 
 def run(spec: KernelSpec, problem: Problem, causal: bool, io: LaunchInputs, block_sparse: bool = False,
-        out_dtype: str | None = None, mods: tuple[str, ...] = ()) -> None:
-    """Build (or fetch) the specialization for this device and launch it."""
+        out_dtype: str | None = None, mods: tuple[str, ...] = (), variable: tuple[str, ...] = ()) -> PreparedLaunch:
+    """Build (or fetch) the specialization for this device and launch it; returns the launch, reusable for
+    calls of the same signature (their pointers, and the dotted `variable` extras, put in)."""
     if problem.softmax_scale < 0:   # the kernels take row maxima of the raw scores: hand them a positive scale
         q, problem = _negate_scale(io.q, problem, cupy_module())
         io = replace(io, q=q)
     cc = device_info().cc
     config = make_config(spec, problem.dtype, problem.head_dim, causal, cc, block_sparse, out_dtype, mods)
-    launch(spec, build_module(spec, config, cc), config, problem, io)
+    prepared = prepare_launch(spec, build_module(spec, config, cc), config, problem, io, variable)
+    prepared(io.q, io.k, io.v, io.out, io.lse)
+    return prepared
+
+
+class _CachedForward:
+    """A validated, selected and built signature of attention(): allocate the outputs, fill, launch."""
+
+    def __init__(self, prepared: PreparedLaunch, out_shape: tuple, out_storage, lse_shape: tuple | None,
+                 block_mask: Any):
+        self.prepared, self.out_shape, self.out_storage, self.lse_shape = prepared, out_shape, out_storage, lse_shape
+        self.block_mask = block_mask   # held: the key carries its id, which must not be reused while cached
+
+    def __call__(self, q, k, v, out):
+        cupy = cupy_module()
+        out_arr = cupy.empty(self.out_shape, dtype=self.out_storage) if out is None else out
+        lse = cupy.empty(self.lse_shape, dtype=cupy.float32) if self.lse_shape is not None else None
+        nbytes = self.prepared.workspace_bytes
+        self.prepared(q, k, v, out_arr, lse, workspace=workspace(nbytes) if nbytes else None)
+        return (out_arr, lse) if lse is not None else out_arr
+
+
+def _forward_key(q, k, v, out, causal, softmax_scale, variant, return_lse, block_mask, out_dtype, window_size,
+                 softcap, attention_chunk) -> tuple | None:
+    """The signature of a plain, block-sparse or modified attention() call; None when it takes the full path."""
+    arrays = (array_signature(q), array_signature(k), array_signature(v))
+    if None in arrays:
+        return None
+    out_sig = None if out is None else array_signature(out)
+    if out is not None and out_sig is None:
+        return None
+    if window_size is None:
+        window = None
+    elif type(window_size) in (tuple, list):
+        window = (type(window_size), tuple(scalar_signature(w) for w in window_size))
+    else:
+        return None
+    key = ("attention", arrays, out_sig, causal, return_lse, scalar_signature(softmax_scale), variant,
+           None if block_mask is None else (type(block_mask), id(block_mask)), scalar_signature(out_dtype), window,
+           scalar_signature(softcap), scalar_signature(attention_chunk), context_signature())
+    if key[-1] is None:
+        return None
+    try:
+        hash(key)
+    except TypeError:
+        return None
+    return key
 
 
 def request_for(problem: Problem, cc: tuple[int, int] | None = None, **flags: bool) -> Request:

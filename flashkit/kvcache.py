@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
+
 from .api import _aligned, _output, request_for, run
 from .call.arrays import describe, to_cupy
 from .call.validate import check_flag
@@ -17,7 +19,8 @@ from .features.kv_cache import (append_new, check_values, describe_seqlens, kern
                                 validate_kvcache)
 from .registry import discover_kernels, select_kernel
 from .runtime.device import cupy_module, device_info
-from .runtime.launch import LaunchInputs
+from .runtime.call_cache import CALLS, array_signature, context_signature, scalar_signature, workspace
+from .runtime.launch import LaunchInputs, PreparedLaunch
 
 
 def attention_with_kvcache(q: Any, k_cache: Any, v_cache: Any, *, cache_seqlens: Any, block_table: Any = None,
@@ -35,6 +38,10 @@ def attention_with_kvcache(q: Any, k_cache: Any, v_cache: Any, *, cache_seqlens:
     check_indices = check_flag(check_indices, "check_indices")
     if variant is not None and not isinstance(variant, str):
         raise InputError(f"variant: expected a variant name (str), got {type(variant).__name__}")
+    key = _kvcache_key(q, k_cache, v_cache, cache_seqlens, block_table, k_new, v_new, out, causal, return_lse,
+                       softmax_scale, variant)
+    if key is not None and (cached := CALLS.get(key)) is not None:   # this signature validated and selected before
+        return cached(q, k_cache, v_cache, cache_seqlens, block_table, k_new, v_new, out, check_indices)
     seqlens_meta = describe_seqlens(cache_seqlens)
     call = validate_kvcache(
         describe(q, "q"), describe(k_cache, "k_cache"), describe(v_cache, "v_cache"), seqlens_meta,
@@ -60,8 +67,60 @@ def attention_with_kvcache(q: Any, k_cache: Any, v_cache: Any, *, cache_seqlens:
     qc = _aligned(to_cupy(q, "q"))
     out_arr = _output(out, problem, problem.dtype, cupy)
     lse = cupy.empty((problem.batch, problem.heads, problem.seqlen_q), dtype=cupy.float32) if return_lse else None
-    run(sel.chosen, problem, causal, LaunchInputs(qc, kc, vc, out_arr, lse, kernel_fields(lengths, table, call)))
+    prepared = run(sel.chosen, problem, causal, LaunchInputs(qc, kc, vc, out_arr, lse, kernel_fields(lengths, table, call)),
+                   variable=VARIABLE_FIELDS)
+    if key is not None and qc is q and problem.softmax_scale > 0:   # no copy of q, no negation
+        CALLS.put(key, _CachedKvCache(prepared, call, out_arr.shape, out_arr.dtype,
+                                      lse.shape if return_lse else None))
     return (out_arr, lse) if return_lse else out_arr
+
+
+VARIABLE_FIELDS = ("cache.seqlens", "cache.block_table")   # per call: the lengths array and the block table
+
+
+class _CachedKvCache:
+    """A validated, selected and built signature of attention_with_kvcache(): the value checks (when asked),
+    the append, the outputs, then fill and launch."""
+
+    def __init__(self, prepared: PreparedLaunch, call, out_shape: tuple, out_storage, lse_shape: tuple | None):
+        self.prepared, self.call = prepared, call
+        self.out_shape, self.out_storage, self.lse_shape = out_shape, out_storage, lse_shape
+
+    def __call__(self, q, k_cache, v_cache, cache_seqlens, block_table, k_new, v_new, out, check_indices: bool):
+        cupy = cupy_module()
+        seqlens = seqlens_array(cache_seqlens, self.call.problem.batch, cupy)
+        if check_indices:
+            check_values(self.call, seqlens, block_table, cupy)
+        lengths = append_new(self.call, k_cache, v_cache, k_new, v_new, seqlens, block_table, cupy)
+        out_arr = cupy.empty(self.out_shape, dtype=self.out_storage) if out is None else out
+        lse = cupy.empty(self.lse_shape, dtype=cupy.float32) if self.lse_shape is not None else None
+        nbytes = self.prepared.workspace_bytes
+        self.prepared(q, k_cache, v_cache, out_arr, lse,
+                      (lengths.data.ptr, block_table.data.ptr if block_table is not None else 0),
+                      workspace(nbytes) if nbytes else None)
+        return (out_arr, lse) if lse is not None else out_arr
+
+
+def _kvcache_key(q, k_cache, v_cache, cache_seqlens, block_table, k_new, v_new, out, causal, return_lse,
+                 softmax_scale, variant) -> tuple | None:
+    """The signature of an attention_with_kvcache() call of CuPy arrays; None when it takes the full path."""
+    if isinstance(cache_seqlens, (int, np.integer)) and not isinstance(cache_seqlens, (bool, np.bool_)):
+        seqlens = ("int", type(cache_seqlens))   # the value is checked per call (check_values)
+    elif (seqlens := array_signature(cache_seqlens)) is None:
+        return None
+    optional = tuple(None if x is None else array_signature(x) for x in (block_table, k_new, v_new, out))
+    arrays = (array_signature(q), array_signature(k_cache), array_signature(v_cache))
+    if None in arrays or any(s is None and x is not None for s, x in zip(optional, (block_table, k_new, v_new, out))):
+        return None
+    key = ("kvcache", arrays, seqlens, optional, causal, return_lse, scalar_signature(softmax_scale), variant,
+           context_signature())
+    if key[-1] is None:
+        return None
+    try:
+        hash(key)
+    except TypeError:
+        return None
+    return key
 
 
 __all__ = ["attention_with_kvcache"]

@@ -9,6 +9,7 @@ from importlib import metadata
 from pathlib import Path
 
 from ..errors import ManifestError
+from ..runtime.call_cache import invalidate as invalidate_calls
 from .manifest import KernelSpec, parse_manifest
 
 BUILTIN_DIR = Path(__file__).resolve().parent.parent / "cuda_src"
@@ -80,4 +81,5 @@ def discover_kernels(refresh: bool = False) -> Catalogue:
             cat.specs[spec.name] = spec
     _CACHE.clear()
     _CACHE[key] = cat
+    invalidate_calls()   # a new catalogue may select differently: drop every cached per-signature decision
     return cat

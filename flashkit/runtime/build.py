@@ -11,6 +11,7 @@ from pathlib import Path
 
 from ..call.dtypes import BY_NAME
 from ..registry.manifest import KernelSpec
+from .call_cache import invalidate as invalidate_calls
 from .device import cupy_module
 from .nvrtc import Compiled, compile_cubin, nvrtc_version
 
@@ -143,6 +144,7 @@ _MODULES: dict[tuple, LoadedKernel] = {}
 def clear_loaded() -> None:
     """Forget loaded modules, so the next call rereads sources and headers (for kernel development)."""
     _MODULES.clear()
+    invalidate_calls()   # the cached per-signature decisions hold loaded kernels
 
 
 def build_module(spec: KernelSpec, config: BuildConfig, cc: tuple[int, int]) -> LoadedKernel:

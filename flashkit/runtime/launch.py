@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from ..call.dtypes import BY_NAME, dtype_of_storage
@@ -13,8 +13,8 @@ from .build import BuildConfig, LoadedKernel
 from .device import cupy_module, device_info
 from .kv_split import SMEM_RESERVED as SPLIT_SMEM_RESERVED
 from .kv_split import plan as split_plan
-from .params import make_params
-from .tma import array_geometry, encode
+from .params import ParamTemplate, make_params
+from .tma import MapGeometry, array_geometry, encode
 
 LOG2E = 1.4426950408889634
 WARP_SIZE = 32
@@ -81,7 +81,14 @@ class LaunchInputs:
 
 def launch(spec: KernelSpec, loaded: LoadedKernel, config: BuildConfig, p: Problem, io: LaunchInputs) -> None:
     """Launch every entry of the variant in order on the current stream."""
-    cupy = cupy_module()
+    prepare_launch(spec, loaded, config, p, io)(io.q, io.k, io.v, io.out, io.lse)
+
+
+def prepare_launch(spec: KernelSpec, loaded: LoadedKernel, config: BuildConfig, p: Problem, io: LaunchInputs,
+                   variable: tuple[str, ...] = ()) -> "PreparedLaunch":
+    """Everything a launch decides from the call's signature: split plan, grids, workspace size, the
+    parameter block (io's values; q, k, v, o, lse, workspace and the dotted `variable` extras change per
+    call) and the tensor maps' geometry."""
     cfg = config.launch_dict
     extras = dict(io.extras)
     if "kv_splits" in spec.grids:   # the split-KV plan, from this device's SM count
@@ -90,30 +97,54 @@ def launch(spec: KernelSpec, loaded: LoadedKernel, config: BuildConfig, p: Probl
                         info.max_smem_per_block + SPLIT_SMEM_RESERVED)
         cfg = {**cfg, "splits": sp.splits, "row_blocks": sp.row_blocks}
         extras["cache"] = {**extras.get("cache", {}), "splits": sp.splits, "row_blocks": sp.row_blocks}
-    ws_bytes = workspace_bytes(spec.workspace, p, cfg)
-    workspace = cupy.empty(ws_bytes, dtype=cupy.uint8) if ws_bytes else None
     params = make_params(
-        q=io.q.data.ptr, k=io.k.data.ptr, v=io.v.data.ptr, o=io.out.data.ptr,
-        lse=io.lse.data.ptr if io.lse is not None else 0,
-        workspace=workspace.data.ptr if workspace is not None else 0,
+        q=io.q.data.ptr, k=io.k.data.ptr, v=io.v.data.ptr, o=io.out.data.ptr, lse=0, workspace=0,
         **stride_fields("q", io.q), **stride_fields("k", io.k), **stride_fields("v", io.v),
         **stride_fields("o", io.out),
         batch=p.batch, heads=p.heads, kv_heads=p.kv_heads, seqlen_q=p.seqlen_q, seqlen_k=p.seqlen_k,
         head_dim=p.head_dim, softmax_scale=p.softmax_scale, softmax_scale_log2=p.softmax_scale * LOG2E,
         **extras)
-    block = (cfg["warps"] * WARP_SIZE, 1, 1)
-    args = (params[()], *tensor_map_args(spec, cfg, p, io))
-    for fn, kind in zip(loaded.functions, spec.grids):
-        grid = grid_for(kind, p, cfg)
-        if math.prod(grid) == 0:
-            continue
-        fn(grid, block, args, shared_mem=loaded.smem_bytes)
+    grids = [(fn, grid) for fn, kind in zip(loaded.functions, spec.grids)
+             if math.prod(grid := grid_for(kind, p, cfg)) != 0]
+    maps = tensor_map_layouts(spec, cfg, p, io)
+    return PreparedLaunch(ParamTemplate(params, POINTER_FIELDS + tuple(variable)), grids,
+                          (cfg["warps"] * WARP_SIZE, 1, 1), loaded.smem_bytes,
+                          workspace_bytes(spec.workspace, p, cfg), maps)
 
 
-def tensor_map_args(spec: KernelSpec, cfg: dict[str, int], p: Problem, io: LaunchInputs) -> list:
-    """The CUtensorMaps a variant's manifest asks for, in argument order (encoded once per geometry)."""
+POINTER_FIELDS = ("q", "k", "v", "o", "lse", "workspace")
+MAP_TENSORS = ("q", "k", "v", "o")
+
+
+@dataclass(frozen=True)
+class PreparedLaunch:
+    """One signature's launch: call it with the call's arrays (and the variable extras' pointers)."""
+
+    params: ParamTemplate
+    grids: list                      # (function, grid) of each entry that runs, in launch order
+    block: tuple[int, int, int]
+    smem_bytes: int
+    workspace_bytes: int
+    maps: tuple                      # (tensor index in q, k, v, o; MapGeometry with address 0)
+
+    def __call__(self, q, k, v, out, lse=None, extra: tuple[int, ...] = (), workspace=None) -> None:
+        """Launch on the current stream; workspace (None: a fresh one) must hold workspace_bytes."""
+        if workspace is None and self.workspace_bytes:
+            cupy = cupy_module()
+            workspace = cupy.empty(self.workspace_bytes, dtype=cupy.uint8)
+        ptrs = (q.data.ptr, k.data.ptr, v.data.ptr, out.data.ptr)
+        args = (self.params.fill(*ptrs, lse.data.ptr if lse is not None else 0,
+                                 workspace.data.ptr if workspace is not None else 0, *extra),
+                *[encode(MapGeometry(g.dtype, ptrs[i], g.dims, g.strides, g.box)) for i, g in self.maps])
+        for fn, grid in self.grids:
+            fn(grid, self.block, args, shared_mem=self.smem_bytes)
+
+
+def tensor_map_layouts(spec: KernelSpec, cfg: dict[str, int], p: Problem, io: LaunchInputs) -> tuple:
+    """(tensor index in q, k, v, o; geometry with address 0) of each tensor map, checked on io's arrays:
+    a later call of the same signature (strides, 16-byte alignment) only puts its address in."""
     out_dtype = dtype_of_storage(io.out.dtype)
     arrays = {"q": (io.q, p.dtype), "k": (io.k, p.dtype), "v": (io.v, p.dtype),
               "o": (io.out, out_dtype.name if out_dtype else p.dtype)}
-    return [encode(array_geometry(arrays[t][0], arrays[t][1], rows))
-            for t, rows in spec.tensor_map_rows(cfg).items()]
+    return tuple((MAP_TENSORS.index(t), replace(array_geometry(arrays[t][0], arrays[t][1], rows), address=0))
+                 for t, rows in spec.tensor_map_rows(cfg).items())

@@ -1,0 +1,121 @@
+"""The hot path: a call's decisions cached per signature, and workspaces reused per (device, stream, size).
+
+Validation and selection depend only on a call's signature: the arrays' metadata (shape, byte strides, dtype,
+address modulo 16, device), the flags and scalars, the current device and the kernel search path. A call
+whose signature was seen (and validated, selected, built) before looks its decision up here and only fills
+the parameter block and launches. Anything that changes selection empties the cache: a rediscovery of the
+kernels (discover_kernels building a new catalogue) and clear_loaded().
+"""
+
+from __future__ import annotations
+
+import os
+from collections import OrderedDict
+from typing import Any, Hashable
+
+MAX_ENTRIES = 256               # distinct signatures kept (least recently used dropped first)
+MAX_WORKSPACES = 8
+ALIGN_MASK = 15                 # the address's alignment class: the kernels' 16-byte vector loads
+KERNEL_PATH_ENV = "FLASHKIT_KERNEL_PATH"
+
+
+class CallCache:
+    """A bounded LRU map from a call's signature to its prepared decision."""
+
+    def __init__(self, max_entries: int = MAX_ENTRIES):
+        self.max_entries = max_entries
+        self._entries: OrderedDict[Hashable, Any] = OrderedDict()
+
+    def get(self, key: Hashable) -> Any:
+        entry = self._entries.get(key)
+        if entry is not None:
+            try:
+                self._entries.move_to_end(key)
+            except KeyError:   # evicted by another thread meanwhile: the entry is still good for this call
+                pass
+        return entry
+
+    def put(self, key: Hashable, entry: Any) -> None:
+        self._entries[key] = entry
+        self._entries.move_to_end(key)
+        while len(self._entries) > self.max_entries:
+            self._entries.popitem(last=False)
+
+    def clear(self) -> None:
+        self._entries.clear()
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def __contains__(self, key: Hashable) -> bool:
+        return key in self._entries
+
+
+CALLS = CallCache()             # attention and attention_with_kvcache, keyed by entry point and signature
+_WORKSPACES: OrderedDict[tuple, Any] = OrderedDict()
+
+
+def invalidate() -> None:
+    """Forget every cached decision and workspace (the kernels were rediscovered or unloaded)."""
+    CALLS.clear()
+    _WORKSPACES.clear()
+
+
+def array_signature(x: Any) -> tuple | None:
+    """What validation, selection and launch read of a CuPy array; None for anything else (the full path)."""
+    cupy = _cupy()
+    if cupy is None or type(x) is not cupy.ndarray:
+        return None
+    data = x.data
+    return (x.shape, x.strides, x.dtype, data.ptr & ALIGN_MASK, data.device_id)
+
+
+def scalar_signature(x: Any) -> tuple:
+    """A scalar argument with its type (True == 1 and 1 == 1.0, but the checks tell them apart)."""
+    return (type(x), x)
+
+
+def context_signature() -> tuple | None:
+    """The current device and the kernel search path: what the call's arrays do not say about selection
+    (None where no device answers: the full path says why)."""
+    device = current_device()
+    return None if device is None else (device, os.environ.get(KERNEL_PATH_ENV))
+
+
+def current_device() -> int | None:
+    try:
+        return _cupy().cuda.runtime.getDevice()
+    except Exception:
+        return None
+
+
+def workspace(nbytes: int):
+    """A scratch buffer of nbytes for the current device and stream, reused by later calls on that stream.
+
+    Safe because a stream runs its launches in order: the next call's kernels start after this one's ended.
+    Never shared across streams (two streams could run both calls at once).
+    """
+    cupy = _cupy()
+    key = (current_device(), cupy.cuda.get_current_stream().ptr, nbytes)
+    buf = _WORKSPACES.get(key)
+    if buf is None:
+        buf = cupy.empty(nbytes, dtype=cupy.uint8)
+        _WORKSPACES[key] = buf
+        while len(_WORKSPACES) > MAX_WORKSPACES:
+            _WORKSPACES.popitem(last=False)
+    else:
+        _WORKSPACES.move_to_end(key)
+    return buf
+
+
+_CUPY: list = []
+
+
+def _cupy():
+    if not _CUPY:
+        try:
+            import cupy
+        except ImportError:
+            return None
+        _CUPY.append(cupy)
+    return _CUPY[0]

@@ -1,0 +1,375 @@
+"""runtime/call_cache.py: a repeated call's signature skips validation and selection, and only a call that
+validated is ever cached; every metadata difference that changes selection or launch changes the key.
+
+No GPU: CuPy arrays over fake device addresses, a fake H100, and kernels that record their launches.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+import flashkit
+import flashkit.api as api
+import flashkit.kvcache as kvcache
+from flashkit.errors import InputError
+from flashkit.registry import discover_kernels
+from flashkit.runtime import build, call_cache, launch as launch_mod
+from flashkit.runtime.call_cache import CallCache
+from flashkit.runtime.device import DeviceInfo
+from flashkit.runtime.params import PARAMS_DTYPE, ParamTemplate, make_params
+from flashkit.runtime.tma import TENSOR_MAP_DTYPE
+
+cupy = pytest.importorskip("cupy")
+
+H100 = DeviceInfo(0, "Fake H100", (9, 0), 132, 227 * 1024, 13000, 13000)
+BF16 = ml_dtypes.bfloat16
+_ADDRESSES = itertools.count(1 << 32, 1 << 24)
+
+
+def fake(shape, dtype=BF16, offset: int = 0):
+    """A CuPy array over a fake device address (nothing reads it), 16-byte aligned unless offset says not."""
+    dtype = np.dtype(dtype)
+    nbytes = max(int(np.prod(shape)) * dtype.itemsize, 1) + offset
+    mem = cupy.cuda.UnownedMemory(next(_ADDRESSES), nbytes, None, device_id=0)
+    return cupy.ndarray(shape, dtype, memptr=cupy.cuda.MemoryPointer(mem, offset))
+
+
+class Recorder:
+    """A kernel entry that records (entry, grid, block, parameter bytes, tensor-map bytes) of each launch."""
+
+    launches: list = []
+
+    def __init__(self, name: str):
+        self.name = name
+
+    def __call__(self, grid, block, args, shared_mem=0):
+        Recorder.launches.append((self.name, grid, block, bytes(args[0]), tuple(bytes(a) for a in args[1:])))
+
+
+@pytest.fixture
+def fake_gpu(monkeypatch):
+    """A fake H100 under the whole path: selection, build (recorders), tensor maps, allocation, workspaces."""
+    call_cache.invalidate()
+    Recorder.launches = []
+    for mod in (api, launch_mod, kvcache):
+        monkeypatch.setattr(mod, "device_info", lambda *a: H100)
+
+    def fake_build(spec, config, cc):
+        return build.LoadedKernel([Recorder(e) for e in spec.entries], 1024)
+    monkeypatch.setattr(api, "build_module", fake_build)
+    monkeypatch.setattr(launch_mod, "encode", lambda g: np.frombuffer(
+        np.array([g.address] + [0] * 15, dtype=np.uint64).tobytes(), dtype=TENSOR_MAP_DTYPE)[0])
+    monkeypatch.setattr(cupy, "empty", lambda shape, dtype=float: fake(shape if isinstance(shape, tuple) else (shape,), dtype))
+    monkeypatch.setattr(call_cache, "current_device", lambda: 0)
+    workspaces = {}
+    monkeypatch.setattr(api, "workspace", lambda n: workspaces.setdefault(n, fake((n,), np.uint8)))
+    monkeypatch.setattr(kvcache, "workspace", lambda n: workspaces.setdefault(n, fake((n,), np.uint8)))
+    yield
+    call_cache.invalidate()
+
+
+@pytest.fixture
+def counted(monkeypatch):
+    """How often validation and selection ran."""
+    counts = {"validate": 0, "select": 0}
+
+    def counting(name, fn):
+        def wrapper(*a, **kw):
+            counts[name] += 1
+            return fn(*a, **kw)
+        return wrapper
+    monkeypatch.setattr(api, "validate_inputs", counting("validate", api.validate_inputs))
+    monkeypatch.setattr(api, "select_kernel", counting("select", api.select_kernel))
+    monkeypatch.setattr(kvcache, "validate_kvcache", counting("validate", kvcache.validate_kvcache))
+    monkeypatch.setattr(kvcache, "select_kernel", counting("select", kvcache.select_kernel))
+    return counts
+
+
+def qkv(shape=(1, 128, 2, 64), kv_shape=None, dtype=BF16):
+    kv_shape = kv_shape or shape
+    return fake(shape, dtype), fake(kv_shape, dtype), fake(kv_shape, dtype)
+
+
+def key_of(q, k, v, out=None, **kw):
+    args = dict(causal=False, softmax_scale=None, variant=None, return_lse=False, block_mask=None, out_dtype=None,
+                window_size=None, softcap=0.0, attention_chunk=0)
+    args.update(kw)
+    return api._forward_key(q, k, v, out, **args)
+
+
+# ---- the key -------------------------------------------------------------------------------------
+
+def test_key_distinguishes_every_metadata_difference(fake_gpu):
+    q, k, v = qkv()
+    base = key_of(q, k, v)
+    assert base == key_of(q, k, v) == key_of(*qkv())       # same metadata, other addresses: one signature
+    padded = fake((1, 128, 2, 128))[..., :64]                # same shape, other strides
+    variants = {
+        "shape": key_of(*qkv((1, 129, 2, 64))),
+        "kv shape": key_of(*qkv(kv_shape=(1, 128, 1, 64))),
+        "dtype": key_of(*qkv(dtype=np.float16)),
+        "strides": key_of(padded, k, v),
+        "alignment": key_of(fake((1, 128, 2, 64), offset=2), k, v),
+        "causal": key_of(q, k, v, causal=True),
+        "lse": key_of(q, k, v, return_lse=True),
+        "scale": key_of(q, k, v, softmax_scale=0.5),
+        "scale type": key_of(q, k, v, softmax_scale=np.float32(0.125)),
+        "variant": key_of(q, k, v, variant="fa2"),
+        "window": key_of(q, k, v, window_size=(4, 0)),
+        "softcap": key_of(q, k, v, softcap=30.0),
+        "chunk": key_of(q, k, v, attention_chunk=64),
+        "out": key_of(q, k, v, out=fake((1, 128, 2, 64))),
+        "out_dtype": key_of(q, k, v, out_dtype="bfloat16"),
+        "block mask": key_of(q, k, v, block_mask=object()),
+    }
+    keys = [base] + list(variants.values())
+    assert len(set(keys)) == len(keys), [n for n, kk in variants.items() if kk == base]
+    m1, m2 = object(), object()
+    assert key_of(q, k, v, block_mask=m1) != key_of(q, k, v, block_mask=m2)
+    assert key_of(q, k, v, softmax_scale=1) != key_of(q, k, v, softmax_scale=1.0) != key_of(q, k, v, softmax_scale=True)
+    assert key_of(q, k, v, window_size=(1, 0)) != key_of(q, k, v, window_size=(True, 0))
+
+
+def test_key_follows_the_device_and_the_kernel_path(fake_gpu, monkeypatch):
+    q, k, v = qkv()
+    base = key_of(q, k, v)
+    monkeypatch.setenv("FLASHKIT_KERNEL_PATH", "/somewhere")
+    assert key_of(q, k, v) != base
+    monkeypatch.delenv("FLASHKIT_KERNEL_PATH")
+    monkeypatch.setattr(call_cache, "current_device", lambda: 1)
+    assert key_of(q, k, v) != base
+    monkeypatch.setattr(call_cache, "current_device", lambda: None)   # no device: the full path says why
+    assert key_of(q, k, v) is None
+
+
+def test_only_cupy_arrays_and_hashable_arguments_have_a_key(fake_gpu):
+    q, k, v = qkv()
+    assert key_of(np.zeros((1, 128, 2, 64)), k, v) is None
+    assert key_of(q, k, v, softcap=[1.0]) is None
+    assert key_of(q, k, v, window_size=3) is None
+    assert key_of(q, k, v, out=np.zeros(3)) is None
+
+
+# ---- the cached path -----------------------------------------------------------------------------
+
+@pytest.mark.parametrize("shape,kw", [((1, 128, 2, 64), {}),                       # fa3: tensor maps
+                                      ((1, 1, 1, 64), {}),                         # decode: two entries
+                                      ((2, 300, 4, 128), {"causal": True, "return_lse": True}),
+                                      ((1, 256, 2, 64), {"window_size": (32, 0), "softcap": 20.0})])
+def test_second_call_takes_the_cached_path_and_launches_the_same(fake_gpu, counted, shape, kw):
+    q, k, v = qkv(shape)
+    out = fake(shape)
+    first = flashkit.attention(q, k, v, out=out, **kw)
+    launched = list(Recorder.launches)
+    assert counted == {"validate": 1, "select": 1} and launched
+    Recorder.launches = []
+    second = flashkit.attention(q, k, v, out=out, **kw)
+    assert counted == {"validate": 1, "select": 1}                  # a dictionary look-up, no validation
+    assert type(first) is type(second)
+    if kw.get("return_lse"):
+        assert first[0] is second[0] is out and first[1] is not second[1]
+        assert first[1].shape == second[1].shape == (shape[0], shape[2], shape[1])
+    # The same launches, bit for bit, but for the fresh lse and workspace pointers (words 4 and 5).
+    unfresh = lambda p: p[:32] + p[48:]  # noqa: E731
+    assert [(n, g, b, unfresh(p), m) for n, g, b, p, m in Recorder.launches] == \
+        [(n, g, b, unfresh(p), m) for n, g, b, p, m in launched]
+
+
+def test_an_explicit_out_keeps_its_pointer(fake_gpu, counted):
+    q, k, v = qkv()
+    out = fake(q.shape)
+    assert flashkit.attention(q, k, v, out=out) is out
+    assert flashkit.attention(q, k, v, out=out) is out
+    assert counted["select"] == 1
+    o_ptr = int(np.frombuffer(Recorder.launches[-1][3][24:32], dtype=np.uint64)[0])
+    assert o_ptr == out.data.ptr
+
+
+@pytest.mark.parametrize("bad,message", [
+    (dict(k=fake((1, 128, 2, 128)), v=fake((1, 128, 2, 128))), "k: head_dim must match q's (64), got 128"),
+    (dict(k=fake((1, 128, 3, 64)), v=fake((1, 128, 3, 64))), "k: kv heads (3) must divide q's heads (2)"),
+    (dict(v=fake((1, 127, 2, 64))), "v: expected the shape of k"),
+    (dict(causal=1), "causal: expected True or False, got 1"),
+    (dict(softmax_scale=True), "softmax_scale: expected a float, got bool"),
+    (dict(softmax_scale=float("nan")), "softmax_scale: expected a finite non-zero float"),
+    (dict(window_size=(True, 0)), "window_size: expected (left, right)"),
+    (dict(out=fake((1, 128, 2, 32))), "out: expected shape (1, 128, 2, 64)"),
+])
+def test_bad_input_next_to_a_cached_signature_still_raises(fake_gpu, counted, bad, message):
+    q, k, v = qkv()
+    for kw in ({}, {"softmax_scale": 1}, {"softmax_scale": 1.0}, {"window_size": (1, 0)}, {"causal": True}):
+        flashkit.attention(q, k, v, **kw)
+    launches = len(Recorder.launches)
+    args = {"k": k, "v": v, **bad}
+    kw = {n: a for n, a in args.items() if n not in ("k", "v")}
+    with pytest.raises(InputError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        flashkit.attention(q, args["k"], args["v"], **kw)
+    assert len(Recorder.launches) == launches                      # nothing launched
+    with pytest.raises(InputError, match=message.replace("(", r"\(").replace(")", r"\)")):   # and again
+        flashkit.attention(q, args["k"], args["v"], **kw)
+
+
+def test_misaligned_and_negative_scale_calls_are_not_cached(fake_gpu, counted, monkeypatch):
+    from dataclasses import replace
+    monkeypatch.setattr(api, "_negate_scale", lambda q, p, cp: (fake(q.shape), replace(p, softmax_scale=-p.softmax_scale)))
+    monkeypatch.setattr(api, "_aligned", lambda a: fake(a.shape) if a.data.ptr % 16 else a)   # a copy
+    k, v = fake((1, 128, 2, 64)), fake((1, 128, 2, 64))
+    q = fake((1, 128, 2, 64))
+    flashkit.attention(q, k, v, softmax_scale=-0.5)    # runs as -q with |scale|: a per-call negation
+    flashkit.attention(q, k, v, softmax_scale=-0.5)
+    assert counted["select"] == 2 and len(call_cache.CALLS) == 0
+    odd = fake((1, 128, 2, 64), offset=2)                    # copied to an aligned array per call
+    flashkit.attention(odd, k, v)
+    flashkit.attention(odd, k, v)
+    assert counted["select"] == 4 and len(call_cache.CALLS) == 0
+
+
+def test_block_mask_is_keyed_by_identity_and_held(fake_gpu, counted):
+    from flashkit.features.block_mask import BlockMask
+    q, k, v = qkv((1, 256, 2, 64))
+    m1 = BlockMask.from_blocks(np.ones((1, 1, 2, 2), dtype=bool))
+    m2 = BlockMask.from_blocks(np.array([[[[True, False], [True, True]]]]))
+    arrays = {}
+    for m in (m1, m2):   # device copies of the compressed mask, on fake addresses
+        arrays[id(m)] = (fake((1, 1, 2), np.int32), fake((1, 1, 2, 2), np.int32))
+        m.device_arrays = (lambda a: lambda: a)(arrays[id(m)])
+    for m in (m1, m2, m1, m2):
+        flashkit.attention(q, k, v, block_mask=m)
+    assert counted["select"] == 2
+    held = [e.block_mask for e in call_cache.CALLS._entries.values()]
+    assert m1 in held and m2 in held
+    counts = {int(np.frombuffer(p[48:56], dtype=np.uint64)[0]) for _, _, _, p, _ in Recorder.launches}
+    assert counts == {arrays[id(m)][0].data.ptr for m in (m1, m2)}
+
+
+def test_the_cache_is_emptied_by_rediscovery_and_unloading(fake_gpu, counted):
+    q, k, v = qkv()
+    flashkit.attention(q, k, v)
+    assert len(call_cache.CALLS) == 1
+    discover_kernels(refresh=True)
+    assert len(call_cache.CALLS) == 0
+    flashkit.attention(q, k, v)
+    build.clear_loaded()
+    assert len(call_cache.CALLS) == 0
+    flashkit.attention(q, k, v)
+    assert counted["select"] == 3
+
+
+def test_a_new_kernel_path_selects_again(fake_gpu, counted, monkeypatch, variant_dir):
+    q, k, v = qkv()
+    flashkit.attention(q, k, v)
+    variant_dir.write("mine", priority=1000, head_dims=[64])
+    monkeypatch.setenv("FLASHKIT_KERNEL_PATH", str(variant_dir.path))
+    flashkit.attention(q, k, v)
+    assert counted["select"] == 2
+    assert Recorder.launches[-1][0] == "flashkit_mine_fwd"
+
+
+# ---- the cache itself ----------------------------------------------------------------------------
+
+def test_the_cache_is_a_bounded_lru():
+    cache = CallCache(max_entries=2)
+    cache.put("a", 1)
+    cache.put("b", 2)
+    assert cache.get("a") == 1          # a is now the most recent
+    cache.put("c", 3)
+    assert "b" not in cache and cache.get("a") == 1 and cache.get("c") == 3 and len(cache) == 2
+    assert call_cache.CALLS.max_entries == call_cache.MAX_ENTRIES
+
+
+def test_many_signatures_stay_bounded(fake_gpu, monkeypatch):
+    monkeypatch.setattr(call_cache.CALLS, "max_entries", 3)
+    for n in range(1, 7):
+        flashkit.attention(*qkv((1, 128 + n, 2, 64)))
+    assert len(call_cache.CALLS) == 3
+
+
+def test_param_template_fills_only_the_pointers():
+    fields = dict(q=1, k=2, v=3, o=4, lse=5, workspace=6, batch=3, heads=8, softmax_scale=0.5,
+                  cache={"seqlens": 7, "block_table": 8, "page_size": 16, "splits": 4})
+    template = ParamTemplate(make_params(**{**fields, "q": 99, "cache": {**fields["cache"], "seqlens": 98}}),
+                             ("q", "k", "v", "o", "lse", "workspace", "cache.seqlens", "cache.block_table"))
+    block = template.fill(1, 2, 3, 4, 5, 6, 7, 8)
+    assert block.dtype == PARAMS_DTYPE and bytes(block) == bytes(make_params(**fields)[()])
+    with pytest.raises(KeyError, match="nope"):
+        ParamTemplate(make_params(), ("nope",))
+
+
+def test_workspace_is_reused_per_stream_and_size(monkeypatch):
+    class Stream:
+        def __init__(self, ptr):
+            self.ptr = ptr
+
+    class FakeCupy:
+        uint8 = np.uint8
+        stream = Stream(1)
+
+        class cuda:   # noqa: N801
+            @staticmethod
+            def get_current_stream():
+                return FakeCupy.stream
+
+        @staticmethod
+        def empty(n, dtype):
+            return np.empty(n, dtype)
+    monkeypatch.setattr(call_cache, "_cupy", lambda: FakeCupy)
+    monkeypatch.setattr(call_cache, "current_device", lambda: 0)
+    call_cache.invalidate()
+    a = call_cache.workspace(64)
+    assert call_cache.workspace(64) is a                 # same stream, same size: reused
+    assert call_cache.workspace(128) is not a
+    FakeCupy.stream = Stream(2)
+    assert call_cache.workspace(64) is not a             # another stream: never shared
+    call_cache.invalidate()
+
+
+# ---- attention_with_kvcache ----------------------------------------------------------------------
+
+def test_kvcache_second_call_is_cached_and_puts_the_new_lengths_in(fake_gpu, counted):
+    q = fake((1, 1, 8, 128))
+    kc, vc = fake((1, 1024, 8, 128)), fake((1, 1024, 8, 128))
+    lens = [fake((1,), np.int32) for _ in range(2)]
+    for sl in lens:
+        flashkit.attention_with_kvcache(q, kc, vc, cache_seqlens=sl, check_indices=False)
+    assert counted == {"validate": 1, "select": 1}
+    from flashkit.runtime.params import flat_fields
+    off = {n: o for n, _, o in flat_fields()}["cache.seqlens"]
+    decode = [p for name, _, _, p, _ in Recorder.launches if name == "flashkit_decode_fwd"]
+    assert [int(np.frombuffer(p[off:off + 8], dtype=np.uint64)[0]) for p in decode] == [s.data.ptr for s in lens]
+    strip = lambda p: p[:24] + p[48:off] + p[off + 8:]  # noqa: E731   (out, lse, workspace, seqlens differ)
+    assert strip(decode[0]) == strip(decode[1])
+
+
+def test_kvcache_key_distinguishes_paging_and_seqlens_kind(fake_gpu):
+    q = fake((2, 1, 8, 128))
+    kc, vc = fake((2, 1024, 8, 128)), fake((2, 1024, 8, 128))
+    sl = fake((2,), np.int32)
+    key = lambda **kw: kvcache._kvcache_key(**{**dict(q=q, k_cache=kc, v_cache=vc, cache_seqlens=sl,   # noqa: E731
+                                                   block_table=None, k_new=None, v_new=None, out=None,
+                                                   causal=False, return_lse=False, softmax_scale=None,
+                                                   variant=None), **kw})
+    pages = fake((16, 128, 8, 128))
+    keys = [key(), key(cache_seqlens=5), key(causal=True), key(return_lse=True), key(softmax_scale=0.1),
+            key(k_cache=pages, v_cache=pages, block_table=fake((2, 8), np.int32)),
+            key(k_new=fake((2, 1, 8, 128)), v_new=fake((2, 1, 8, 128)))]
+    assert len(set(keys)) == len(keys)
+    assert key(cache_seqlens=5) == key(cache_seqlens=700)          # the value is checked per call
+    assert key(cache_seqlens=True) is None or key(cache_seqlens=True) != key(cache_seqlens=1)
+
+
+def test_kvcache_bad_input_next_to_a_cached_signature_still_raises(fake_gpu):
+    q = fake((1, 1, 8, 128))
+    kc, vc = fake((1, 1024, 8, 128)), fake((1, 1024, 8, 128))
+    sl = fake((1,), np.int32)
+    flashkit.attention_with_kvcache(q, kc, vc, cache_seqlens=sl, check_indices=False)
+    with pytest.raises(InputError, match="cache_seqlens: expected dtype int32"):
+        flashkit.attention_with_kvcache(q, kc, vc, cache_seqlens=fake((1,), np.int64), check_indices=False)
+    with pytest.raises(InputError, match="k_cache: head_dim must match q's"):
+        flashkit.attention_with_kvcache(q, fake((1, 1024, 8, 64)), fake((1, 1024, 8, 64)), cache_seqlens=sl,
+                                        check_indices=False)
+    with pytest.raises(InputError, match="check_indices: expected True or False"):
+        flashkit.attention_with_kvcache(q, kc, vc, cache_seqlens=sl, check_indices=1)
