@@ -1,0 +1,90 @@
+"""The array-kind dispatch of the compat layers: torch tensors in, torch tensors out; anything else through
+flashkit's CuPy API.
+
+Torch tensors that need a gradient go through flashkit.torch's custom op (differentiable, torch.compile
+friendly); otherwise flashkit's entry points run on torch's current stream with torch's caching allocator,
+and their CuPy results come back as torch tensors through DLPack (zero copy).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..errors import UnsupportedError
+
+
+def is_torch(x: Any) -> bool:
+    return type(x).__module__.startswith("torch")
+
+
+def needs_grad(*xs: Any) -> bool:
+    """Autograd is on and some torch tensor among xs requires a gradient."""
+    if not any(is_torch(x) for x in xs):
+        return False
+    import torch
+    return torch.is_grad_enabled() and any(getattr(x, "requires_grad", False) for x in xs)
+
+
+def _torch_call(fn, arrays: tuple, **kw):
+    """fn(*arrays, **kw) on torch's stream and allocator; CuPy results as torch tensors."""
+    from ..torch import _as_torch, _on_torch_stream_and_allocator
+    arrays = tuple(a.detach() if is_torch(a) else a for a in arrays)   # DLPack refuses tensors that require grad
+    with _on_torch_stream_and_allocator():
+        res = fn(*arrays, **kw)
+    return tuple(_as_torch(r) for r in res) if isinstance(res, tuple) else _as_torch(res)
+
+
+def dense(q: Any, k: Any, v: Any, *, causal: bool, softmax_scale: float | None, window_size=None,
+          softcap: float = 0.0, alibi_slopes: Any = None, deterministic: bool = False, return_lse: bool = False):
+    """flashkit.attention on (batch, seqlen, heads, head_dim) arrays; differentiable for torch tensors that
+    need a gradient. Returns out, or (out, lse) with return_lse=True (lse (batch, heads, seqlen_q))."""
+    from ..api import attention
+    mods = window_size is not None or softcap != 0 or alibi_slopes is not None
+    if not is_torch(q):
+        return attention(q, k, v, causal=causal, softmax_scale=softmax_scale, return_lse=return_lse,
+                         window_size=window_size, softcap=softcap, alibi_slopes=alibi_slopes)
+    if needs_grad(q, k, v) and mods:
+        name = "window_size" if window_size is not None else "softcap" if softcap != 0 else "alibi_slopes"
+        raise UnsupportedError(f"{name}: flashkit's backward has no {name} yet, so a call that needs a gradient "
+                               "cannot use it; run it under torch.no_grad() for inference")
+    if not mods:   # the custom op: differentiable, and traceable under torch.compile
+        import torch
+        from .. import torch as _registers_ops  # noqa: F401 (defines torch.ops.flashkit.*)
+        out, lse = torch.ops.flashkit.attention_fwd(q, k, v, causal, softmax_scale, deterministic)
+        return (out, lse) if return_lse else out
+    return _torch_call(attention, (q, k, v), causal=causal, softmax_scale=softmax_scale, return_lse=return_lse,
+                       window_size=window_size, softcap=softcap, alibi_slopes=alibi_slopes)
+
+
+def varlen(q: Any, k: Any, v: Any, cu_seqlens_q: Any, cu_seqlens_k: Any, max_seqlen_q: int, max_seqlen_k: int, *,
+           causal: bool, softmax_scale: float | None, window_size=None, softcap: float = 0.0,
+           alibi_slopes: Any = None, return_lse: bool = False):
+    """flashkit.attention_varlen on packed (total, heads, head_dim) arrays; forward only.
+    Returns out, or (out, lse) with return_lse=True (lse (heads, total_q))."""
+    from ..varlen import attention_varlen
+    if needs_grad(q, k, v):
+        raise UnsupportedError("q, k, v: require a gradient, but flashkit's varlen attention is forward only "
+                               "(its backward is pending); run it under torch.no_grad(), or pad the batch and "
+                               "use the dense path")
+    kw = dict(causal=causal, softmax_scale=softmax_scale, return_lse=return_lse, window_size=window_size,
+              softcap=softcap, alibi_slopes=alibi_slopes)
+    arrays = (q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
+    return _torch_call(attention_varlen, arrays, **kw) if is_torch(q) else attention_varlen(*arrays, **kw)
+
+
+def kvcache(q: Any, k_cache: Any, v_cache: Any, *, cache_seqlens: Any, block_table: Any, k_new: Any, v_new: Any,
+            causal: bool, softmax_scale: float | None, return_lse: bool = False):
+    """flashkit.attention_with_kvcache; the caches are written in place (k_new, v_new appended). No gradient
+    flows through it (flash-attn's flash_attn_with_kvcache has no backward either)."""
+    from ..kvcache import attention_with_kvcache
+    kw = dict(cache_seqlens=cache_seqlens, block_table=block_table, k_new=k_new, v_new=v_new, causal=causal,
+              softmax_scale=softmax_scale, return_lse=return_lse)
+    if is_torch(q):
+        import torch
+        if isinstance(cache_seqlens, torch.Tensor):
+            kw["cache_seqlens"] = cache_seqlens.detach()
+        for name in ("block_table", "k_new", "v_new"):
+            if isinstance(kw[name], torch.Tensor):
+                kw[name] = kw[name].detach()
+        return _torch_call(attention_with_kvcache, (q, k_cache, v_cache), **kw)
+    return attention_with_kvcache(q, k_cache, v_cache, **kw)
