@@ -199,7 +199,8 @@ def _packed(kwargs: dict, batch: int, q_len: int, kv_len: int):
         import torch
         return (cu[0].to(torch.int32), cu[1].to(torch.int32), int(cu[2]), int(cu[3]))
     pos = kwargs.get("position_ids")
-    if pos is None or q_len != kv_len or q_len < 2 or pos.ndim != 2 or pos.shape[-1] != q_len:
+    if pos is None or q_len != kv_len or q_len < 2 or pos.ndim != 2 or pos.shape[-1] != q_len \
+            or pos.shape[0] not in (1, batch):
         return None
     return _cached(pos, ("packed", batch), lambda: _restarts(pos, batch))
 

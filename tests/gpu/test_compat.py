@@ -141,7 +141,7 @@ def test_varlen_against_per_sequence_calls(causal):
         qb, kb, vb = q[None, rows], k[None, keys], v[None, keys]
         _judge(out[None, rows], qb, kb, vb, causal=causal, lse=lse[None, :, rows], label=f"varlen seq {b}")
         dense = fa.flash_attn_func(qb, kb, vb, causal=causal)
-        bound = 4 * float(BF16.eps) * max(1.0, float(dense.float().abs().max()))
+        bound = 8 * BF16.eps * max(1.0, float(dense.float().abs().max()))   # a few bf16 ulps: two kernels
         assert float((out[None, rows].float() - dense.float()).abs().max()) <= bound, f"seq {b}"
 
 

@@ -112,6 +112,17 @@ def test_register_adds_flashkit_to_both_interfaces(calls):
     assert AttentionMaskInterface._global_mapping["flashkit"] is fk_hf.mask_function
 
 
+def test_transformers_flash_import_of_the_name_gets_flashkits_functions(calls):
+    """"flashkit" holds "flash": transformers imports its flash-attn functions when a model is built."""
+    import transformers.modeling_flash_attention_utils as fa_utils
+    from flashkit.compat import flash_attn as fa
+    (fn, varlen, kvcache, _, _), process = fa_utils.lazy_import_flash_attention("flashkit")
+    assert (fn, varlen, kvcache) == (fa.flash_attn_func, fa.flash_attn_varlen_func, fa.flash_attn_with_kvcache)
+    assert process(query_length=4, key_length=4, is_causal=True)["causal"] is True
+    fk_hf.register()   # again: the route is not stacked twice
+    assert fa_utils._lazy_imports.flashkit_names == {"flashkit"}
+
+
 @pytest.mark.parametrize("padding", ["none", "right", "left"])
 def test_logits_match_sdpa(calls, padding):
     ref, fk = tiny_llamas()
@@ -142,6 +153,21 @@ def test_packed_sequences_match_separate_runs(calls):
             assert torch.allclose(got[start:start + n], want, atol=2e-4, rtol=1e-4)
             start += n
     assert {c[0] for c in calls} == {"varlen"}
+
+
+def test_packed_rows_of_a_batch_match_separate_runs(calls):
+    ref, fk = tiny_llamas()
+    ids, _ = batch([20, 20], 20)
+    segments = [[8, 12], [5, 5, 10]]
+    position_ids = torch.stack([torch.cat([torch.arange(n) for n in row]) for row in segments])
+    with torch.no_grad():
+        got = fk(input_ids=ids, position_ids=position_ids).logits
+        for b, row in enumerate(segments):
+            start = 0
+            for n in row:
+                want = ref(input_ids=ids[b:b + 1, start:start + n]).logits[0]
+                assert torch.allclose(got[b, start:start + n], want, atol=2e-4, rtol=1e-4)
+                start += n
 
 
 def test_greedy_generation_with_left_padding_matches_sdpa(calls):
