@@ -3,6 +3,7 @@
 from .api import attention, explain, variants
 from .backward import attention_backward
 from .kvcache import attention_with_kvcache
+from .varlen import attention_varlen
 from .errors import CompileError, DeviceError, FlashkitError, InputError, ManifestError, UnsupportedError
 
 __version__ = "0.1.0"
@@ -19,5 +20,5 @@ def __getattr__(name: str):
     raise AttributeError(f"module 'flashkit' has no attribute {name!r}")
 
 
-__all__ = ["attention", "attention_backward", "attention_with_kvcache", "explain", "variants", "BlockMask", "quantize_fp8", "FlashkitError", "InputError",
+__all__ = ["attention", "attention_backward", "attention_with_kvcache", "attention_varlen", "explain", "variants", "BlockMask", "quantize_fp8", "FlashkitError", "InputError",
            "UnsupportedError", "ManifestError", "CompileError", "DeviceError", "__version__"]

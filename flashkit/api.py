@@ -169,13 +169,13 @@ def explain(*, dtype: str = "bfloat16", head_dim: int = 128, seqlen_q: int = 102
             heads: int = 16, kv_heads: int | None = None, batch: int = 1, causal: bool = False,
             block_sparse: bool = False, fp8: bool = False, lse: bool = False,
             cc: tuple[int, int] | None = None, variant: str | None = None, window: bool = False,
-            softcap: bool = False, alibi: bool = False) -> Selection:
+            softcap: bool = False, alibi: bool = False, varlen: bool = False) -> Selection:
     """Which kernel a request would run, and why every other was rejected; launches nothing."""
     dt = dtype_by_name(dtype)
     req = Request(dtype=dt.name, head_dim=head_dim, seqlen_q=seqlen_q, seqlen_k=seqlen_k or seqlen_q,
                   heads=heads, kv_heads=kv_heads or heads, batch=batch, causal=causal,
                   block_sparse=block_sparse, fp8=fp8 or dt is FLOAT8_E4M3, lse=lse, cc=cc, window=window,
-                  softcap=softcap, alibi=alibi)
+                  softcap=softcap, alibi=alibi, varlen=varlen)
     sel = select_kernel(req, discover_kernels().specs, variant)
     if "kv_splits" in sel.chosen.grids:   # the split-KV path: how many key chunks on this device
         from .runtime.kv_split import split_note
@@ -201,8 +201,9 @@ def _output_dtype(problem: Problem, fp8: bool, out_dtype: str | None) -> str:
     return name
 
 
-def _output(out: Any, problem: Problem, dtype: str, cupy):
-    shape = (problem.batch, problem.seqlen_q, problem.heads, problem.head_dim)
+def _output(out: Any, problem: Problem, dtype: str, cupy, shape: tuple[int, ...] | None = None):
+    """The caller's `out` checked (shape: (batch, seqlen_q, heads, head_dim) unless given), or a new array."""
+    shape = shape or (problem.batch, problem.seqlen_q, problem.heads, problem.head_dim)
     storage = BY_NAME[dtype].storage
     if out is None:
         return cupy.empty(shape, dtype=storage)

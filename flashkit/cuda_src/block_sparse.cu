@@ -35,5 +35,5 @@ extern "C" __global__ void __launch_bounds__(KernelTraits::kThreads)
     const int head = blockIdx.y;
     const int batch = blockIdx.z;
     const FwdMask mask(params, m_block, head, batch);
-    flashkit::fwd_block<KernelTraits, FwdMask>(params, mask, m_block, head, batch);
+    flashkit::fwd_block<KernelTraits, FwdMask>(params, mask, m_block, head, batch, flashkit::SeqOrigin{0, 0, batch});
 }

@@ -37,5 +37,5 @@ extern "C" __global__ void __launch_bounds__(Traits::kThreads, 1)
                                      const __grid_constant__ flashkit::hopper::TensorMap o_map) {
     const FwdMask mask(params, blockIdx.x, blockIdx.y, blockIdx.z);
     flashkit::hopper::ws_forward<Traits>(params, {q_map, k_map, v_map, o_map}, mask, blockIdx.x, blockIdx.y,
-                                         blockIdx.z);
+                                         blockIdx.z, flashkit::SeqOrigin{0, 0, static_cast<int>(blockIdx.z)});
 }

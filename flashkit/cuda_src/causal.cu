@@ -6,7 +6,7 @@ arch: {min: "8.0"}
 dtypes: [float16, bfloat16]
 head_dims: [64, 128, 256]
 features: {causal: true, block_sparse: false, fp8: false, backward: false, lse: true, gqa: true,
-           window: true, softcap: true, alibi: true}
+           window: true, softcap: true, alibi: true, varlen: true}
 requires: {causal: true}
 priority: 60
 launch: {grid: q_blocks, block_m: 128, block_n: 64, warps: 4}
@@ -37,6 +37,5 @@ extern "C" __global__ void __launch_bounds__(KernelTraits::kThreads)
     const int m_block = gridDim.x - 1 - blockIdx.x;   // heaviest (last) query block first
     const int head = blockIdx.y;
     const int batch = blockIdx.z;
-    const FwdMask mask(params, m_block);
-    flashkit::fwd_block<KernelTraits, FwdMask, flashkit::BuildScoreMod>(params, mask, m_block, head, batch);
+    flashkit::fwd_query_block<KernelTraits, FwdMask, flashkit::BuildScoreMod>(params, m_block, head, batch);
 }

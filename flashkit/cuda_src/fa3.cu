@@ -6,7 +6,7 @@ arch: {min: "9.0", max: "9.0", targets: {"9.0": sm_90a}}
 dtypes: [float16, bfloat16]
 head_dims: [64, 128, 256]
 features: {causal: true, block_sparse: false, fp8: false, backward: false, lse: true, gqa: true,
-           window: true, softcap: true, alibi: true}
+           window: true, softcap: true, alibi: true, varlen: true}
 priority: 80
 launch: {grid: q_blocks, block_m: 128, block_n: 128, warps: 12, stages: 2}   # 1 producer + block_m / 64 consumer warpgroups
 # Tile shapes from a measured sweep (BENCHMARKS.md); a score modification at hd64 needs the 240
@@ -22,7 +22,7 @@ workspace: none
 // under each other's products (ping-pong) and under their own P V; O leaves by TMA store.
 // This file picks the mask (causal or none; with FLASHKIT_WINDOW the local mask of window_size /
 // attention_chunk), the score modification (softcap / ALiBi, score_mod.cuh) and the tile order
-// (causal: heaviest blocks first).
+// (causal: heaviest blocks first); with FLASHKIT_VARLEN each batch entry is a packed sequence (varlen.cuh).
 #include "flashkit/hopper/ws_forward.cuh"
 
 typedef flashkit::hopper::WsTraits<flashkit::Element, FLASHKIT_HEAD_DIM, FLASHKIT_BLOCK_M, FLASHKIT_BLOCK_N,
@@ -41,7 +41,10 @@ extern "C" __global__ void __launch_bounds__(Traits::kThreads, 1)
                      const __grid_constant__ flashkit::hopper::TensorMap o_map) {
     // Causal blocks further down see more keys: launch them first.
     const int m_block = FLASHKIT_CAUSAL ? gridDim.x - 1 - blockIdx.x : blockIdx.x;
-    const FwdMask mask(params, m_block);
-    flashkit::hopper::ws_forward<Traits, flashkit::BuildScoreMod>(params, {q_map, k_map, v_map, o_map}, mask, m_block,
-                                                                  blockIdx.y, blockIdx.z);
+    flashkit::for_sequence<FLASHKIT_VARLEN != 0, Traits::kBlockM>(
+        params, blockIdx.z, m_block, [&](const flashkit::Params& p, const flashkit::SeqOrigin& origin) {
+            const FwdMask mask(p, m_block);
+            flashkit::hopper::ws_forward<Traits, flashkit::BuildScoreMod>(p, {q_map, k_map, v_map, o_map}, mask,
+                                                                          m_block, blockIdx.y, blockIdx.z, origin);
+        });
 }

@@ -60,6 +60,11 @@ def workspace_bytes(kind: str, p: Problem, cfg: dict[str, int]) -> int:
     return 0
 
 
+def lse_strides(p: Problem) -> dict[str, int]:
+    """Params.lse_*_stride of the dense (batch, heads, seqlen_q) LSE (varlen's extras replace them)."""
+    return {"lse_batch_stride": p.heads * p.seqlen_q, "lse_head_stride": p.seqlen_q}
+
+
 def stride_fields(prefix: str, a) -> dict[str, int]:
     """Params' <prefix>_{batch,row,head}_stride of a (batch, seqlen, heads, D) array, in elements."""
     item = a.itemsize
@@ -103,7 +108,7 @@ def prepare_launch(spec: KernelSpec, loaded: LoadedKernel, config: BuildConfig, 
         **stride_fields("o", io.out),
         batch=p.batch, heads=p.heads, kv_heads=p.kv_heads, seqlen_q=p.seqlen_q, seqlen_k=p.seqlen_k,
         head_dim=p.head_dim, softmax_scale=p.softmax_scale, softmax_scale_log2=p.softmax_scale * LOG2E,
-        **extras)
+        **{**lse_strides(p), **extras})
     grids = [(fn, grid) for fn, kind in zip(loaded.functions, spec.grids)
              if math.prod(grid := grid_for(kind, p, cfg)) != 0]
     maps = tensor_map_layouts(spec, cfg, p, io)

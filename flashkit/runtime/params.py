@@ -34,11 +34,17 @@ MODS_FLOATS = ("softcap", "softcap_in", "softcap_out", "inv_softmax_scale")
 MODS_DTYPE = np.dtype([(n, np.uint64) for n in MODS_POINTERS] + [(n, np.int64) for n in MODS_STRIDES]
                       + [(n, np.int32) for n in MODS_INTS] + [(n, np.float32) for n in MODS_FLOATS], align=True)
 
+# The varlen block (`VarlenParams varlen`) and the LSE's strides, appended after mods.
+VARLEN_POINTERS = ("cu_seqlens_q", "cu_seqlens_k")
+VARLEN_DTYPE = np.dtype([(n, np.uint64) for n in VARLEN_POINTERS], align=True)
+LSE_STRIDES = ("lse_batch_stride", "lse_head_stride")
+
 # align=True lays the fields out as a C compiler does (natural alignment, padded to 8).
 PARAMS_DTYPE = np.dtype(
     [(n, np.uint64) for n in POINTERS] + [(n, np.int64) for n in STRIDES]
     + [(n, np.int32) for n in INTS] + [(n, np.float32) for n in FLOATS] + [("bwd", BWD_DTYPE)]
-    + [("cache", CACHE_DTYPE)] + [("mods", MODS_DTYPE)], align=True)
+    + [("cache", CACHE_DTYPE)] + [("mods", MODS_DTYPE)] + [("varlen", VARLEN_DTYPE)]
+    + [(n, np.int64) for n in LSE_STRIDES], align=True)
 
 
 def flat_fields(dtype: np.dtype = PARAMS_DTYPE, prefix: str = "", base: int = 0):

@@ -6,6 +6,7 @@ from . import dense, fp8, block_sparse  # noqa: F401,I001
 from . import decode  # noqa: F401,I001  (the split-KV decode family: every variant declaring kv_cache)
 from . import backward  # noqa: F401,I001  (every variant declaring backward: gradients, not outputs)
 from . import mods  # noqa: F401,I001  (an extension: window, chunk, softcap, ALiBi on every variant declaring them)
+from . import varlen  # noqa: F401,I001  (an extension: packed variable-length batches on every variant declaring varlen)
 from .harness import Check, CheckResult, Shape, checks_for, judge, random_qkv, run_checks, runnable_variants
 
 __all__ = ["Check", "CheckResult", "Shape", "checks_for", "judge", "random_qkv", "run_checks", "runnable_variants"]

@@ -14,11 +14,14 @@ MODS = ("window", "softcap", "alibi")   # built-in modifications (features/mods.
 
 
 def spec_configs(spec: KernelSpec, cc: tuple[int, int], dtypes=None, head_dims=None) -> list[BuildConfig]:
-    """Every specialization a variant can be asked for on this arch (with its declared modifications all on too)."""
+    """Every specialization a variant can be asked for on this arch (with its declared modifications all on too,
+    and varlen where the variant takes packed sequences)."""
     causal_opts = spec.causal_options()
     sparse = spec.requires.get("block_sparse", False)
     mods = tuple(m for m in MODS if spec.supports(m))
     mod_sets = [()] + ([mods] if mods else [])
+    if spec.supports("varlen"):   # packed sequences (their combinations with modifications compile on demand)
+        mod_sets.append(("varlen",))
     out = []
     for dt in spec.dtypes:
         if dtypes and dt not in dtypes:

@@ -54,6 +54,14 @@ struct ModParams {
     float inv_softmax_scale;     // 1 / softmax_scale: ALiBi's bias in raw-score units
 };
 
+// Variable-length batches (varlen.cuh): packed q / o (total_q, heads, D) and k / v (total_k, kv_heads, D);
+// sequence b owns rows [cu_seqlens_q[b], cu_seqlens_q[b + 1]) of q, o and [cu_seqlens_k[b], cu_seqlens_k[b + 1])
+// of k, v. Read only by kernels built with FLASHKIT_VARLEN.
+struct VarlenParams {
+    const int* cu_seqlens_q;     // (batch + 1,) int32, non-decreasing from 0
+    const int* cu_seqlens_k;
+};
+
 struct Params {
     // Layout (batch, seqlen, heads, head_dim); the last dimension is contiguous.
     const void* q;
@@ -90,6 +98,10 @@ struct Params {
     BwdParams bwd;               // the backward's gradients (zero in forward calls)
     KvCacheParams cache;         // decode and KV caches (zero elsewhere)
     ModParams mods;              // window, chunk, softcap, ALiBi (zero when a kernel is built without them)
+    VarlenParams varlen;         // packed variable-length batches (zero elsewhere)
+    // The LSE of (batch, head, row) is lse[batch * lse_batch_stride + head * lse_head_stride + row]:
+    // (batch, heads, seqlen_q) dense, (heads, total_q) varlen.
+    index_t lse_batch_stride, lse_head_stride;
 };
 
 }  // namespace flashkit

@@ -2,17 +2,42 @@
 // l) -> output type -> its own 64 rows of the Q tile (no longer read: its last S product has
 // completed), in the swizzled panel layout TMA's 128 B swizzle reads; then one thread stores the
 // rows with TMA, which clips rows past seqlen_q. The LSE goes straight from registers.
+// A packed varlen sequence (varlen.cuh) ends inside the tensor TMA sees, so the 64-row group holding its
+// last row is stored by the warpgroup's threads instead, 16 B chunks of the rows < seqlen_q only.
 #pragma once
 
 #include "flashkit/hopper/ws_traits.cuh"
+#include "flashkit/varlen.cuh"
 
 namespace flashkit {
 namespace hopper {
 
+// The first `rows` (< 64) rows of the staged group at tile row group_row0, from the swizzled Q tile to O
+// (rows of the sequence at `origin`), one 16 B chunk a thread at a time.
+template <class Kt>
+__device__ __forceinline__ void store_rows(u32 tile, int group_row0, int rows, const Params& p, const TileCoords& q_at,
+                                           const SeqOrigin& origin, int tid_in_group) {
+    typedef typename Kt::OutT OutT;
+    constexpr int kChunkElems = kChunkBytes / sizeof(OutT);
+    constexpr int kRowChunks = Kt::kHeadDim / kChunkElems;
+    OutT* o = static_cast<OutT*>(p.o) + origin.batch * p.o_batch_stride + q_at.head * p.o_head_stride +
+              static_cast<index_t>(origin.q_row + q_at.row + group_row0) * p.o_row_stride;
+    for (int c = tid_in_group; c < rows * kRowChunks; c += gmma::kWarpgroupThreads) {
+        const int r = c / kRowChunks;
+        const int chunk = c % kRowChunks;
+        uint4 v;
+        asm volatile("ld.shared.v4.b32 {%0, %1, %2, %3}, [%4];\n"
+                     : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+                     : "r"(tile + Kt::QTile::chunk_offset(group_row0 + r, chunk)));
+        *reinterpret_cast<uint4*>(o + r * p.o_row_stride + chunk * kChunkElems) = v;
+    }
+}
+
 template <class Kt>
 __device__ __forceinline__ void store_output_tma(const float (&o)[1][Kt::kDTiles][4], const float (&lse)[1][2],
                                                  u32 smem, int consumer, const TensorMap& o_map, const Params& p,
-                                                 const TileCoords& q_at, int tid_in_group) {
+                                                 const TileCoords& q_at, const SeqOrigin& origin,
+                                                 int tid_in_group) {
     typedef typename Kt::OutT OutT;
     typedef typename Kt::QTile QTile;
     const int warp = tid_in_group / kWarpSize;
@@ -22,7 +47,8 @@ __device__ __forceinline__ void store_output_tma(const float (&o)[1][Kt::kDTiles
     const int group_row0 = consumer * gmma::kWarpgroupRows;   // tile row of this consumer's first row
     float* lse_gmem = p.lse == nullptr
                           ? nullptr
-                          : p.lse + (static_cast<index_t>(q_at.batch) * p.heads + q_at.head) * p.seqlen_q + q_at.row;
+                          : p.lse + origin.batch * p.lse_batch_stride + q_at.head * p.lse_head_stride +
+                                origin.q_row + q_at.row;
 #pragma unroll
     for (int h = 0; h < 2; ++h) {   // rows g, g + 8 of the warp's 16
         const int row = group_row0 + warp * Kt::kWarpRows + h * kFragRowHalf + g;
@@ -36,11 +62,16 @@ __device__ __forceinline__ void store_output_tma(const float (&o)[1][Kt::kDTiles
     }
     gmma::fence_proxy_async();   // the generic-proxy stores, before TMA (the async proxy) reads them
     named_sync(kEpilogueBarrierBase + consumer, gmma::kWarpgroupThreads);
-    if (tid_in_group == 0 && q_at.row + group_row0 < p.seqlen_q) {
+    const int rows_left = p.seqlen_q - (q_at.row + group_row0);   // rows of the group inside the sequence
+    if (FLASHKIT_VARLEN && rows_left < gmma::kWarpgroupRows) {
+        store_rows<Kt>(smem + Kt::kQOffset, group_row0, rows_left, p, q_at, origin, tid_in_group);
+        return;
+    }
+    if (tid_in_group == 0 && rows_left > 0) {
 #pragma unroll
         for (int pnl = 0; pnl < Kt::kPanels; ++pnl)
             tma_store(o_map, smem + Kt::kQOffset + pnl * QTile::kPanelSize + group_row0 * QTile::kPanelBytes,
-                      pnl * Kt::kPanelElems, q_at.row + group_row0, q_at.head, q_at.batch);
+                      pnl * Kt::kPanelElems, origin.q_row + q_at.row + group_row0, q_at.head, origin.batch);
         tma_store_commit();
         tma_store_wait_read();
     }

@@ -11,6 +11,7 @@
 #include "flashkit/hopper/tma_epilogue.cuh"
 #include "flashkit/hopper/ws_mainloop.cuh"
 #include "flashkit/hopper/ws_producer.cuh"
+#include "flashkit/varlen.cuh"
 
 namespace flashkit {
 namespace hopper {
@@ -24,10 +25,11 @@ struct ForwardMaps {
 
 // The forward of query block m_block of (head, batch); `mask` (mask.cuh's interface) says which
 // K/V tiles the block visits, in which order, and which of them need the element mask; ScoreMod
-// (score_mod.cuh) modifies the scores before the softmax.
+// (score_mod.cuh) modifies the scores before the softmax. `origin`: where the sequence's row 0 lies in
+// the tensors the maps describe (row 0 of `batch`, or a packed varlen sequence's first row; varlen.cuh).
 template <class Kt, class ScoreMod = NoScoreMod, class Mask>
 __device__ __forceinline__ void ws_forward(const Params& p, const ForwardMaps& maps, const Mask& mask, int m_block,
-                                           int head, int batch) {
+                                           int head, int batch, const SeqOrigin& origin) {
     extern __shared__ __align__(1024) unsigned char smem_raw[];
     const u32 smem = (smem_u32(smem_raw) + gmma::kTileAlign - 1) & ~static_cast<u32>(gmma::kTileAlign - 1);
     const int tid = threadIdx.x;
@@ -44,12 +46,14 @@ __device__ __forceinline__ void ws_forward(const Params& p, const ForwardMaps& m
     __syncthreads();
 
     const int n_blocks = mask.num_kv_blocks();
-    const TileCoords q_at{m_block * Kt::kBlockM, head, batch};
+    const TileCoords q_at{m_block * Kt::kBlockM, head, batch};   // rows within the sequence
     if (warpgroup == 0) {
         release_registers<Kt::kProducerRegs>();
+        const int kv_head = head / (p.heads / p.kv_heads);   // GQA / MQA: the kv head of this query head
         if (tid == 0 && n_blocks > 0)
-            produce<Kt>(mask, n_blocks, smem, q_full, k_ring, v_ring, maps.q, maps.k, maps.v, q_at,
-                        head / (p.heads / p.kv_heads));   // GQA / MQA: the kv head of this query head
+            produce<Kt>(mask, n_blocks, smem, q_full, k_ring, v_ring, maps.q, maps.k, maps.v,
+                        TileCoords{origin.q_row + q_at.row, head, origin.batch},
+                        TileCoords{origin.k_row, kv_head, origin.batch});
         return;
     }
     claim_registers<Kt::kConsumerRegs>();
@@ -65,7 +69,7 @@ __device__ __forceinline__ void ws_forward(const Params& p, const ForwardMaps& m
     }
     float lse[1][2];
     loop.softmax.finalize(loop.acc_o, p.softmax_scale_log2, lse);
-    store_output_tma<Kt>(loop.acc_o, lse, smem, consumer, maps.o, p, q_at, tid_in_group);
+    store_output_tma<Kt>(loop.acc_o, lse, smem, consumer, maps.o, p, q_at, origin, tid_in_group);
 }
 
 }  // namespace hopper

@@ -22,14 +22,15 @@ template <class Kt, class Mask>
 __device__ __forceinline__ void produce(const Mask& mask, int n_blocks, u32 smem, u32 q_full,
                                         const typename Kt::Ring& k_ring, const typename Kt::Ring& v_ring,
                                         const TensorMap& q_map, const TensorMap& k_map, const TensorMap& v_map,
-                                        const TileCoords& q_at, int kv_head) {
+                                        const TileCoords& q_at, const TileCoords& k_origin) {
     prefetch_tensor_map(q_map);
     prefetch_tensor_map(k_map);
     prefetch_tensor_map(v_map);
     mbarrier_arrive_expect_tx(q_full, Kt::QTile::kBytes);
     load_tile<Kt, typename Kt::QTile>(smem + Kt::kQOffset, q_map, q_full, q_at);
     for (int i = 0; i < n_blocks; ++i) {
-        const TileCoords kv_at{mask.kv_block(n_blocks - 1 - i) * Kt::kBlockN, kv_head, q_at.batch};
+        const TileCoords kv_at{k_origin.row + mask.kv_block(n_blocks - 1 - i) * Kt::kBlockN, k_origin.head,
+                               k_origin.batch};
         const int stage_offset = Kt::Ring::stage(i) * Kt::kStageBytes;
         load_tile<Kt, typename Kt::KTile>(smem + Kt::kKOffset + stage_offset, k_map,
                                           k_ring.acquire(i, Kt::KTile::kBytes), kv_at);

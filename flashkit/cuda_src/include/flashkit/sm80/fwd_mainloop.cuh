@@ -18,6 +18,7 @@
 #include "flashkit/sm80/mma.cuh"
 #include "flashkit/softmax.cuh"
 #include "flashkit/tile.cuh"
+#include "flashkit/varlen.cuh"
 
 namespace flashkit {
 
@@ -33,7 +34,8 @@ struct FwdMainloop {
     const Params& p;
     const Mask& mask;
     ScoreMod score_mod;
-    int batch, kv_head;
+    int batch, kv_head;           // batch: of the K / V tensors (origin.batch)
+    int k_row0;                   // the sequence's key 0 in them (varlen.cuh's SeqOrigin)
     u32 sK, sV;                   // K / V tiles (shared addresses)
     u32 q_lane, k_lane, v_lane;   // this lane's ldmatrix row address in the Q / K / V tiles
     LdsmColumns cols_hi16;        // column table, 8-column half = lane / 16 (Q A, V B operands)
@@ -44,11 +46,12 @@ struct FwdMainloop {
     OnlineSoftmax<kMTiles> softmax;
 
     __device__ __forceinline__ FwdMainloop(const Mask& mask_, const Params& p_, u32 sQ, int head,
-                                           int batch_, int tid)
+                                           int batch_, const SeqOrigin& origin, int tid)
         : p(p_),
           mask(mask_),
           score_mod(p_, head, batch_),
-          batch(batch_),
+          batch(origin.batch),
+          k_row0(origin.k_row),
           kv_head(head / (p_.heads / p_.kv_heads)),   // GQA / MQA
           cols_hi16(tid % kWarpSize, (tid % kWarpSize) / 16),
           cols_hi8(tid % kWarpSize, (tid % kWarpSize) / 8 % 2) {
@@ -150,7 +153,7 @@ struct FwdMainloop {
         const index_t batch_stride = kIsV ? p.v_batch_stride : p.k_batch_stride;
         const index_t head_stride = kIsV ? p.v_head_stride : p.k_head_stride;
         const index_t row_stride = kIsV ? p.v_row_stride : p.k_row_stride;
-        const Element* gmem = base + batch * batch_stride + kv_head * head_stride + n0 * row_stride;
+        const Element* gmem = base + batch * batch_stride + kv_head * head_stride + (k_row0 + n0) * row_stride;
         load_tile_async<Kt::kBlockN, kD, Kt::kThreads>(dst, gmem, row_stride, p.seqlen_k - n0,
                                                        threadIdx.x);
         cp_async_commit();
@@ -175,10 +178,11 @@ struct FwdMainloop {
     }
 };
 
-// The whole forward of query block m_block of (head, batch).
+// The whole forward of query block m_block of (head, batch); origin: where the sequence's rows lie
+// (varlen.cuh; dense: row 0 of `batch`).
 template <class Kt, class Mask, class ScoreMod = NoScoreMod>
 __device__ __forceinline__ void fwd_block(const Params& p, const Mask& mask, int m_block,
-                                          int head, int batch) {
+                                          int head, int batch, const SeqOrigin& origin) {
     typedef typename Kt::Element Element;
     typedef typename Kt::OutT OutT;
     extern __shared__ __align__(128) unsigned char smem_raw[];
@@ -189,13 +193,13 @@ __device__ __forceinline__ void fwd_block(const Params& p, const Mask& mask, int
     const int warp = tid / kWarpSize;
     const int lane = tid % kWarpSize;
     const int m0 = m_block * Kt::kBlockM;
-    FwdMainloop<Kt, Mask, ScoreMod> loop(mask, p, sQ, head, batch, tid);
+    FwdMainloop<Kt, Mask, ScoreMod> loop(mask, p, sQ, head, batch, origin, tid);
 
     const int n_blocks = mask.num_kv_blocks();
     const int n_masked = mask.num_masked_blocks();
     if (n_blocks > 0) {
-        const Element* q_gmem = static_cast<const Element*>(p.q) + batch * p.q_batch_stride +
-                                head * p.q_head_stride + m0 * p.q_row_stride;
+        const Element* q_gmem = static_cast<const Element*>(p.q) + origin.batch * p.q_batch_stride +
+                                head * p.q_head_stride + (origin.q_row + m0) * p.q_row_stride;
         load_tile_async<Kt::kBlockM, Kt::kHeadDim, Kt::kThreads>(sQ, q_gmem, p.q_row_stride,
                                                                  p.seqlen_q - m0, tid);
         cp_async_commit();
@@ -217,15 +221,27 @@ __device__ __forceinline__ void fwd_block(const Params& p, const Mask& mask, int
     float lse[Kt::kMTiles][2];
     loop.softmax.finalize(loop.acc_o, p.softmax_scale_log2, lse);   // O /= l
     const int warp_row0 = m0 + warp * Kt::kWarpRows;
-    OutT* o_gmem = static_cast<OutT*>(p.o) + batch * p.o_batch_stride + head * p.o_head_stride +
-                   warp_row0 * p.o_row_stride;
+    OutT* o_gmem = static_cast<OutT*>(p.o) + origin.batch * p.o_batch_stride + head * p.o_head_stride +
+                   (origin.q_row + warp_row0) * p.o_row_stride;
     float* lse_gmem = p.lse == nullptr
                           ? nullptr
-                          : p.lse + (static_cast<index_t>(batch) * p.heads + head) * p.seqlen_q +
-                                warp_row0;
+                          : p.lse + origin.batch * p.lse_batch_stride + head * p.lse_head_stride +
+                                origin.q_row + warp_row0;
     OutT* smem_warp = reinterpret_cast<OutT*>(smem_raw) + warp * Kt::kWarpRows * Kt::kHeadDim;
     store_output<Kt>(loop.acc_o, lse, smem_warp, o_gmem, p.o_row_stride, lse_gmem,
                      p.seqlen_q - warp_row0, lane);
+}
+
+// A kernel's query block m_block of (head, batch): of batch `batch`, or with FLASHKIT_VARLEN of packed
+// sequence `batch` (varlen.cuh), under the variant's Mask.
+template <class Kt, class Mask, class ScoreMod = NoScoreMod>
+__device__ __forceinline__ void fwd_query_block(const Params& params, int m_block, int head, int batch) {
+    for_sequence<FLASHKIT_VARLEN != 0, Kt::kBlockM>(params, batch, m_block,
+                                                    [&](const Params& p, const SeqOrigin& origin) {
+                                                        const Mask mask(p, m_block);
+                                                        fwd_block<Kt, Mask, ScoreMod>(p, mask, m_block, head, batch,
+                                                                                      origin);
+                                                    });
 }
 
 }  // namespace flashkit

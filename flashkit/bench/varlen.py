@@ -1,0 +1,144 @@
+"""The variable-length benchmark (issue 13's serving prefill shapes): TFLOP/s of a packed varlen batch against
+the same kernel on an equal-length batch of the same total tokens, and PyTorch's baselines in the same run.
+
+TFLOP/s count the visible (query, key) pairs: 4 D per pair (two products), summed over sequences and heads.
+
+python3 -m flashkit.bench.varlen [--json PATH] [--no-torch]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from dataclasses import asdict, dataclass
+
+import numpy as np
+
+from .timing import time_cupy
+
+HEAD_DIM = 128
+HEADS, KV_HEADS = 32, 8
+SEQUENCES = 64
+LENGTHS = (100, 4000)        # drawn uniformly, fixed seed
+SERVING_PREFILL = (32, 512)  # batch x seqlen, causal GQA 32/8: the issue's 1.0x cuDNN target
+WARMUP, ITERS = 3, 10
+
+
+@dataclass
+class VarlenRow:
+    case: str
+    impl: str
+    ms: float | None
+    tflops: float | None
+    vs_equal: float | None    # TFLOP/s over the same kernel's on the equal-length batch
+    vs_cudnn: float | None    # cuDNN's time over this one's (same FLOPs; > 1: faster)
+    note: str = ""
+
+
+def pairs(lens_q, lens_k, causal: bool) -> int:
+    """Visible (query, key) pairs, causal bottom-right aligned per sequence."""
+    total = 0
+    for nq, nk in zip(lens_q, lens_k):
+        if causal:
+            rows = np.arange(nq)
+            total += int(np.clip(rows + nk - nq + 1, 0, nk).sum())
+        else:
+            total += nq * nk
+    return total
+
+
+def _sdpa(backend: str, q, k, v, causal: bool):
+    """PyTorch SDPA on (batch, seqlen, heads, D) CuPy arrays, milliseconds."""
+    import torch
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    import torch.nn.functional as F
+    tq, tk, tv = (torch.from_dlpack(x).transpose(1, 2) for x in (q, k, v))
+    which = {"cudnn": SDPBackend.CUDNN_ATTENTION, "flash": SDPBackend.FLASH_ATTENTION}[backend]
+    gqa = tq.shape[1] != tk.shape[1]
+    with sdpa_kernel([which]):
+        return time_cupy(lambda i: F.scaled_dot_product_attention(tq, tk, tv, is_causal=causal, enable_gqa=gqa),
+                         WARMUP, ITERS)
+
+
+def run(torch_baselines: bool = True) -> list[VarlenRow]:
+    import cupy
+    import ml_dtypes
+    import flashkit
+    bf16 = ml_dtypes.bfloat16
+    rows: list[VarlenRow] = []
+    rng = np.random.default_rng(0)
+    lens = rng.integers(LENGTHS[0], LENGTHS[1] + 1, size=SEQUENCES)
+    total = int(lens.sum())
+    equal = total // SEQUENCES
+    cu = cupy.asarray(np.concatenate([[0], np.cumsum(lens)]).astype(np.int32))
+    crng = cupy.random.default_rng(0)
+
+    def draw(*shape):
+        return crng.standard_normal(shape, dtype=cupy.float32).astype(bf16)
+
+    def add(case, impl, ms, flops, equal_tflops=None, cudnn_ms=None, note=""):
+        tflops = flops / (ms * 1e-3) / 1e12 if ms else None
+        rows.append(VarlenRow(case, impl, ms, tflops, tflops / equal_tflops if tflops and equal_tflops else None,
+                              cudnn_ms / ms if ms and cudnn_ms else None, note))
+        print(f"{case:40s} {impl:24s} {ms or float('nan'):8.3f} ms {tflops or float('nan'):6.0f} TFLOP/s"
+              + (f"  {rows[-1].vs_equal:5.3f}x equal-length" if rows[-1].vs_equal else "")
+              + (f"  {rows[-1].vs_cudnn:5.2f}x cuDNN" if rows[-1].vs_cudnn else "") + (f"  {note}" if note else ""),
+              flush=True)
+        return tflops
+
+    q, k, v = draw(total, HEADS, HEAD_DIM), draw(total, KV_HEADS, HEAD_DIM), draw(total, KV_HEADS, HEAD_DIM)
+    qe, ke, ve = (x[:SEQUENCES * equal].reshape(SEQUENCES, equal, x.shape[1], HEAD_DIM) for x in (q, k, v))
+    lens_list = [int(n) for n in lens]
+    for causal in (False, True):
+        tag = " causal" if causal else ""
+        case = f"varlen {SEQUENCES} seqs {LENGTHS[0]}-{LENGTHS[1]} ({total} tok) h{HEADS}/{KV_HEADS}{tag}"
+        flops = 4 * HEAD_DIM * HEADS * pairs(lens_list, lens_list, causal)
+        eq_flops = 4 * HEAD_DIM * HEADS * pairs([equal] * SEQUENCES, [equal] * SEQUENCES, causal)
+        sel = flashkit.explain(dtype="bfloat16", head_dim=HEAD_DIM, seqlen_q=int(lens.max()), heads=HEADS,
+                               kv_heads=KV_HEADS, batch=SEQUENCES, causal=causal, varlen=True)
+        for variant in dict.fromkeys([sel.chosen.name, "fa2"]):
+            ms_eq = time_cupy(lambda i: flashkit.attention(qe, ke, ve, causal=causal, variant=variant), WARMUP, ITERS)
+            eq_tflops = add(f"equal {SEQUENCES}x{equal}{tag}", variant, ms_eq, eq_flops)
+            ms = time_cupy(lambda i: flashkit.attention_varlen(q, k, v, cu, cu, int(lens.max()), int(lens.max()),
+                                                              causal=causal, variant=variant, check_indices=False),
+                           WARMUP, ITERS)
+            add(case, variant, ms, flops, eq_tflops)
+        if torch_baselines:
+            try:
+                ms_eq = _sdpa("cudnn", qe, ke, ve, causal)
+                add(f"equal {SEQUENCES}x{equal}{tag}", "sdpa cudnn", ms_eq, eq_flops)
+            except Exception as e:
+                add(f"equal {SEQUENCES}x{equal}{tag}", "sdpa cudnn", None, eq_flops, note=f"{type(e).__name__}")
+    del q, k, v, qe, ke, ve
+    b, s = SERVING_PREFILL
+    q, k, v = draw(b, s, HEADS, HEAD_DIM), draw(b, s, KV_HEADS, HEAD_DIM), draw(b, s, KV_HEADS, HEAD_DIM)
+    case = f"prefill b{b} s{s} h{HEADS}/{KV_HEADS} causal"
+    flops = 4 * HEAD_DIM * HEADS * b * pairs([s], [s], True)
+    cudnn_ms = None
+    if torch_baselines:
+        try:
+            cudnn_ms = _sdpa("cudnn", q, k, v, True)
+            add(case, "sdpa cudnn", cudnn_ms, flops)
+        except Exception as e:
+            add(case, "sdpa cudnn", None, flops, note=f"{type(e).__name__}")
+    for variant in (None, "fa2"):
+        ms = time_cupy(lambda i: flashkit.attention(q, k, v, causal=True, variant=variant), WARMUP, ITERS)
+        add(case, variant or "flashkit (auto)", ms, flops, cudnn_ms=cudnn_ms)
+    return rows
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--json", default=None)
+    ap.add_argument("--no-torch", action="store_true")
+    args = ap.parse_args(argv)
+    rows = run(not args.no_torch)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump([asdict(r) for r in rows], f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

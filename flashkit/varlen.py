@@ -1,0 +1,74 @@
+"""attention_varlen: flash-attn's flash_attn_varlen_func layout on the flash kernels (fa3, fa2, causal).
+
+Sequences of different lengths, packed back to back, in one launch: no padding, no loop. Every argument is
+checked before anything is compiled or launched (features/varlen.py).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .api import _aligned, _output, request_for, run
+from .call.arrays import describe, to_cupy
+from .call.validate import check_flag
+from .errors import InputError
+from .features.mods import NO_MODS, check_mods
+from .features.mods import kernel_fields as mods_kernel_fields
+from .features.varlen import check_values, kernel_fields, validate_varlen
+from .registry import discover_kernels, select_kernel
+from .runtime.device import cupy_module, device_info
+from .runtime.launch import LaunchInputs
+
+
+def attention_varlen(q: Any, k: Any, v: Any, cu_seqlens_q: Any, cu_seqlens_k: Any, max_seqlen_q: int,
+                     max_seqlen_k: int, *, causal: bool = False, softmax_scale: float | None = None,
+                     return_lse: bool = False, window_size: tuple[int, int] | None = None, softcap: float = 0.0,
+                     alibi_slopes: Any = None, attention_chunk: int = 0, out: Any = None,
+                     variant: str | None = None, check_indices: bool = True):
+    """softmax(scale q_b k_b^T [masked]) v_b for every packed sequence b.
+
+    q (total_q, heads, D), k and v (total_k, kv_heads, D), float16 or bfloat16; cu_seqlens_q / cu_seqlens_k
+    int32 (batch + 1,) offsets of each sequence's first token (from 0, ending at the totals); max_seqlen_q /
+    max_seqlen_k at least the longest sequence. Zero-length sequences are allowed. causal is bottom-right
+    aligned per sequence (query i of a sequence sees keys j <= i + len_k - len_q), as are window_size and
+    attention_chunk; softcap and alibi_slopes as in flashkit.attention. check_indices=False skips the check of
+    the offsets' values (one synchronizing read of 2 (batch + 1) ints).
+
+    Returns out (total_q, heads, D) (and the float32 LSE, (heads, total_q), with return_lse=True).
+    """
+    causal, return_lse = check_flag(causal, "causal"), check_flag(return_lse, "return_lse")
+    check_indices = check_flag(check_indices, "check_indices")
+    if variant is not None and not isinstance(variant, str):
+        raise InputError(f"variant: expected a variant name (str), got {type(variant).__name__}")
+    q_meta = describe(q, "q")
+    call = validate_varlen(q_meta, describe(k, "k"), describe(v, "v"), describe(cu_seqlens_q, "cu_seqlens_q"),
+                           describe(cu_seqlens_k, "cu_seqlens_k"), max_seqlen_q, max_seqlen_k, softmax_scale)
+    problem = call.problem
+    mods = check_mods(problem, causal, window_size=window_size, softcap=softcap, alibi_slopes=alibi_slopes,
+                      attention_chunk=attention_chunk, device=q_meta.device) if (
+        window_size is not None or softcap != 0 or alibi_slopes is not None or attention_chunk != 0) else NO_MODS
+    req = request_for(problem, causal=causal, lse=return_lse, varlen=True, cc=device_info().cc,
+                      **mods.request_flags())
+    sel = select_kernel(req, discover_kernels().specs, variant)
+
+    cupy = cupy_module()
+    cu_q, cu_k = to_cupy(cu_seqlens_q, "cu_seqlens_q"), to_cupy(cu_seqlens_k, "cu_seqlens_k")
+    if check_indices:
+        check_values(call, cu_q, cu_k)
+    out_arr = _output(out, problem, problem.dtype, cupy, (call.total_q, problem.heads, problem.head_dim))
+    lse = cupy.empty((problem.heads, call.total_q), dtype=cupy.float32) if return_lse else None
+    if call.total_q == 0 or call.total_k == 0 or problem.seqlen_q == 0:   # nothing to attend: O = 0, LSE = -inf
+        out_arr.fill(0)
+        if lse is not None:
+            lse.fill(-cupy.inf)
+        return (out_arr, lse) if return_lse else out_arr
+    # The kernels see the packed tensors as a batch of one, (1, total, heads, D); Params.varlen splits it.
+    qc, kc, vc = (_aligned(to_cupy(x, n))[None] for x, n in ((q, "q"), (k, "k"), (v, "v")))
+    extras = kernel_fields(cu_q, cu_k, call.total_q)
+    if mods.features:
+        slopes = to_cupy(alibi_slopes, "alibi_slopes") if mods.alibi else None
+        extras.update(mods_kernel_fields(mods, problem, slopes))
+    run(sel.chosen, problem, causal, LaunchInputs(qc, kc, vc, out_arr[None], lse, extras),
+        mods=mods.features + ("varlen",))
+    return (out_arr, lse) if return_lse else out_arr
+
