@@ -35,7 +35,8 @@ def _batched(m: ArrayMeta) -> ArrayMeta:
     if len(m.shape) != PACKED_RANK:
         raise InputError(f"{m.name}: expected {PACKED_RANK} dims {PACKED_LAYOUT}, got shape {m.shape}")
     total, heads, dim = m.shape
-    return replace(m, shape=(1, max(total, 1), heads, dim), strides=(max(total, 1) * m.strides[0],) + m.strides)
+    strides = m.strides if total else (heads * dim, dim, 1)   # an empty array's strides may read as zeros
+    return replace(m, shape=(1, max(total, 1), heads, dim), strides=(max(total, 1) * strides[0],) + strides)
 
 
 def _check_cu(m: ArrayMeta, name: str, device: int | None) -> int:

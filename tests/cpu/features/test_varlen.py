@@ -96,3 +96,8 @@ def test_kernel_fields_give_the_packed_lse_layout():
     fields = kernel_fields(Ptr(4096), Ptr(8192), 300)
     assert fields == {"varlen": {"cu_seqlens_q": 4096, "cu_seqlens_k": 8192},
                       "lse_batch_stride": 0, "lse_head_stride": 300}
+
+
+def test_an_empty_packed_array_with_zero_strides_is_accepted():
+    call = validate_varlen(**args(q=meta("q", (0, 8, 64), strides=(0, 0, 0)), max_seqlen_q=0))
+    assert call.total_q == 0
