@@ -4,7 +4,7 @@ summary: FlashAttention-3 forward on Hopper (sm_90a) - TMA producer warp, ping-p
 entry: flashkit_fa3_fwd
 arch: {min: "9.0", max: "9.0", targets: {"9.0": sm_90a}}
 dtypes: [float16, bfloat16]
-head_dims: [64, 128, 256]
+head_dims: [64, 96, 128, 192, 256]
 features: {causal: true, block_sparse: false, fp8: false, backward: false, lse: true, gqa: true,
            window: true, softcap: true, alibi: true, varlen: true}
 priority: 80
@@ -12,7 +12,7 @@ launch: {grid: q_blocks, block_m: 128, block_n: 128, warps: 12, stages: 2}   # 1
 # Tile shapes from a measured sweep (BENCHMARKS.md); a score modification at hd64 needs the 240
 # registers of two consumers.
 overrides: {"hd64": {block_m: 192, warps: 16}, "hd64/softcap": {block_m: 128, warps: 12},
-            "hd64/alibi": {block_m: 128, warps: 12}, "hd256": {block_n: 64}}
+            "hd64/alibi": {block_m: 128, warps: 12}, "hd192": {block_n: 64}, "hd256": {block_n: 64}}
 tensor_maps: {q: block_m, k: block_n, v: block_n, o: 64}   # box rows; o: one consumer's 64 rows
 workspace: none
 ---*/

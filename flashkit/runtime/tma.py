@@ -3,7 +3,8 @@
 A kernel that declares `tensor_maps` in its manifest receives, after the parameter block, one
 CUtensorMap per named tensor (include/flashkit/hopper/tma.cuh). Each describes the tensor as it is
 (no copy) in four dimensions, innermost first (head_dim, seqlen, heads, batch), with a box of one
-128-byte panel of the head dim by `rows` rows and the 128-byte swizzle. The maps are encoded by the
+128-byte panel of the head dim by `rows` rows and the 128-byte swizzle (a head dim that ends inside a
+panel, 96 of 16-bit elements, reads the panel's rest as zeros: TMA's out-of-bounds fill). The maps are encoded by the
 CUDA driver's cuTensorMapEncodeTiled through NVIDIA's cuda-bindings and cached per geometry, so a
 repeated call with the same pointers and shapes encodes nothing.
 """
@@ -49,8 +50,8 @@ def map_geometry(address: int, shape: tuple[int, ...], strides: tuple[int, ...],
         raise ValueError("the head dim must be contiguous")
     if address % STRIDE_ALIGN:
         raise ValueError(f"the base address must be {STRIDE_ALIGN}-byte aligned")
-    if (head_dim * itemsize) % PANEL_BYTES:
-        raise ValueError(f"rows must be whole {PANEL_BYTES}-byte panels (head_dim * itemsize)")
+    if (head_dim * itemsize) % STRIDE_ALIGN:
+        raise ValueError(f"rows must be whole {STRIDE_ALIGN}-byte units (head_dim * itemsize)")
     if not 0 < rows <= MAX_BOX_ROWS:
         raise ValueError(f"box rows {rows} outside 1..{MAX_BOX_ROWS}")
     row_b, head_b, batch_b = strides[1], strides[2], strides[0]

@@ -34,12 +34,18 @@ def test_extent_one_dimensions_take_any_stride():
 
 @pytest.mark.parametrize("address,strides,dtype,rows,why", [
     (8, contiguous(2, 10, 2, 64), "bfloat16", 64, "base address"),
-    (0, (10 * 2 * 72, 2 * 72, 72, BF16), "bfloat16", 64, "panels"),
+    (0, (10 * 2 * 72, 2 * 72, 72, BF16), "bfloat16", 64, "16-byte units"),
     (0, (2 * 10 * 2 * 64 * BF16, 2 * 64 * BF16 + 2, 64 * BF16, BF16), "bfloat16", 64, "row stride"),
     (0, contiguous(2, 10, 2, 64), "float32", 64, "TMA maps take"),
     (0, contiguous(2, 10, 2, 64), "bfloat16", 512, "box rows"),
 ])
 def test_what_tma_cannot_describe(address, strides, dtype, rows, why):
-    head_dim = strides[2] // BF16 if why == "panels" else 64
+    head_dim = strides[2] // BF16 if why == "16-byte units" else 64
     with pytest.raises(ValueError, match=why):
         map_geometry(address, (2, 10, 2, head_dim), strides, BF16, dtype, rows)
+
+
+def test_a_head_dim_inside_a_panel_keeps_the_panel_box():
+    """hd96 of bf16 (192 B): two 64-element boxes, the second read past the end as TMA's zero fill."""
+    g = map_geometry(0, (2, 10, 2, 96), contiguous(2, 10, 2, 96), BF16, "bfloat16", 128)
+    assert g.dims[0] == 96 and g.box == (64, 128, 1, 1)

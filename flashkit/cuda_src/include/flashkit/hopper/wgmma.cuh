@@ -1,6 +1,6 @@
 // Hopper warpgroup matrix multiply (wgmma, sm_90a): shared-memory matrix descriptors, the
 // ordering instructions, and e4m3 (m64nNk32) or bf16 / f16 (m64nNk16) products into f32
-// (N = 64, 128, 256): 32 bytes of k per instruction either way.
+// (N = 64, 128, 256; 96 and 192 for P V): 32 bytes of k per instruction either way.
 //
 // A warpgroup is 4 consecutive warps starting at a warp index divisible by 4; all 128 threads
 // issue every wgmma together. Accumulator layout (PTX ISA, "Register Fragments" of wgmma), for
@@ -161,6 +161,19 @@ __device__ __forceinline__ void fence_accumulators(float (&d)[kTiles][4]) {
 #define FLASHKIT_GMMA_N256_SS_PRED "%130"
 #define FLASHKIT_GMMA_N256_RS "{%128, %129, %130, %131}, %132"
 #define FLASHKIT_GMMA_N256_RS_PRED "%133"
+// N = 96 and 192: the P V product of head dims 96 and 192 (MmaBT only).
+#define FLASHKIT_GMMA_N96_ACC FLASHKIT_GMMA_ACC32(0), FLASHKIT_GMMA_ACC4(8), FLASHKIT_GMMA_ACC4(9), FLASHKIT_GMMA_ACC4(10), FLASHKIT_GMMA_ACC4(11)
+#define FLASHKIT_GMMA_N96_REGS "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47}"
+#define FLASHKIT_GMMA_N96_SS "%48, %49"
+#define FLASHKIT_GMMA_N96_SS_PRED "%50"
+#define FLASHKIT_GMMA_N96_RS "{%48, %49, %50, %51}, %52"
+#define FLASHKIT_GMMA_N96_RS_PRED "%53"
+#define FLASHKIT_GMMA_N192_ACC FLASHKIT_GMMA_ACC32(0), FLASHKIT_GMMA_ACC32(8), FLASHKIT_GMMA_ACC32(16)
+#define FLASHKIT_GMMA_N192_REGS "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, %80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95}"
+#define FLASHKIT_GMMA_N192_SS "%96, %97"
+#define FLASHKIT_GMMA_N192_SS_PRED "%98"
+#define FLASHKIT_GMMA_N192_RS "{%96, %97, %98, %99}, %100"
+#define FLASHKIT_GMMA_N192_RS_PRED "%101"
 
 template <typename T, int kN>
 struct Mma;
@@ -220,6 +233,10 @@ FLASHKIT_GMMA_DEFINE_BT(bfloat16_t, 256, "k16.f32.bf16.bf16")
 FLASHKIT_GMMA_DEFINE_BT(half_t, 64, "k16.f32.f16.f16")
 FLASHKIT_GMMA_DEFINE_BT(half_t, 128, "k16.f32.f16.f16")
 FLASHKIT_GMMA_DEFINE_BT(half_t, 256, "k16.f32.f16.f16")
+FLASHKIT_GMMA_DEFINE_BT(bfloat16_t, 96, "k16.f32.bf16.bf16")
+FLASHKIT_GMMA_DEFINE_BT(bfloat16_t, 192, "k16.f32.bf16.bf16")
+FLASHKIT_GMMA_DEFINE_BT(half_t, 96, "k16.f32.f16.f16")
+FLASHKIT_GMMA_DEFINE_BT(half_t, 192, "k16.f32.f16.f16")
 
 }  // namespace gmma
 }  // namespace flashkit

@@ -52,8 +52,10 @@ struct WsTraits {
     static constexpr int kMTiles = 1;
     static constexpr int kNTiles = kBlockN / kMmaN;          // 8-key column tiles of S
     static constexpr int kDTiles = kHeadDim / kMmaN;         // 8-wide column tiles of O
-    static constexpr int kRowBytes = kHeadDim * kElemBytes;
-    static constexpr int kQKSteps = kRowBytes / gmma::kKBytes;
+    // Tile rows in shared memory: whole 128 B panels (hd96: two, the second half zero-filled by TMA's
+    // out-of-bounds fill and never read by a product); the products run over kHeadDim only.
+    static constexpr int kRowBytes = (kHeadDim * kElemBytes + kTmaPanelBytes - 1) / kTmaPanelBytes * kTmaPanelBytes;
+    static constexpr int kQKSteps = kHeadDim * kElemBytes / gmma::kKBytes;
     static constexpr int kPVSteps = kBlockN * kElemBytes / gmma::kKBytes;
     static constexpr int kStepKeys = gmma::kKBytes / kElemBytes;   // keys per k-step of P V
     static constexpr int kPanelElems = kTmaPanelBytes / kElemBytes;
@@ -79,7 +81,7 @@ struct WsTraits {
     static_assert(kBlockM == kConsumers * gmma::kWarpgroupRows, "64 query rows per consumer warpgroup");
     static_assert(kBlockN == 64 || kBlockN == 128 || kBlockN == 256, "K/V tiles of 64, 128 or 256 keys");
     static_assert(kElemBytes == 2, "16-bit inputs (fp8 drives its own precision policy)");
-    static_assert(kRowBytes % kTmaPanelBytes == 0, "rows of whole 128 B panels");
+    static_assert(kHeadDim * kElemBytes % gmma::kKBytes == 0, "head dims of whole 32 B product steps (16 elements)");
     static_assert((kProducerRegs + kConsumers * kConsumerRegs) * gmma::kWarpgroupThreads <= kRegisterFile,
                   "register budgets fit the register file");
     static_assert(kSmemBytes <= 227 * 1024, "shared memory of one CTA");
