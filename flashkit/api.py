@@ -15,7 +15,7 @@ from .registry import Request, Selection, discover_kernels, select_kernel
 from .registry.manifest import KernelSpec
 from .runtime.build import build_module, make_config
 from .runtime.device import cupy_module, device_count, device_info
-from .runtime.call_cache import CALLS, array_signature, context_signature, scalar_signature, workspace
+from .runtime.call_cache import CALLS, array_signature, context_signature, finished_key, scalar_signature, workspace
 from .runtime.launch import LaunchInputs, PreparedLaunch, launch, prepare_launch  # noqa: F401 (launch: re-exported)
 
 ALIGN_BYTES = 16   # the flash kernels load 16-byte vectors: base and row/head strides must be multiples
@@ -150,13 +150,7 @@ def _forward_key(q, k, v, out, causal, softmax_scale, variant, return_lse, block
     key = ("attention", arrays, out_sig, causal, return_lse, scalar_signature(softmax_scale), variant,
            None if block_mask is None else (type(block_mask), id(block_mask)), scalar_signature(out_dtype), window,
            scalar_signature(softcap), scalar_signature(attention_chunk), context_signature())
-    if key[-1] is None:
-        return None
-    try:
-        hash(key)
-    except TypeError:
-        return None
-    return key
+    return finished_key(key)
 
 
 def request_for(problem: Problem, cc: tuple[int, int] | None = None, **flags: bool) -> Request:

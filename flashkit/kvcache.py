@@ -19,7 +19,7 @@ from .features.kv_cache import (append_new, check_values, describe_seqlens, kern
                                 validate_kvcache)
 from .registry import discover_kernels, select_kernel
 from .runtime.device import cupy_module, device_info
-from .runtime.call_cache import CALLS, array_signature, context_signature, scalar_signature, workspace
+from .runtime.call_cache import CALLS, array_signature, context_signature, finished_key, scalar_signature, workspace
 from .runtime.launch import LaunchInputs, PreparedLaunch
 
 
@@ -114,13 +114,7 @@ def _kvcache_key(q, k_cache, v_cache, cache_seqlens, block_table, k_new, v_new, 
         return None
     key = ("kvcache", arrays, seqlens, optional, causal, return_lse, scalar_signature(softmax_scale), variant,
            context_signature())
-    if key[-1] is None:
-        return None
-    try:
-        hash(key)
-    except TypeError:
-        return None
-    return key
+    return finished_key(key)
 
 
 __all__ = ["attention_with_kvcache"]

@@ -7,11 +7,10 @@ python3 -m flashkit.bench.decode [--json PATH]
 
 from __future__ import annotations
 
-import argparse
-import json
 import sys
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 
+from .report import script_main
 from .timing import time_cupy
 
 # (batch, seqlen_k, heads, kv_heads): the targets (bf16, head dim 128, one query row).
@@ -125,15 +124,7 @@ def run(torch_baselines: bool = True) -> list[DecodeRow]:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--json", default=None)
-    ap.add_argument("--no-torch", action="store_true")
-    args = ap.parse_args(argv)
-    rows = run(not args.no_torch)
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump([asdict(r) for r in rows], f, indent=1)
-    return 0
+    return script_main(__doc__, run, argv)
 
 
 if __name__ == "__main__":

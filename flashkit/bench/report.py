@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import argparse
 import json
+from dataclasses import asdict
 from collections import OrderedDict
 from typing import Any, Sequence
 
@@ -100,3 +102,16 @@ def rows_from_json(text: str) -> list[Any]:
     from dataclasses import fields
     names = {f.name for f in fields(BenchRow)}
     return [BenchRow(**{k: v for k, v in item.items() if k in names}) for item in json.loads(text)["rows"]]
+
+
+def script_main(doc: str, run, argv=None) -> int:
+    """The command line of a standalone benchmark module: run(torch_baselines) -> rows, --json PATH, --no-torch."""
+    ap = argparse.ArgumentParser(description=doc.splitlines()[0])
+    ap.add_argument("--json", default=None)
+    ap.add_argument("--no-torch", action="store_true")
+    args = ap.parse_args(argv)
+    rows = run(not args.no_torch)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump([asdict(r) for r in rows], f, indent=1)
+    return 0

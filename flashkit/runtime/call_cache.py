@@ -82,6 +82,17 @@ def context_signature() -> tuple | None:
     return None if device is None else (device, os.environ.get(KERNEL_PATH_ENV))
 
 
+def finished_key(key: tuple) -> tuple | None:
+    """key when it can serve: its last item (context_signature()) known and every part hashable; else None."""
+    if key[-1] is None:
+        return None
+    try:
+        hash(key)
+    except TypeError:
+        return None
+    return key
+
+
 def current_device() -> int | None:
     try:
         return _cupy().cuda.runtime.getDevice()
