@@ -74,6 +74,17 @@ def main(argv: list[str] | None = None) -> dict:
                    t(fk(causal=causal, mod="relative_bias", mod_args={"slopes": slopes}, variant=variant)), causal)
         record(f"{tag}plain", "flashkit", t(fk(causal=causal)), causal)
     record("causal document", "flashkit", t(fk(causal=True, mod="document", mod_args={"doc_ids": doc})), True)
+    for name, kw in (("causal document", dict(causal=True, mod="document", mod_args={"doc_ids": doc})),
+                     ("causal relative_bias", dict(causal=True, mod="relative_bias", mod_args={"slopes": slopes})),
+                     ("causal alibi", dict(causal=True, alibi_slopes=slopes)), ("causal plain", dict(causal=True))):
+        cupy.cuda.runtime.deviceSynchronize()
+        t0 = time.perf_counter()
+        for i in range(args.iters):
+            fk(**kw)(i)
+        host = (time.perf_counter() - t0) / args.iters   # enqueue time per call (the GPU runs behind)
+        rows.append({"name": name, "impl": "host per call", "ms": host * 1e3, "tflops": None})
+        print(f"{name:<40} {'host per call':<22} {host * 1e3:8.3f} ms", flush=True)
+        cupy.cuda.runtime.deviceSynchronize()
     record("prefix_lm", "flashkit", t(fk(mod="prefix_lm", mod_args={"prefix": prefix})), True)
     if not args.no_flex:
         flex_rows(rows, tv, slopes_t, doc_t, prefix, s, args, record)

@@ -99,10 +99,11 @@ def test_document_mask_skips_tiles_between_documents():
     """Two documents of a row: the classifier keeps no tile of the cross-document block, and a call with one
     document is the plain causal kernel's answer."""
     import cupy
+    import ml_dtypes
 
     import flashkit
     rng = cupy.random.default_rng(5)
-    q, k, v = (rng.standard_normal((1, 512, 2, 64), dtype=cupy.float32).astype(cupy.bfloat16) for _ in range(3))
+    q, k, v = (rng.standard_normal((1, 512, 2, 64), dtype=cupy.float32).astype(ml_dtypes.bfloat16) for _ in range(3))
     one_doc = cupy.zeros((1, 512), dtype=cupy.int32)
     a = flashkit.attention(q, k, v, causal=True, variant="causal", mod="document", mod_args={"doc_ids": one_doc})
     b = flashkit.attention(q, k, v, causal=True, variant="causal")
