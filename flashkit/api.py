@@ -27,11 +27,14 @@ def attention(q: Any, k: Any, v: Any, *, causal: bool = False, softmax_scale: fl
               fp8: bool = False, q_scale: Any = None, k_scale: Any = None, v_scale: Any = None,
               out_dtype: str | None = None, out: Any = None, fp8_options: dict | None = None,
               window_size: tuple[int, int] | None = None, softcap: float = 0.0, alibi_slopes: Any = None,
-              attention_chunk: int = 0):
+              attention_chunk: int = 0, mod: str | None = None, mod_args: dict | None = None):
     """softmax(scale * q k^T [masked]) v for (batch, seqlen, heads, head_dim) CUDA arrays.
 
     window_size=(left, right), attention_chunk, softcap and alibi_slopes (float32 (heads,) or (batch, heads))
     follow flash-attn (flashkit.features.mods).
+
+    mod names a drop-in functor (score_mod / mask_mod in a mods/*.cu file; docs/functors.md), mod_args its
+    arguments by the names its manifest declares.
 
     fp8=True quantizes q, k, v with flashkit.features.fp8.quantize_qkv(**fp8_options): block, hadamard, seed.
 
@@ -50,7 +53,8 @@ def attention(q: Any, k: Any, v: Any, *, causal: bool = False, softmax_scale: fl
         raise InputError("fp8_options: expected a dict (block, hadamard, seed) together with fp8=True")
     if variant is not None and not isinstance(variant, str):
         raise InputError(f"variant: expected a variant name (str), got {type(variant).__name__}")
-    key = None if (fp8 or prequantized or alibi_slopes is not None or fp8_options is not None) else _forward_key(
+    key = None if (fp8 or prequantized or alibi_slopes is not None or fp8_options is not None
+                   or mod is not None or mod_args is not None) else _forward_key(   # functors: arrays in mod_args
         q, k, v, out, causal, softmax_scale, variant, return_lse, block_mask, out_dtype, window_size, softcap,
         attention_chunk)
     if key is not None and (cached := CALLS.get(key)) is not None:   # this signature validated and selected before
@@ -60,6 +64,12 @@ def attention(q: Any, k: Any, v: Any, *, causal: bool = False, softmax_scale: fl
     mods = check_mods(problem, causal, window_size=window_size, softcap=softcap, alibi_slopes=alibi_slopes,
                       attention_chunk=attention_chunk, device=q_meta.device) if (
         window_size is not None or softcap != 0 or alibi_slopes is not None or attention_chunk != 0) else NO_MODS
+    functor = None
+    if mod is not None or mod_args is not None:
+        from .features.functors import bind_functor
+        if mod is None:
+            raise InputError("mod_args: given without mod (the functor they belong to)")
+        functor = bind_functor(mod, mod_args, problem, mods, q_meta.device)
     if fp8 and problem.dtype == "float32":
         raise InputError("fp8: quantizing needs float16 or bfloat16 inputs, got float32")
     if block_mask is not None:
@@ -70,7 +80,8 @@ def attention(q: Any, k: Any, v: Any, *, causal: bool = False, softmax_scale: fl
     use_fp8 = fp8 or prequantized
     cc = device_info().cc
     req = request_for(problem, causal=causal, block_sparse=block_mask is not None, fp8=use_fp8,
-                      lse=return_lse, cc=cc, **mods.request_flags())
+                      lse=return_lse, cc=cc, **mods.request_flags(),
+                      **(functor.request_flags() if functor else {}))
     sel = select_kernel(req, discover_kernels().specs, variant)
 
     cupy = cupy_module()
@@ -91,10 +102,14 @@ def attention(q: Any, k: Any, v: Any, *, causal: bool = False, softmax_scale: fl
         if slopes is not None:
             keep.append(slopes)
         extras.update(mods_kernel_fields(mods, problem, slopes))
+    if functor is not None:   # ModArgs beside the built-in fields of Params.mods
+        fields = functor.kernel_fields(problem, to_cupy)
+        extras.update({**fields, "mods": {**extras.get("mods", {}), **fields["mods"]}})
     out_arr = _output(out, problem, out_name, cupy)
     lse = cupy.empty((problem.batch, problem.heads, problem.seqlen_q), dtype=cupy.float32) if return_lse else None
     prepared = run(sel.chosen, problem, causal, LaunchInputs(qc, kc, vc, out_arr, lse, extras),
-                   block_sparse=block_mask is not None, out_dtype=out_name, mods=mods.features)
+                   block_sparse=block_mask is not None, out_dtype=out_name, mods=mods.features + (
+                       functor.features if functor else ()), functor=functor)
     if key is not None and qc is q and kc is k and vc is v and problem.softmax_scale > 0:   # no copy, no negation
         CALLS.put(key, _CachedForward(prepared, out_arr.shape, out_arr.dtype, lse.shape if return_lse else None,
                                       block_mask))
@@ -102,15 +117,31 @@ def attention(q: Any, k: Any, v: Any, *, causal: bool = False, softmax_scale: fl
 
 
 def run(spec: KernelSpec, problem: Problem, causal: bool, io: LaunchInputs, block_sparse: bool = False,
-        out_dtype: str | None = None, mods: tuple[str, ...] = (), variable: tuple[str, ...] = ()) -> PreparedLaunch:
+        out_dtype: str | None = None, mods: tuple[str, ...] = (), variable: tuple[str, ...] = (),
+        functor: Any = None) -> PreparedLaunch:
     """Build (or fetch) the specialization for this device and launch it; returns the launch, reusable for
-    calls of the same signature (their pointers, and the dotted `variable` extras, put in)."""
+    calls of the same signature (their pointers, and the dotted `variable` extras, put in). A functor
+    (features/functors.BoundFunctor) is built in, and its mask_mod's tiles classified first."""
     if problem.softmax_scale < 0:   # the kernels take row maxima of the raw scores: hand them a positive scale
         q, problem = _negate_scale(io.q, problem, cupy_module())
         io = replace(io, q=q)
     cc = device_info().cc
-    config = make_config(spec, problem.dtype, problem.head_dim, causal, cc, block_sparse, out_dtype, mods)
-    prepared = prepare_launch(spec, build_module(spec, config, cc), config, problem, io, variable)
+    config = make_config(spec, problem.dtype, problem.head_dim, causal, cc, block_sparse, out_dtype, mods,
+                         functor.build_key if functor else None)
+    if functor is None:
+        prepared = prepare_launch(spec, build_module(spec, config, cc), config, problem, io, variable)
+    else:
+        from .errors import CompileError
+        try:
+            loaded = build_module(spec, config, cc)
+        except CompileError as e:
+            raise functor.compile_error(e) from None
+        tiles = functor.tile_fields(problem, config.launch_dict, cupy_module())
+        mods_fields = {**io.extras.get("mods", {}), **tiles}
+        io = replace(io, extras={**io.extras, "mods": mods_fields})
+        prepared = prepare_launch(spec, loaded, config, problem, io, variable)
+        functor.classify(loaded, prepared.params.fill(io.q.data.ptr, io.k.data.ptr, io.v.data.ptr, io.out.data.ptr,
+                                                      0, 0), problem, config.launch_dict)
     prepared(io.q, io.k, io.v, io.out, io.lse)
     return prepared
 

@@ -31,11 +31,20 @@ def _ints(values: tuple[str, ...]) -> list[int]:
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of tables.")
 @click.option("--json-out", type=click.Path(dir_okay=False), default=None, help="Also write JSON to this file.")
 @click.option("--plot", type=click.Path(dir_okay=False), default=None, help="Write a PNG of TFLOP/s vs seqlen.")
+@click.option("--functors", is_flag=True, help="Drop-in functors against the built-ins and flex_attention "
+                                               "(flashkit.bench.functors; first seqlen and head dim given).")
 @one_line_errors
 def command(variants, head_dims, seqlens, causal, density, dtype, compare, iters, warmup, as_json, json_out,
-            plot) -> None:
+            plot, functors) -> None:
     """Time kernels with CUDA events (median, L2-rotated inputs) and report TFLOP/s and ratios."""
     require_device()
+    if functors:
+        from ..bench import functors as functor_bench
+        argv = ["--iters", str(iters), "--warmup", str(warmup)] + (["--out", json_out] if json_out else [])
+        argv += (["--seqlen", str(_ints(seqlens)[0])] if seqlens else []) + (
+            ["--head-dim", str(_ints(head_dims)[0])] if head_dims else []) + ([] if compare == "torch" else ["--no-flex"])
+        functor_bench.main(argv)
+        return
     config = bench.BenchConfig(
         seqlens=_ints(seqlens) or bench.SEQLENS, head_dims=_ints(head_dims) or bench.HEAD_DIMS,
         causal=(False, True) if causal is None else (causal,), dtype=dtype,

@@ -6,7 +6,7 @@ import platform
 
 import click
 
-from ..registry import kernel_search_path
+from ..registry import discover_kernels, kernel_search_path
 from ..runtime.build import cache_dir
 from ..runtime.nvrtc import nvrtc_version
 from .common import emit_json, one_line_errors
@@ -14,7 +14,8 @@ from .common import emit_json, one_line_errors
 
 def gather() -> dict:
     info = {"python": platform.python_version(), "cache_dir": str(cache_dir()),
-            "kernel_path": [str(p) for p in kernel_search_path()]}
+            "kernel_path": [str(p) for p in kernel_search_path()],
+            "mods": {name: str(m.path) for name, m in sorted(discover_kernels().mods.items())}}
     v = nvrtc_version()
     info["nvrtc"] = f"{v[0]}.{v[1]}" if v else "not installed"
     try:
@@ -55,3 +56,5 @@ def command(as_json: bool) -> None:
     click.echo(f"python:       {info['python']}")
     click.echo(f"cache dir:    {info['cache_dir']}")
     click.echo("kernel path:  " + "\n              ".join(info["kernel_path"]))
+    click.echo("functors:     " + ("\n              ".join(f"{n} ({p})" for n, p in info["mods"].items()) or "none")
+               + "\n              (each kernel directory's *.cu and mods/*.cu with kind: modification)")

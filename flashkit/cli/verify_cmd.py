@@ -23,16 +23,28 @@ def format_result(r: harness.CheckResult) -> str:
 @click.option("--causal/--no-causal", default=None, help="Only causal / only non-causal (default: both).")
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--quick", is_flag=True, help="A smaller shape matrix.")
+@click.option("--mod", "mod", default=None, help="A drop-in functor: check it fused into each variant that builds "
+                                                "functors (or the --variant ones) against its Python reference.")
 @click.option("--json", "as_json", is_flag=True)
 @one_line_errors
-def command(variants, all_variants, dtypes, head_dims, causal, seed, quick, as_json) -> None:
+def command(variants, all_variants, dtypes, head_dims, causal, seed, quick, mod, as_json) -> None:
     """Check variants against the float64 reference (DESIGN.md's rule); exits 1 on any failure."""
-    if not variants and not all_variants:
-        raise click.UsageError("name a --variant or pass --all")
-    require_device()
-    specs, skipped = harness.runnable_variants(None if all_variants else variants)
+    if not variants and not all_variants and not mod:
+        raise click.UsageError("name a --variant, a --mod, or pass --all")
     causal_opts = None if causal is None else (causal,)
-    checks = [c for s in specs for c in harness.checks_for(s, dtypes or None, head_dims or None, causal_opts, quick)]
+    if mod:
+        from ..registry import discover_kernels
+        from ..verify.functors import functor_checks, load_reference
+        mod_spec = discover_kernels().get_mod(mod)
+        load_reference(mod_spec)   # says so, before any device work, when the functor cannot be checked
+        require_device()
+        specs, skipped = harness.runnable_variants(variants or None)
+        checks = functor_checks(mod_spec, specs, dtypes or None, head_dims or None, causal_opts, quick)
+    else:
+        require_device()
+        specs, skipped = harness.runnable_variants(None if all_variants else variants)
+        checks = [c for s in specs for c in harness.checks_for(s, dtypes or None, head_dims or None, causal_opts,
+                                                                quick)]
     progress = None if as_json else (lambda r: click.echo(format_result(r)))
     results = harness.run_checks(checks, seed, progress)
     failed = [r for r in results if not r.passed]

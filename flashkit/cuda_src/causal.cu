@@ -6,7 +6,8 @@ arch: {min: "8.0"}
 dtypes: [float16, bfloat16]
 head_dims: [64, 128, 256]
 features: {causal: true, block_sparse: false, fp8: false, backward: false, lse: true, gqa: true,
-           window: true, softcap: true, alibi: true, varlen: true}
+           window: true, softcap: true, alibi: true, varlen: true,
+           score_mod: true, mask_mod: true}
 requires: {causal: true}
 priority: 60
 launch: {grid: q_blocks, block_m: 128, block_n: 64, warps: 4}
@@ -23,12 +24,16 @@ workspace: none
 //   blockIdx.x = 0 takes the last query block, which keeps the tail of the grid short.
 // - A query block whose rows see no key (seqlen_q > seqlen_k) loads nothing and writes
 //   O = 0, LSE = -inf.
+#include "flashkit/functor.cuh"
 #include "flashkit/sm80/fwd_mainloop.cuh"
 
 using flashkit::KernelTraits;
 // With FLASHKIT_WINDOW, the local mask (the runtime passes window_right = 0: causal stays causal).
 typedef flashkit::LocalOr<FLASHKIT_WINDOW, KernelTraits::kBlockM, KernelTraits::kBlockN,
-                          flashkit::CausalMask<KernelTraits::kBlockM, KernelTraits::kBlockN>>::type FwdMask;
+                          flashkit::CausalMask<KernelTraits::kBlockM, KernelTraits::kBlockN>>::type BaseMask;
+// A drop-in functor's mask_mod on top (functor.cuh).
+typedef flashkit::MaskFunctorOr<FLASHKIT_MASK_MOD, KernelTraits::kBlockM, KernelTraits::kBlockN, BaseMask>::type FwdMask;
+FLASHKIT_FUNCTOR_ENTRIES(BaseMask, KernelTraits::kBlockM, KernelTraits::kBlockN)
 
 FLASHKIT_EXPORT_SMEM_BYTES(KernelTraits::kSmemBytes);
 
@@ -37,5 +42,5 @@ extern "C" __global__ void __launch_bounds__(KernelTraits::kThreads)
     const int m_block = gridDim.x - 1 - blockIdx.x;   // heaviest (last) query block first
     const int head = blockIdx.y;
     const int batch = blockIdx.z;
-    flashkit::fwd_query_block<KernelTraits, FwdMask, flashkit::BuildScoreMod>(params, m_block, head, batch);
+    flashkit::fwd_query_block<KernelTraits, FwdMask, flashkit::FwdScoreMod>(params, m_block, head, batch);
 }

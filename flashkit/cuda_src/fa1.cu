@@ -152,7 +152,7 @@ extern "C" __global__ void __launch_bounds__(Kt::kThreads)
     __syncthreads();
 
     const Fa1Mask mask(p, 0);   // only key_end() is used: it does not depend on the block
-    FwdMainloop<Kt, Fa1Mask> tile(mask, p, sQ, head, batch, tid);
+    FwdMainloop<Kt, Fa1Mask> tile(mask, p, sQ, head, batch, SeqOrigin{0, 0, batch}, tid);
     const Element* q_gmem =
         static_cast<const Element*>(p.q) + batch * p.q_batch_stride + head * p.q_head_stride;
     const int n_kv_blocks = ceil_div(p.seqlen_k, Kt::kBlockN);

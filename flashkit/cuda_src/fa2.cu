@@ -6,7 +6,8 @@ arch: {min: "8.0"}
 dtypes: [float16, bfloat16]
 head_dims: [64, 128, 256]
 features: {causal: true, block_sparse: false, fp8: false, backward: false, lse: true, gqa: true,
-           window: true, softcap: true, alibi: true, varlen: true}
+           window: true, softcap: true, alibi: true, varlen: true,
+           score_mod: true, mask_mod: true}
 priority: 50
 launch: {grid: q_blocks, block_m: 128, block_n: 64, warps: 4}
 overrides: {"hd128": {block_m: 128, block_n: 128, warps: 8}, "hd256": {warps: 8}}
@@ -21,14 +22,17 @@ workspace: none
 // epilogue, which also writes LSE = m * scale + ln(l).
 // With FLASHKIT_CAUSAL the tiles wholly above the (bottom-right aligned) diagonal are skipped
 // and only the tiles crossing it are masked element-wise (sm80/fwd_mainloop.cuh, mask.cuh).
+#include "flashkit/functor.cuh"
 #include "flashkit/sm80/fwd_mainloop.cuh"
 
 using flashkit::KernelTraits;
 
 // With FLASHKIT_WINDOW, the local mask (window_size / attention_chunk; mask.cuh); softcap / ALiBi
-// by FLASHKIT_SOFTCAP / FLASHKIT_ALIBI (score_mod.cuh).
+// by FLASHKIT_SOFTCAP / FLASHKIT_ALIBI (score_mod.cuh); a drop-in functor's score_mod / mask_mod (functor.cuh).
 typedef flashkit::LocalOr<FLASHKIT_WINDOW, KernelTraits::kBlockM, KernelTraits::kBlockN,
-                          flashkit::DenseMask<FLASHKIT_CAUSAL, KernelTraits::kBlockM, KernelTraits::kBlockN>::type>::type FwdMask;
+                          flashkit::DenseMask<FLASHKIT_CAUSAL, KernelTraits::kBlockM, KernelTraits::kBlockN>::type>::type BaseMask;
+typedef flashkit::MaskFunctorOr<FLASHKIT_MASK_MOD, KernelTraits::kBlockM, KernelTraits::kBlockN, BaseMask>::type FwdMask;
+FLASHKIT_FUNCTOR_ENTRIES(BaseMask, KernelTraits::kBlockM, KernelTraits::kBlockN)
 
 FLASHKIT_EXPORT_SMEM_BYTES(KernelTraits::kSmemBytes);
 
@@ -37,5 +41,5 @@ extern "C" __global__ void __launch_bounds__(KernelTraits::kThreads)
     const int m_block = blockIdx.x;
     const int head = blockIdx.y;
     const int batch = blockIdx.z;
-    flashkit::fwd_query_block<KernelTraits, FwdMask, flashkit::BuildScoreMod>(params, m_block, head, batch);
+    flashkit::fwd_query_block<KernelTraits, FwdMask, flashkit::FwdScoreMod>(params, m_block, head, batch);
 }

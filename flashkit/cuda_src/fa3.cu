@@ -6,13 +6,15 @@ arch: {min: "9.0", max: "9.0", targets: {"9.0": sm_90a}}
 dtypes: [float16, bfloat16]
 head_dims: [64, 96, 128, 192, 256]
 features: {causal: true, block_sparse: false, fp8: false, backward: false, lse: true, gqa: true,
-           window: true, softcap: true, alibi: true, varlen: true}
+           window: true, softcap: true, alibi: true, varlen: true,
+           score_mod: true, mask_mod: true}
 priority: 80
 launch: {grid: q_blocks, block_m: 128, block_n: 128, warps: 12, stages: 2}   # 1 producer + block_m / 64 consumer warpgroups
 # Tile shapes from a measured sweep (BENCHMARKS.md); a score modification at hd64 needs the 240
 # registers of two consumers.
 overrides: {"hd64": {block_m: 192, warps: 16}, "hd64/softcap": {block_m: 128, warps: 12},
-            "hd64/alibi": {block_m: 128, warps: 12}, "hd192": {block_n: 64}, "hd256": {block_n: 64}}
+            "hd64/alibi": {block_m: 128, warps: 12}, "hd64/score_mod": {block_m: 128, warps: 12},
+            "hd64/mask_mod": {block_m: 128, warps: 12}, "hd192": {block_n: 64}, "hd256": {block_n: 64}}
 tensor_maps: {q: block_m, k: block_n, v: block_n, o: 64}   # box rows; o: one consumer's 64 rows
 workspace: none
 ---*/
@@ -23,13 +25,17 @@ workspace: none
 // This file picks the mask (causal or none; with FLASHKIT_WINDOW the local mask of window_size /
 // attention_chunk), the score modification (softcap / ALiBi, score_mod.cuh) and the tile order
 // (causal: heaviest blocks first); with FLASHKIT_VARLEN each batch entry is a packed sequence (varlen.cuh).
+#include "flashkit/functor.cuh"
 #include "flashkit/hopper/ws_forward.cuh"
 
 typedef flashkit::hopper::WsTraits<flashkit::Element, FLASHKIT_HEAD_DIM, FLASHKIT_BLOCK_M, FLASHKIT_BLOCK_N,
                                    FLASHKIT_STAGES>
     Traits;
 typedef flashkit::LocalOr<FLASHKIT_WINDOW, Traits::kBlockM, Traits::kBlockN,
-                          flashkit::DenseMask<FLASHKIT_CAUSAL, Traits::kBlockM, Traits::kBlockN>::type>::type FwdMask;
+                          flashkit::DenseMask<FLASHKIT_CAUSAL, Traits::kBlockM, Traits::kBlockN>::type>::type BaseMask;
+// A drop-in functor's mask_mod on top (functor.cuh).
+typedef flashkit::MaskFunctorOr<FLASHKIT_MASK_MOD, Traits::kBlockM, Traits::kBlockN, BaseMask>::type FwdMask;
+FLASHKIT_FUNCTOR_ENTRIES(BaseMask, Traits::kBlockM, Traits::kBlockN)
 static_assert(FLASHKIT_WARPS * flashkit::kWarpSize == Traits::kThreads, "warps: a producer and kBlockM / 64 consumers");
 
 FLASHKIT_EXPORT_SMEM_BYTES(Traits::kSmemBytes);
@@ -43,8 +49,8 @@ extern "C" __global__ void __launch_bounds__(Traits::kThreads, 1)
     const int m_block = FLASHKIT_CAUSAL ? gridDim.x - 1 - blockIdx.x : blockIdx.x;
     flashkit::for_sequence<FLASHKIT_VARLEN != 0, Traits::kBlockM>(
         params, blockIdx.z, m_block, [&](const flashkit::Params& p, const flashkit::SeqOrigin& origin) {
-            const FwdMask mask(p, m_block);
-            flashkit::hopper::ws_forward<Traits, flashkit::BuildScoreMod>(p, {q_map, k_map, v_map, o_map}, mask,
+            const FwdMask mask = flashkit::make_mask<FwdMask>(p, m_block, blockIdx.y, blockIdx.z);
+            flashkit::hopper::ws_forward<Traits, flashkit::FwdScoreMod>(p, {q_map, k_map, v_map, o_map}, mask,
                                                                           m_block, blockIdx.y, blockIdx.z, origin);
         });
 }

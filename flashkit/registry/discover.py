@@ -1,4 +1,8 @@
-"""Find variant files: the package's cuda_src/, FLASHKIT_KERNEL_PATH, then the `flashkit.kernels` entry points."""
+"""Find variant files: the package's cuda_src/, FLASHKIT_KERNEL_PATH, then the `flashkit.kernels` entry points.
+
+Each directory's *.cu and mods/*.cu are read; a manifest with `kind: modification` is a drop-in functor
+(registry/functor_manifest.py, its own name space), any other a kernel variant.
+"""
 
 from __future__ import annotations
 
@@ -8,12 +12,16 @@ from functools import lru_cache
 from importlib import metadata
 from pathlib import Path
 
+import yaml
+
 from ..errors import ManifestError
 from ..runtime.call_cache import invalidate as invalidate_calls
-from .manifest import KernelSpec, parse_manifest
+from .functor_manifest import ModSpec, is_modification, mod_spec_from
+from .manifest import KernelSpec, _spec_from, read_manifest_text
 
 BUILTIN_DIR = Path(__file__).resolve().parent.parent / "cuda_src"
 ENTRY_POINT_GROUP = "flashkit.kernels"
+MODS_SUBDIR = "mods"   # drop-in functors may sit in a directory's mods/ folder
 
 
 @dataclass
@@ -22,12 +30,31 @@ class Catalogue:
 
     specs: dict[str, KernelSpec] = field(default_factory=dict)
     problems: list[str] = field(default_factory=list)
+    mods: dict[str, ModSpec] = field(default_factory=dict)   # drop-in functors by name
 
     def get(self, name: str) -> KernelSpec:
         if name not in self.specs:
             from ..errors import InputError
             raise InputError(f"variant: unknown variant {name!r}; known: {', '.join(sorted(self.specs))}")
         return self.specs[name]
+
+    def get_mod(self, name: str) -> ModSpec:
+        if name not in self.mods:
+            from ..errors import InputError
+            raise InputError(f"mod: unknown functor {name!r}; known: {', '.join(sorted(self.mods)) or 'none'} "
+                             "(drop-in files: cuda_src/mods/ and each FLASHKIT_KERNEL_PATH directory)")
+        return self.mods[name]
+
+
+def parse_file(path: Path) -> KernelSpec | ModSpec:
+    """A kernel variant or a drop-in functor, by its manifest's kind; ManifestError names the file and field."""
+    try:
+        data = yaml.safe_load(read_manifest_text(path))
+    except yaml.YAMLError as e:
+        raise ManifestError(f"{path}: manifest is not valid YAML: {str(e).splitlines()[0]}") from None
+    if not isinstance(data, dict):
+        raise ManifestError(f"{path}: manifest must be a YAML mapping")
+    return mod_spec_from(path, data) if is_modification(data) else _spec_from(path, data)
 
 
 @lru_cache(maxsize=1)
@@ -69,16 +96,17 @@ def discover_kernels(refresh: bool = False) -> Catalogue:
         if not d.is_dir():
             cat.problems.append(f"{d}: kernel directory not found")
             continue
-        for path in sorted(d.glob("*.cu")):
+        for path in sorted(d.glob("*.cu")) + sorted((d / MODS_SUBDIR).glob("*.cu")):
             try:
-                spec = parse_manifest(path)
+                spec = parse_file(path)
             except ManifestError as e:
                 cat.problems.append(str(e))
                 continue
-            if spec.name in cat.specs:
-                raise ManifestError(f"variant name {spec.name!r} is declared twice: "
-                                    f"{cat.specs[spec.name].path} and {path}")
-            cat.specs[spec.name] = spec
+            table, what = (cat.mods, "functor") if isinstance(spec, ModSpec) else (cat.specs, "variant")
+            if spec.name in table:
+                raise ManifestError(f"{what} name {spec.name!r} is declared twice: "
+                                    f"{table[spec.name].path} and {path}")
+            table[spec.name] = spec
     _CACHE.clear()
     _CACHE[key] = cat
     invalidate_calls()   # a new catalogue may select differently: drop every cached per-signature decision

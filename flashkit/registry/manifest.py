@@ -16,7 +16,7 @@ MANIFEST_RE = re.compile(r"\A\s*/\*---\s*\n(.*?)\n\s*---\*/", re.S)
 NAME_RE = re.compile(r"^[a-z][a-z0-9_]*$")
 SYMBOL_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 FEATURES = ("causal", "block_sparse", "fp8", "backward", "lse", "gqa", "window", "softcap", "alibi", "kv_cache",
-            "varlen")
+            "varlen", "score_mod", "mask_mod")   # score_mod / mask_mod: builds a drop-in functor in (functor.cuh)
 GRID_KINDS = ("q_blocks", "heads", "score_tiles", "row_groups", "kv_tiles", "kv_splits", "split_combine")
 WORKSPACE_KINDS = ("none", "scores", "running_state", "v_transposed", "dq_accum", "split_partials")
 REQUIRED = ("name", "summary", "entry", "arch", "dtypes", "head_dims", "features", "launch")

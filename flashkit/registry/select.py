@@ -31,10 +31,12 @@ class Request:
     alibi: bool = False
     kv_cache: bool = False   # attention_with_kvcache: per-sequence lengths, a paged cache
     varlen: bool = False     # attention_varlen: packed sequences of different lengths (cu_seqlens)
+    score_mod: bool = False  # a drop-in functor's score_mod / mask_mod (attention(..., mod=...))
+    mask_mod: bool = False
 
     def summary(self) -> str:
         flags = [f for f in ("causal", "block_sparse", "fp8", "backward", "lse", "window", "softcap", "alibi",
-                             "varlen")
+                             "varlen", "score_mod", "mask_mod")
                  if getattr(self, f)]
         arch = f"sm_{self.cc[0]}{self.cc[1]}" if self.cc else "no device"
         gqa = f" kv_heads={self.kv_heads}" if self.kv_heads != self.heads else ""
@@ -49,6 +51,7 @@ FEATURE_WORDS = {
     "window": "local attention (window_size, attention_chunk)", "softcap": "softcap", "alibi": "ALiBi slopes",
     "kv_cache": "KV caches (cache_seqlens, block_table)",
     "varlen": "variable-length batches (cu_seqlens)",
+    "score_mod": "drop-in score_mod functors", "mask_mod": "drop-in mask_mod functors",
 }
 
 
@@ -68,7 +71,7 @@ def reasons(spec: KernelSpec, req: Request) -> list[str]:
     asked = {"causal": req.causal, "block_sparse": req.block_sparse, "fp8": req.fp8,
              "backward": req.backward, "lse": req.lse, "gqa": req.kv_heads != req.heads,
              "window": req.window, "softcap": req.softcap, "alibi": req.alibi, "kv_cache": req.kv_cache,
-             "varlen": req.varlen}
+             "varlen": req.varlen, "score_mod": req.score_mod, "mask_mod": req.mask_mod}
     for feat, wanted in asked.items():
         if wanted and not spec.supports(feat):
             out.append(f"{FEATURE_WORDS[feat]} not supported")

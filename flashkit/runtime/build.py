@@ -5,7 +5,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
 
@@ -32,6 +32,7 @@ class BuildConfig:
     out_dtype: str | None = None
     block_sparse: bool = False
     mods: tuple[str, ...] = ()   # built-in modifications compiled in: window, softcap, alibi (features/mods.py)
+    functor: str | None = None   # a drop-in functor built in, "<path>@<sha256 of its text>" (features/functors.py)
 
     @property
     def launch_dict(self) -> dict[str, int]:
@@ -45,20 +46,26 @@ class BuildConfig:
                  f"-DFLASHKIT_CAUSAL={int(self.causal)}",
                  f"-DFLASHKIT_BLOCK_SPARSE={int(self.block_sparse)}"]
         flags += [f"-DFLASHKIT_{m.upper()}=1" for m in self.mods]
+        if self.functor:   # functor.cuh includes the file; its hash keys the cubin cache
+            path, digest = self.functor.rsplit("@", 1)
+            flags += [f'-DFLASHKIT_MOD_FILE="{path}"', f"-DFLASHKIT_MOD_SHA256={digest}"]
         return flags + [f"-DFLASHKIT_{k.upper()}={v}" for k, v in self.launch]
 
     def describe(self) -> str:
         parts = [self.dtype] + ([f"-> {self.out_dtype}"] if self.out_dtype not in (None, self.dtype) else [])
         parts += [f"hd{self.head_dim}"] + (["causal"] if self.causal else [])
         parts += (["block_sparse"] if self.block_sparse else []) + list(self.mods)
+        parts += [f"functor={Path(self.functor.rsplit('@', 1)[0]).stem}"] if self.functor else []
         parts += [f"{k}={v}" for k, v in self.launch]
         return " ".join(parts)
 
 
 def make_config(spec: KernelSpec, dtype: str, head_dim: int, causal: bool, cc: tuple[int, int] | None,
-                block_sparse: bool = False, out_dtype: str | None = None, mods: tuple[str, ...] = ()) -> BuildConfig:
+                block_sparse: bool = False, out_dtype: str | None = None, mods: tuple[str, ...] = (),
+                functor: str | None = None) -> BuildConfig:
     launch = spec.launch_config(cc, head_dim, tuple(mods))
-    return BuildConfig(dtype, head_dim, causal, tuple(sorted(launch.items())), out_dtype, block_sparse, tuple(mods))
+    return BuildConfig(dtype, head_dim, causal, tuple(sorted(launch.items())), out_dtype, block_sparse, tuple(mods),
+                       functor)
 
 
 @lru_cache(maxsize=None)
@@ -136,6 +143,7 @@ class LoadedKernel:
 
     functions: list
     smem_bytes: int
+    aux: dict = field(default_factory=dict)   # helper entries by name (a mask_mod build's tile classifier)
 
 
 _MODULES: dict[tuple, LoadedKernel] = {}
@@ -164,9 +172,18 @@ def build_module(spec: KernelSpec, config: BuildConfig, cc: tuple[int, int]) -> 
     if smem > DEFAULT_SMEM_LIMIT:
         for fn in functions:
             fn.max_dynamic_shared_size_bytes = smem
-    loaded = LoadedKernel(functions, smem)
+    aux = {entry: module.get_function(entry) for entry in AUX_ENTRIES.get(_aux_kind(config), ())}
+    loaded = LoadedKernel(functions, smem, aux)
     _MODULES[key] = loaded
     return loaded
+
+
+# Entries a build adds beside the manifest's (functor.cuh's FLASHKIT_FUNCTOR_ENTRIES).
+AUX_ENTRIES = {"mask_mod": ("flashkit_functor_classify", "flashkit_functor_compact")}
+
+
+def _aux_kind(config: BuildConfig) -> str | None:
+    return "mask_mod" if config.functor and "mask_mod" in config.mods else None
 
 
 def _read_smem_bytes(module) -> int:

@@ -102,13 +102,15 @@ def prepare_launch(spec: KernelSpec, loaded: LoadedKernel, config: BuildConfig, 
                         info.max_smem_per_block + SPLIT_SMEM_RESERVED)
         cfg = {**cfg, "splits": sp.splits, "row_blocks": sp.row_blocks}
         extras["cache"] = {**extras.get("cache", {}), "splits": sp.splits, "row_blocks": sp.row_blocks}
-    params = make_params(
+    fields = dict(
         q=io.q.data.ptr, k=io.k.data.ptr, v=io.v.data.ptr, o=io.out.data.ptr, lse=0, workspace=0,
         **stride_fields("q", io.q), **stride_fields("k", io.k), **stride_fields("v", io.v),
         **stride_fields("o", io.out),
         batch=p.batch, heads=p.heads, kv_heads=p.kv_heads, seqlen_q=p.seqlen_q, seqlen_k=p.seqlen_k,
         head_dim=p.head_dim, softmax_scale=p.softmax_scale, softmax_scale_log2=p.softmax_scale * LOG2E,
-        **{**lse_strides(p), **extras})
+        **lse_strides(p))
+    fields.update(extras)   # extras may override (varlen's LSE strides; a score_mod functor's softmax: log2(e))
+    params = make_params(**fields)
     grids = [(fn, grid) for fn, kind in zip(loaded.functions, spec.grids)
              if math.prod(grid := grid_for(kind, p, cfg)) != 0]
     maps = tensor_map_layouts(spec, cfg, p, io)

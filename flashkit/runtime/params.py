@@ -31,8 +31,17 @@ MODS_POINTERS = ("alibi_slopes",)
 MODS_STRIDES = ("alibi_batch_stride", "alibi_head_stride")
 MODS_INTS = ("window_left", "window_right", "chunk")
 MODS_FLOATS = ("softcap", "softcap_in", "softcap_out", "inv_softmax_scale")
+# A drop-in functor's arguments (`ModArgs args`, inside ModParams) and mask_mod's tile lists, after the built-ins.
+MOD_ARG_POINTERS, MOD_ARG_INTS, MOD_ARG_FLOATS = 2, 4, 4
+MOD_ARGS_DTYPE = np.dtype([("ptr", np.uint64, (MOD_ARG_POINTERS,)), ("ints", np.int32, (MOD_ARG_INTS,)),
+                           ("floats", np.float32, (MOD_ARG_FLOATS,)), ("seqlen_q", np.int32),
+                           ("seqlen_k", np.int32)], align=True)
+TILE_POINTERS = ("tile_count", "tile_list", "tile_state")
+TILE_INTS = ("tile_batch", "tile_heads", "q_tiles", "k_tiles")
 MODS_DTYPE = np.dtype([(n, np.uint64) for n in MODS_POINTERS] + [(n, np.int64) for n in MODS_STRIDES]
-                      + [(n, np.int32) for n in MODS_INTS] + [(n, np.float32) for n in MODS_FLOATS], align=True)
+                      + [(n, np.int32) for n in MODS_INTS] + [(n, np.float32) for n in MODS_FLOATS]
+                      + [("args", MOD_ARGS_DTYPE)] + [(n, np.uint64) for n in TILE_POINTERS]
+                      + [(n, np.int32) for n in TILE_INTS], align=True)
 
 # The varlen block (`VarlenParams varlen`) and the LSE's strides, appended after mods.
 VARLEN_POINTERS = ("cu_seqlens_q", "cu_seqlens_k")
@@ -48,12 +57,16 @@ PARAMS_DTYPE = np.dtype(
 
 
 def flat_fields(dtype: np.dtype = PARAMS_DTYPE, prefix: str = "", base: int = 0):
-    """(dotted name, scalar dtype, absolute offset) of every leaf field, nested blocks flattened ('bwd.dq')."""
+    """(dotted name, scalar dtype, absolute offset) of every leaf field, nested blocks flattened ('bwd.dq'),
+    C arrays by element ('mods.args.ptr[1]')."""
     out = []
     for name in dtype.names:
         sub, off = dtype.fields[name][:2]
         if sub.names:
             out += flat_fields(sub, f"{prefix}{name}.", base + off)
+        elif sub.subdtype is not None:   # a C array: one leaf per element ('mods.args.ints[0]')
+            item, (count,) = sub.subdtype
+            out += [(f"{prefix}{name}[{i}]", item, base + off + i * item.itemsize) for i in range(count)]
         else:
             out.append((f"{prefix}{name}", sub, base + off))
     return out
@@ -65,16 +78,21 @@ def make_params(**fields) -> np.ndarray:
     for name, value in fields.items():
         if name not in PARAMS_DTYPE.names:
             raise KeyError(f"Params has no field {name!r}")
-        sub = PARAMS_DTYPE.fields[name][0]
-        if sub.names:   # a nested block, given as a dict of its fields
-            unknown = set(value) - set(sub.names)
-            if unknown:
-                raise KeyError(f"Params.{name} has no field {sorted(unknown)[0]!r}")
-            for key, item in value.items():
-                block[name][key] = item
-        else:
-            block[name] = value
+        _assign(block, name, value, "Params")
     return block
+
+
+def _assign(block: np.ndarray, name: str, value, where: str) -> None:
+    """block[name] = value; a nested block is given as a dict of its fields (nested blocks too)."""
+    sub = block.dtype.fields[name][0]
+    if not sub.names:
+        block[name] = value
+        return
+    unknown = set(value) - set(sub.names)
+    if unknown:
+        raise KeyError(f"{where}.{name} has no field {sorted(unknown)[0]!r}")
+    for key, item in value.items():
+        _assign(block[name], key, item, f"{where}.{name}")
 
 
 FIELD_OFFSETS = {name: off for name, _, off in flat_fields()}   # dotted leaf name -> byte offset

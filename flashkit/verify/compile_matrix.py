@@ -51,6 +51,27 @@ def plan_compiles(variants, ccs, dtypes=None, head_dims=None):
     return jobs, skipped
 
 
+def functor_jobs(mods=None, variants=None, ccs=((8, 0), (9, 0)), dtypes=("bfloat16",), head_dims=(64, 128),
+                 causal_opts=(False, True)) -> list:
+    """(spec, config, target) jobs building each drop-in functor into each variant that builds functors in."""
+    from ..features.functors import build_key
+    cat = discover_kernels()
+    mod_specs = [cat.get_mod(m) for m in mods] if mods else sorted(cat.mods.values(), key=lambda m: m.name)
+    specs = [cat.get(v) for v in variants] if variants else sorted(cat.specs.values(), key=lambda s: s.name)
+    jobs = []
+    for cc in ccs:
+        for spec in specs:
+            if not (spec.runs_on(cc) and spec.supports("score_mod") and spec.supports("mask_mod")):
+                continue
+            for mod in mod_specs:
+                for dt in dtypes:
+                    for hd in head_dims:
+                        for c in spec.causal_options(tuple(causal_opts)):
+                            config = make_config(spec, dt, hd, c, cc, False, None, mod.functions, build_key(mod))
+                            jobs.append((spec, config, spec.target(cc)))
+    return jobs
+
+
 def _compile_one(job, to_cache: bool) -> dict:
     spec, config, target = job
     row = {"variant": spec.name, "target": target, "config": config.describe(), "error": None,

@@ -99,18 +99,29 @@ def _softmax_attention(q, k, v, scale: float, mask, xp, round_to=None, mod=None)
     return out, lse
 
 
+def with_score_fn(mod, score_fn):
+    """The built-in modification (or None), then score_fn(s, xp) (a functor's score_mod), on scaled scores."""
+    if score_fn is None:
+        return mod
+    if mod is None:
+        return score_fn
+    return lambda s, xp: score_fn(mod(s, xp), xp)
+
+
 def reference_attention(q, k, v, *, scale: float, causal: bool = False, mask=None, softcap: float = 0.0,
-                        alibi_slopes=None):
-    """float64 attention on upcast inputs. Returns (out (b, sq, h, d), lse (b, h, sq)); masked rows give 0, -inf."""
+                        alibi_slopes=None, score_fn=None):
+    """float64 attention on upcast inputs. Returns (out (b, sq, h, d), lse (b, h, sq)); masked rows give 0, -inf.
+
+    score_fn(s, xp) modifies the scaled scores (b, h, sq, sk) after softcap / ALiBi (a functor's score_mod)."""
     xp = array_module(q)
     q64, k64, v64 = (xp.asarray(x).astype(xp.float64) for x in (q, k, v))
     emask = element_mask(q.shape[1], k.shape[1], causal, mask, xp)
     slopes = None if alibi_slopes is None else xp.asarray(alibi_slopes).astype(xp.float64)
-    return _softmax_attention(q64, k64, v64, scale, emask, xp, mod=score_mod(softcap, slopes))
+    return _softmax_attention(q64, k64, v64, scale, emask, xp, mod=with_score_fn(score_mod(softcap, slopes), score_fn))
 
 
 def plain_attention(q, k, v, *, scale: float, dtype: DType, causal: bool = False, mask=None, softcap: float = 0.0,
-                    alibi_slopes=None):
+                    alibi_slopes=None, score_fn=None):
     """The textbook computation in the input precision: fp32 products, S and P rounded to `dtype`."""
     xp = array_module(q)
     compute = np.dtype(dtype.compute)
@@ -121,7 +132,8 @@ def plain_attention(q, k, v, *, scale: float, dtype: DType, causal: bool = False
     q32, k32, v32 = (round_to(xp.asarray(x)) if x.dtype != compute else x.astype(xp.float32) for x in (q, k, v))
     emask = element_mask(q.shape[1], k.shape[1], causal, mask, xp)
     slopes = None if alibi_slopes is None else xp.asarray(alibi_slopes).astype(xp.float32)
-    out, lse = _softmax_attention(q32, k32, v32, scale, emask, xp, round_to, score_mod(softcap, slopes))
+    out, lse = _softmax_attention(q32, k32, v32, scale, emask, xp, round_to,
+                                  with_score_fn(score_mod(softcap, slopes), score_fn))
     return round_to(out), lse
 
 

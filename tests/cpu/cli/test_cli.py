@@ -53,7 +53,8 @@ def test_list():
 
 def test_list_json():
     data = json.loads(invoke("list", "--json").stdout)
-    assert set(data) == {"variants", "problems"}
+    assert set(data) == {"variants", "mods", "problems"}
+    assert {m["name"] for m in data["mods"]} >= {"document", "prefix_lm", "relative_bias"}
     assert data["problems"] == []
     names = [v["name"] for v in data["variants"]]
     assert sorted(names) == sorted(discover_kernels().specs)
@@ -211,7 +212,7 @@ def test_verify_without_gpu(args):
 
 def test_verify_needs_a_variant():
     result = invoke("verify", code=2)
-    assert "name a --variant or pass --all" in result.output
+    assert "name a --variant, a --mod, or pass --all" in result.output
 
 
 @needs_no_gpu

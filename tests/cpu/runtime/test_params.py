@@ -16,7 +16,7 @@ PARAMS_CUH = INCLUDE_DIR / "flashkit" / "params.cuh"
 C_SIZES = {"index_t": 8, "int": 4, "float": 4}    # pointers are 8
 
 
-NESTED = {"BwdParams", "KvCacheParams", "ModParams", "VarlenParams"}  # nested blocks, flattened to dotted names ("bwd.dq")
+NESTED = {"BwdParams", "KvCacheParams", "ModParams", "ModArgs", "VarlenParams"}  # nested blocks, flattened ("bwd.dq")
 FLAT = {n: (t, off) for n, t, off in flat_fields()}
 
 
@@ -31,7 +31,7 @@ def struct_fields(struct: str = "Params", prefix: str = "") -> list[tuple[str, s
         decl = " ".join(decl.split())
         if not decl:
             continue
-        m = re.fullmatch(r"((?:const )?[A-Za-z_][\w:]*\s*\*?)\s*(.+)", decl)
+        m = re.fullmatch(r"((?:const )?(?:unsigned )?[A-Za-z_][\w:]*\s*\*?)\s*(.+)", decl)
         assert m, f"cannot parse declaration {decl!r}"
         ctype = m.group(1).replace(" ", "")
         for name in m.group(2).split(","):
@@ -40,7 +40,10 @@ def struct_fields(struct: str = "Params", prefix: str = "") -> list[tuple[str, s
             if ctype in NESTED:
                 fields += struct_fields(ctype, f"{prefix}{name}.")
                 continue
-            fields.append((prefix + name.lstrip("*").strip(), ctype + ("*" if pointer else "")))
+            name = name.lstrip("*").strip()
+            array = re.fullmatch(r"(\w+)\s*\[(\d+)\]", name)   # a C array: one field per element
+            names = [f"{array.group(1)}[{i}]" for i in range(int(array.group(2)))] if array else [name]
+            fields += [(prefix + n, ctype + ("*" if pointer else "")) for n in names]
     return fields
 
 
@@ -128,7 +131,7 @@ def ptx_layout() -> tuple[dict[str, tuple[int, int]], int, int]:
     alignment and each load's offset and width. Works on any NVRTC, no builtins needed.
     """
     from cupy.cuda import nvrtc
-    ident = lambda n: n.replace(".", "_")  # noqa: E731
+    ident = lambda n: n.replace(".", "_").replace("[", "_").replace("]", "")  # noqa: E731
     kernels = [f'extern "C" __global__ void probe_{ident(n)}(const flashkit::Params p, unsigned long long* out) '
                f"{{ out[0] = (unsigned long long)(p.{n}); }}" for n in FLAT]
     source = '#include "flashkit/params.cuh"\n' + "\n".join(kernels) + "\n"

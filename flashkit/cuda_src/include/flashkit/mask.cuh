@@ -183,4 +183,15 @@ struct LocalOr<true, kBlockM, kBlockN, Otherwise> {
     typedef LocalMask<kBlockM, kBlockN> type;
 };
 
+// Construct a variant's mask: the masks here take (params, m_block); a mask that needs the head and batch
+// too (functor.cuh's FunctorMask) specializes MaskMaker.
+template <class Mask>
+struct MaskMaker {
+    static __device__ __forceinline__ Mask make(const Params& p, int m_block, int, int) { return Mask(p, m_block); }
+};
+template <class Mask>
+__device__ __forceinline__ Mask make_mask(const Params& p, int m_block, int head, int batch) {
+    return MaskMaker<Mask>::make(p, m_block, head, batch);
+}
+
 }  // namespace flashkit

@@ -41,6 +41,15 @@ struct KvCacheParams {
 // Built-in attention modifications (score_mod.cuh, mask.cuh's LocalMask), read only by kernels built
 // with FLASHKIT_WINDOW / FLASHKIT_SOFTCAP / FLASHKIT_ALIBI. Windows arrive with -1 (unbounded) already
 // replaced by seqlen_q + seqlen_k, so a kernel needs no branch for an open side.
+// The extra arguments of a drop-in functor (mods/*.cu, docs/functors.md), filled from attention(...,
+// mod_args={...}) in the manifest's declaration order per kind: pointers, ints, floats.
+struct ModArgs {
+    const void* ptr[2];          // CUDA arrays (contiguous), cast by the functor to their declared dtype
+    int ints[4];
+    float floats[4];
+    int seqlen_q, seqlen_k;      // the call's lengths (bottom-right alignment: offset seqlen_k - seqlen_q)
+};
+
 struct ModParams {
     const float* alibi_slopes;   // (batch, heads) or (heads,) float32, or nullptr
     index_t alibi_batch_stride;  // elements; 0 when the slopes broadcast over the batch
@@ -52,6 +61,15 @@ struct ModParams {
     float softcap_in;            // softmax_scale / c: the tanh argument per raw score q.k
     float softcap_out;           // c / softmax_scale: back to raw-score units
     float inv_softmax_scale;     // 1 / softmax_scale: ALiBi's bias in raw-score units
+    // Drop-in functors (functor.cuh), read only by kernels built with FLASHKIT_SCORE_MOD / FLASHKIT_MASK_MOD.
+    ModArgs args;
+    // mask_mod's tile lists, one row per (tile batch, tile head, query tile), filled on the GPU before the launch:
+    // tile_count[2 row] full tiles, then tile_count[2 row + 1] partial ones, listed in tile_list[row * k_tiles ..].
+    int* tile_count;
+    int* tile_list;
+    unsigned char* tile_state;   // (rows, k_tiles) scratch of the classifier: 0 empty, 1 partial, 2 full
+    int tile_batch, tile_heads;  // 1 (mask_mod does not read batch / head) or batch / heads
+    int q_tiles, k_tiles;        // query tiles of block_m rows, key tiles of block_n keys
 };
 
 // Variable-length batches (varlen.cuh): packed q / o (total_q, heads, D) and k / v (total_k, kv_heads, D);

@@ -238,7 +238,7 @@ template <class Kt, class Mask, class ScoreMod = NoScoreMod>
 __device__ __forceinline__ void fwd_query_block(const Params& params, int m_block, int head, int batch) {
     for_sequence<FLASHKIT_VARLEN != 0, Kt::kBlockM>(params, batch, m_block,
                                                     [&](const Params& p, const SeqOrigin& origin) {
-                                                        const Mask mask(p, m_block);
+                                                        const Mask mask = make_mask<Mask>(p, m_block, head, batch);
                                                         fwd_block<Kt, Mask, ScoreMod>(p, mask, m_block, head, batch,
                                                                                       origin);
                                                     });

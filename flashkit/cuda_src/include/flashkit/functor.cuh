@@ -1,0 +1,235 @@
+// Drop-in functors (docs/functors.md): a mods/*.cu file defines, at global scope,
+//   __device__ float score_mod(float score, int batch, int head, int q_idx, int kv_idx, const flashkit::ModArgs& args)
+//   __device__ bool  mask_mod(int batch, int head, int q_idx, int kv_idx, const flashkit::ModArgs& args)
+// (FlexAttention's semantics: score is the SCALED score softmax_scale * q.k; mask_mod true keeps the key), and
+// flashkit builds it into a fast kernel with -DFLASHKIT_MOD_FILE="<path>" and FLASHKIT_SCORE_MOD / _MASK_MOD.
+//   FunctorScoreMod    score_mod as a score_mod.cuh type. It returns scaled scores, so a functor build runs its
+//                      softmax with softmax_scale_log2 = log2(e) (the runtime passes it): one multiply per score.
+//   FunctorMask<Inner> a mask.cuh type: the K/V tiles a query block visits come from lists classified on the
+//                      GPU before the launch (classify_tiles, compact_tiles: empty tiles are never loaded, full
+//                      ones skip the element mask); partial tiles get Inner's element mask (causal, window, the
+//                      ragged tail) and then mask_mod.
+// Indices handed to a functor always lie in [0, seqlen): rows and keys of a ragged tile are clamped (their
+// scores are masked anyway), so a functor may index its arrays without bounds checks.
+#pragma once
+
+#include "flashkit/mask.cuh"
+#include "flashkit/score_mod.cuh"
+
+#ifndef FLASHKIT_SCORE_MOD
+#define FLASHKIT_SCORE_MOD 0
+#endif
+#ifndef FLASHKIT_MASK_MOD
+#define FLASHKIT_MASK_MOD 0
+#endif
+
+namespace flashkit {
+
+// float(x) for |x| < 2^22, exactly, in an integer add and a float add (both full rate; a conversion
+// instruction runs at a quarter of it): 1.5 * 2^23 + x has x in its low mantissa bits.
+constexpr int kMagicIntBits = 0x4B400000;        // the bits of 1.5 * 2^23 = 12582912.f
+constexpr float kMagicIntFloat = 12582912.f;
+__device__ __forceinline__ float index_float(int x) { return __int_as_float(kMagicIntBits + x) - kMagicIntFloat; }
+
+}  // namespace flashkit
+
+#ifdef FLASHKIT_MOD_FILE
+#include FLASHKIT_MOD_FILE
+#endif
+
+namespace flashkit {
+
+#if FLASHKIT_SCORE_MOD
+// S = score_mod(scale * s) on raw scores s = q.k; the softmax then takes scaled scores (log2(e) as its factor).
+struct FunctorScoreMod {
+    const Params& p;
+    int head, batch;
+    __device__ __forceinline__ FunctorScoreMod(const Params& p_, int head_, int batch_)
+        : p(p_), head(head_), batch(batch_) {}
+    __device__ __forceinline__ float score(float s, int row, int col, float) const {
+        return ::score_mod(s * p.softmax_scale, batch, head, min(row, p.seqlen_q - 1), min(col, p.seqlen_k - 1),
+                           p.mods.args);
+    }
+};
+#endif
+
+// The score modification of a variant: the functor's when built with one, else Otherwise (BuildScoreMod).
+template <bool kFunctor, class Otherwise>
+struct ScoreFunctorOr {
+    typedef Otherwise type;
+};
+#if FLASHKIT_SCORE_MOD
+template <class Otherwise>
+struct ScoreFunctorOr<true, Otherwise> {
+    typedef FunctorScoreMod type;
+};
+#endif
+typedef ScoreFunctorOr<FLASHKIT_SCORE_MOD != 0, BuildScoreMod>::type FwdScoreMod;
+
+// The first key an Inner mask lets row see (LocalMask's window; 0 for the others).
+template <class Inner>
+__device__ __forceinline__ int inner_key_begin(const Inner&, int) { return 0; }
+template <int kBlockM, int kBlockN>
+__device__ __forceinline__ int inner_key_begin(const LocalMask<kBlockM, kBlockN>& m, int row) {
+    return m.key_begin(row);
+}
+
+// Tile states written by classify_tiles.
+constexpr unsigned char kTileEmpty = 0;
+constexpr unsigned char kTilePartial = 1;
+constexpr unsigned char kTileFull = 2;
+constexpr int kClassifyThreads = 128;
+constexpr int kCompactThreads = 128;
+
+// The tile-list row of (batch, head, query tile): mask_mod's broadcast dims read row 0.
+__device__ __forceinline__ int tile_row(const Params& p, int m_block, int head, int batch) {
+    const int tb = p.mods.tile_batch == 1 ? 0 : batch;
+    const int th = p.mods.tile_heads == 1 ? 0 : head;
+    return (tb * p.mods.tile_heads + th) * p.mods.q_tiles + m_block;
+}
+
+#if FLASHKIT_MASK_MOD
+// Visits the tiles tile_list[row][0 .. full + partial): it < full are wholly visible (no element mask),
+// the rest (visited first, fwd_block and the Hopper consumers descend) partly.
+template <int kBlockM, int kBlockN, class Inner>
+struct FunctorMask {
+    const Params& p;
+    const int* list;
+    int m_block, head, batch;
+    int n_blocks, n_full;
+    __device__ __forceinline__ FunctorMask(const Params& p_, int m_block_, int head_, int batch_)
+        : p(p_), m_block(m_block_), head(head_), batch(batch_) {
+        const int row = tile_row(p, m_block, head, batch);
+        n_full = p.mods.tile_count[2 * row];
+        n_blocks = n_full + p.mods.tile_count[2 * row + 1];
+        list = p.mods.tile_list + static_cast<index_t>(row) * p.mods.k_tiles;
+    }
+    __device__ __forceinline__ int num_kv_blocks() const { return n_blocks; }
+    __device__ __forceinline__ int num_masked_blocks() const { return n_blocks - n_full; }
+    __device__ __forceinline__ int kv_block(int it) const { return list[it]; }
+};
+
+// mask_mod over a row's columns, evaluated kMaskModUnroll at a time into a bit per column: a fully unrolled
+// evaluation keeps every column's loads (a functor reading arrays) in flight at once, which pushes a main loop
+// running at the register limit into spills.
+constexpr int kMaskModUnroll = 4;
+
+// A partial tile: Inner's element mask (causal / window / ragged tail), then S = -inf where !mask_mod.
+// Column c = 2 ni + e of the thread's C fragment is key col0 + 8 ni + e (bit c of the row's mask).
+template <int kBlockM, int kBlockN, class Inner, int kMTiles, int kNTiles>
+__device__ __forceinline__ void apply_mask(const FunctorMask<kBlockM, kBlockN, Inner>& mask,
+                                           float (&s)[kMTiles][kNTiles][4], int row0, int col0) {
+    static_assert(2 * kNTiles <= 32, "a row's columns fit one 32-bit mask");
+    const Params& p = mask.p;
+    const Inner inner(p, mask.m_block);
+    apply_mask(inner, s, row0, col0);
+#pragma unroll
+    for (int mi = 0; mi < kMTiles; ++mi)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {   // rows g, g + 8
+            const int row = min(row0 + mi * kMmaM + h * kFragRowHalf, p.seqlen_q - 1);
+            unsigned keep = 0;
+#pragma unroll kMaskModUnroll
+            for (int c = 0; c < 2 * kNTiles; ++c) {
+                const int col = min(col0 + (c >> 1) * kMmaN + (c & 1), p.seqlen_k - 1);
+                keep |= static_cast<unsigned>(::mask_mod(mask.batch, mask.head, row, col, p.mods.args)) << c;
+            }
+#pragma unroll
+            for (int ni = 0; ni < kNTiles; ++ni)
+#pragma unroll
+                for (int e = 0; e < 2; ++e)
+                    if (!((keep >> (2 * ni + e)) & 1u)) s[mi][ni][2 * h + e] = FLASHKIT_NEG_INF;
+        }
+}
+
+// Classify tile (blockIdx.x key tile, blockIdx.y query tile) of tile row group blockIdx.z = tb * tile_heads + th:
+// empty (no row sees a key of it), full (every valid row sees every key), else partial. Rows past seqlen_q
+// are ignored; keys past seqlen_k are never visible (they make a tile partial).
+template <class Inner, int kBlockM, int kBlockN>
+__device__ __forceinline__ void classify_tiles(const Params& p) {
+    const int n_block = blockIdx.x, m_block = blockIdx.y;
+    const int th = blockIdx.z % p.mods.tile_heads, tb = blockIdx.z / p.mods.tile_heads;
+    const Inner inner(p, m_block);
+    const int m0 = m_block * kBlockM, n0 = n_block * kBlockN;
+    const int m1 = min(m0 + kBlockM, p.seqlen_q) - 1;
+    // Inner's visible interval [begin(row), end(row)) never moves left as the row grows: a tile outside the
+    // union of its rows' intervals is empty without looking at mask_mod.
+    const bool outside = inner.key_end(m1) <= n0 || inner_key_begin(inner, m0) >= n0 + kBlockN;
+    int any = 0, all = 1;
+    if (!outside) {
+        for (int e = threadIdx.x; e < kBlockM * kBlockN; e += kClassifyThreads) {
+            const int row = m0 + e / kBlockN, col = n0 + e % kBlockN;
+            if (row >= p.seqlen_q) continue;
+            const bool visible = col < inner.key_end(row) && col >= inner_key_begin(inner, row) &&
+                                 ::mask_mod(tb, th, row, col, p.mods.args);
+            any |= visible;
+            all &= visible;
+        }
+    }
+    any = __syncthreads_or(any);
+    all = __syncthreads_and(all && !outside);
+    if (threadIdx.x == 0) {
+        const int row = (tb * p.mods.tile_heads + th) * p.mods.q_tiles + m_block;
+        p.mods.tile_state[static_cast<index_t>(row) * p.mods.k_tiles + n_block] =
+            all ? kTileFull : (any ? kTilePartial : kTileEmpty);
+    }
+}
+
+// One thread per tile row: the full tiles' indices, then the partial ones', and their counts (deterministic order).
+__device__ __forceinline__ void compact_tiles(const Params& p) {
+    const int rows = p.mods.tile_batch * p.mods.tile_heads * p.mods.q_tiles;
+    const int row = blockIdx.x * kCompactThreads + threadIdx.x;
+    if (row >= rows) return;
+    const unsigned char* state = p.mods.tile_state + static_cast<index_t>(row) * p.mods.k_tiles;
+    int* list = p.mods.tile_list + static_cast<index_t>(row) * p.mods.k_tiles;
+    int n = 0;
+    for (int t = 0; t < p.mods.k_tiles; ++t)
+        if (state[t] == kTileFull) list[n++] = t;
+    const int n_full = n;
+    for (int t = 0; t < p.mods.k_tiles; ++t)
+        if (state[t] == kTilePartial) list[n++] = t;
+    p.mods.tile_count[2 * row] = n_full;
+    p.mods.tile_count[2 * row + 1] = n - n_full;
+}
+#endif
+
+// The mask of a variant: FunctorMask over Inner when built with a mask_mod, else Inner itself.
+template <bool kFunctor, int kBlockM, int kBlockN, class Inner>
+struct MaskFunctorOr {
+    typedef Inner type;
+};
+#if FLASHKIT_MASK_MOD
+template <int kBlockM, int kBlockN, class Inner>
+struct MaskFunctorOr<true, kBlockM, kBlockN, Inner> {
+    typedef FunctorMask<kBlockM, kBlockN, Inner> type;
+};
+#endif
+
+// FunctorMask is built from (params, m_block, head, batch) (make_mask, mask.cuh).
+#if FLASHKIT_MASK_MOD
+template <int kBlockM, int kBlockN, class Inner>
+struct MaskMaker<FunctorMask<kBlockM, kBlockN, Inner>> {
+    static __device__ __forceinline__ FunctorMask<kBlockM, kBlockN, Inner> make(const Params& p, int m_block,
+                                                                               int head, int batch) {
+        return FunctorMask<kBlockM, kBlockN, Inner>(p, m_block, head, batch);
+    }
+};
+#endif
+
+}  // namespace flashkit
+
+// The classifier entries of a mask_mod build (launched by flashkit/features/functors.py before the attention);
+// nothing otherwise. Inner: the variant's own mask.
+#if FLASHKIT_MASK_MOD
+#define FLASHKIT_FUNCTOR_ENTRIES(Inner, kBlockM, kBlockN)                                                     \
+    extern "C" __global__ void __launch_bounds__(flashkit::kClassifyThreads)                                  \
+        flashkit_functor_classify(const flashkit::Params params) {                                            \
+        flashkit::classify_tiles<Inner, kBlockM, kBlockN>(params);                                            \
+    }                                                                                                         \
+    extern "C" __global__ void __launch_bounds__(flashkit::kCompactThreads)                                   \
+        flashkit_functor_compact(const flashkit::Params params) {                                             \
+        flashkit::compact_tiles(params);                                                                      \
+    }
+#else
+#define FLASHKIT_FUNCTOR_ENTRIES(Inner, kBlockM, kBlockN)
+#endif

@@ -1,0 +1,116 @@
+"""registry/functor_manifest.py and discovery of drop-in functors (kind: modification), field by field."""
+
+from __future__ import annotations
+
+import pytest
+import yaml
+
+from flashkit.errors import ManifestError
+from flashkit.registry import discover_kernels
+from flashkit.registry.discover import parse_file
+from flashkit.registry.functor_manifest import ModSpec
+
+BASE = {"name": "toy_mod", "kind": "modification", "summary": "a test functor", "functions": ["mask_mod"]}
+MASK_BODY = ("\n__device__ bool mask_mod(int b, int h, int i, int j, const flashkit::ModArgs& a) "
+             "{ return j <= i; }\n")
+SCORE_BODY = ("\n__device__ float score_mod(float s, int b, int h, int i, int j, const flashkit::ModArgs& a) "
+              "{ return s; }\n")
+
+
+def write_mod(directory, data, body=MASK_BODY, filename=None):
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / (filename or f"{data.get('name', 'toy_mod')}.cu")
+    path.write_text(f"/*---\n{yaml.safe_dump(data, sort_keys=False).rstrip()}\n---*/\n" + body)
+    return path
+
+
+def test_shipped_functors_are_discovered_with_references():
+    cat = discover_kernels(refresh=True)
+    assert set(cat.mods) >= {"document", "prefix_lm", "relative_bias"}
+    assert not cat.problems
+    doc = cat.mods["document"]
+    assert doc.functions == ("mask_mod",) and doc.mask_varies == ("batch",) and doc.reference is not None
+    assert [(a.name, a.kind, a.slot, a.dtype, a.shape) for a in doc.args] == [
+        ("doc_ids", "pointer", 0, "int32", ("batch", "seqlen_k"))]
+    assert cat.mods["prefix_lm"].mask_varies == () and cat.mods["relative_bias"].score
+    assert "document" not in cat.specs   # functors have a name space of their own
+
+
+def test_a_user_directory_and_its_mods_folder(tmp_path, monkeypatch):
+    write_mod(tmp_path, dict(BASE, name="top_level"))
+    write_mod(tmp_path / "mods", dict(BASE, name="in_mods"))
+    monkeypatch.setenv("FLASHKIT_KERNEL_PATH", str(tmp_path))
+    try:
+        cat = discover_kernels(refresh=True)
+        assert {"top_level", "in_mods"} <= set(cat.mods)
+        assert cat.mods["in_mods"].reference is None
+    finally:
+        monkeypatch.delenv("FLASHKIT_KERNEL_PATH")
+        discover_kernels(refresh=True)
+
+
+def test_duplicate_functor_names_name_both_files(tmp_path, monkeypatch):
+    write_mod(tmp_path, dict(BASE, name="document"))
+    monkeypatch.setenv("FLASHKIT_KERNEL_PATH", str(tmp_path))
+    try:
+        with pytest.raises(ManifestError, match=r"functor name 'document' is declared twice: .*document\.cu and"):
+            discover_kernels(refresh=True)
+    finally:
+        monkeypatch.delenv("FLASHKIT_KERNEL_PATH")
+        discover_kernels(refresh=True)
+
+
+def test_a_valid_manifest_with_every_kind_of_argument(tmp_path):
+    data = dict(BASE, functions=["score_mod", "mask_mod"], mask_varies=["head"],
+                args={"table": {"kind": "pointer", "dtype": "float32", "shape": ["heads", 64]},
+                      "ids": {"kind": "pointer", "dtype": "int32"},
+                      "n": {"kind": "int", "default": 3}, "w": {"kind": "float"}})
+    spec = parse_file(write_mod(tmp_path, data, SCORE_BODY + MASK_BODY))
+    assert isinstance(spec, ModSpec) and spec.score and spec.mask and spec.mask_varies == ("head",)
+    assert [(a.name, a.slot) for a in spec.args] == [("table", 0), ("ids", 1), ("n", 0), ("w", 0)]
+    assert spec.args[0].shape == ("heads", 64) and spec.args[2].default == 3
+
+
+BAD = [
+    ("summary", dict(summary=None), "field 'summary' is missing"),
+    ("functions", dict(functions=[]), "field 'functions'"),
+    ("functions", dict(functions=["mask_mod", "other"]), "field 'functions'"),
+    ("unknown", dict(entry="x"), "unknown field"),
+    ("name", dict(name="Bad-Name"), "field 'name'"),
+    ("mask_varies", dict(mask_varies=["time"]), "field 'mask_varies'"),
+    ("arg kind", dict(args={"x": {"kind": "tensor"}}), "field 'args.x'"),
+    ("pointer dtype", dict(args={"x": {"kind": "pointer", "dtype": "float64"}}), "field 'args.x'"),
+    ("pointer shape", dict(args={"x": {"kind": "pointer", "dtype": "int32", "shape": ["time"]}}), "field 'args.x'"),
+    ("int default", dict(args={"x": {"kind": "int", "default": 1.5}}), "field 'args.x'"),
+    ("extra key", dict(args={"x": {"kind": "int", "dtype": "int32"}}), "field 'args.x'"),
+    ("too many", dict(args={f"p{i}": {"kind": "pointer", "dtype": "int32"} for i in range(3)}), "at most 2 pointer"),
+]
+
+
+@pytest.mark.parametrize("what,fields,message", BAD, ids=[b[0] for b in BAD])
+def test_invalid_manifests_name_the_field(tmp_path, what, fields, message):
+    data = dict(BASE)
+    for key, value in fields.items():
+        if value is None:
+            data.pop(key)
+        else:
+            data[key] = value
+    with pytest.raises(ManifestError, match=message) as info:
+        parse_file(write_mod(tmp_path, data))
+    assert str(tmp_path) in str(info.value)
+
+
+def test_a_declared_function_must_be_defined(tmp_path):
+    with pytest.raises(ManifestError, match="declares score_mod but the file defines no score_mod"):
+        parse_file(write_mod(tmp_path, dict(BASE, functions=["score_mod"]), MASK_BODY))
+
+
+def test_a_broken_functor_is_a_problem_not_a_crash(tmp_path, monkeypatch):
+    write_mod(tmp_path / "mods", dict(BASE, name="broken", functions=["score_mod"]), MASK_BODY)
+    monkeypatch.setenv("FLASHKIT_KERNEL_PATH", str(tmp_path))
+    try:
+        cat = discover_kernels(refresh=True)
+        assert "broken" not in cat.mods and any("broken.cu" in p for p in cat.problems)
+    finally:
+        monkeypatch.delenv("FLASHKIT_KERNEL_PATH")
+        discover_kernels(refresh=True)

@@ -1,0 +1,65 @@
+"""Every shipped drop-in functor compiles into every fast kernel for its arch through NVRTC (no GPU): fa2 and
+causal on sm_80 and sm_90, fa3 on sm_90a; no spill, no stack frame, no serialized wgmma; the mask_mod builds carry
+the tile classifier's entries. A functor that does not compile is one CompileError naming its file and line."""
+
+from __future__ import annotations
+
+import pytest
+
+from flashkit.errors import CompileError
+from flashkit.features.functors import build_key, functor_compile_error
+from flashkit.registry import discover_kernels
+from flashkit.runtime.build import compile_variant, make_config
+from flashkit.verify.compile_matrix import compile_matrix, functor_jobs
+
+JOBS = 2
+
+
+@pytest.fixture(scope="module")
+def rows():
+    jobs = functor_jobs(ccs=((8, 0), (9, 0)), head_dims=(128,))
+    return compile_matrix(jobs, JOBS)
+
+
+def test_every_shipped_functor_builds_into_every_fast_kernel(rows):
+    built = {(r["variant"], r["target"], r["config"].split("functor=")[1].split()[0]) for r in rows}
+    for mod in ("document", "prefix_lm", "relative_bias"):
+        for variant, target in (("fa2", "sm_80"), ("fa2", "sm_90"), ("causal", "sm_80"), ("causal", "sm_90"),
+                                ("fa3", "sm_90a")):
+            assert (variant, target, mod) in built, (variant, target, mod)
+
+
+def test_no_compile_error_spill_or_serialized_wgmma(rows):
+    bad = [(r["variant"], r["target"], r["config"], (r["error"] or "")[:400], r["spill_bytes"], r["stack_bytes"],
+            r["serialized_wgmma"]) for r in rows
+           if r["error"] or r["spill_bytes"] or r["stack_bytes"] or r["serialized_wgmma"]]
+    assert not bad, bad
+
+
+def test_mask_mod_builds_carry_the_classifier(rows):
+    for r in rows:
+        entries = {e["entry"] for e in r["entries"]}
+        has_mask = "mask_mod" in r["config"].split()
+        assert ({"flashkit_functor_classify", "flashkit_functor_compact"} <= entries) == has_mask, r["config"]
+
+
+def test_a_functor_that_does_not_compile_names_its_file_and_line(tmp_path, monkeypatch):
+    (tmp_path / "mods").mkdir()
+    (tmp_path / "mods" / "broken.cu").write_text(
+        "/*---\nname: broken\nkind: modification\nsummary: s\nfunctions: [score_mod]\n---*/\n"
+        "__device__ float score_mod(float s, int b, int h, int i, int j,\n"
+        "                           const flashkit::ModArgs& a) {\n"
+        "    return s + undefined_name;\n}\n")
+    monkeypatch.setenv("FLASHKIT_KERNEL_PATH", str(tmp_path))
+    try:
+        cat = discover_kernels(refresh=True)
+        mod, fa2 = cat.get_mod("broken"), cat.specs["fa2"]
+        config = make_config(fa2, "float16", 64, False, (8, 0), mods=mod.functions, functor=build_key(mod))
+        with pytest.raises(CompileError) as info:
+            compile_variant(fa2, config, "sm_80")
+        first = str(functor_compile_error(mod, str(info.value))).splitlines()[0]
+        assert first == (f"mod 'broken' does not compile: {mod.path}:9: error: identifier \"undefined_name\" "
+                         "is undefined"), first
+    finally:
+        monkeypatch.delenv("FLASHKIT_KERNEL_PATH")
+        discover_kernels(refresh=True)
