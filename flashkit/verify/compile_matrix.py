@@ -14,7 +14,11 @@ MODS = ("window", "softcap", "alibi")   # built-in modifications (features/mods.
 
 
 def spec_configs(spec: KernelSpec, cc: tuple[int, int], dtypes=None, head_dims=None) -> list[BuildConfig]:
-    """Every specialization a variant can be asked for on this arch (with its declared modifications all on too)."""
+    """Every specialization a variant can be asked for on this arch (with its declared modifications all on too).
+
+    A head dim below its class (a padded compile: the class's code plus column predicates) is compiled for the
+    variant's first dtype only, unless dtypes are named: the dtypes differ in no register or shared-memory figure.
+    """
     causal_opts = spec.causal_options()
     sparse = spec.requires.get("block_sparse", False)
     mods = tuple(m for m in MODS if spec.supports(m))
@@ -26,6 +30,8 @@ def spec_configs(spec: KernelSpec, cc: tuple[int, int], dtypes=None, head_dims=N
         out_dtypes = ["bfloat16", "float16"] if dt == "float8_e4m3" else [None]
         for hd in spec.head_dims.examples():
             if head_dims and hd not in head_dims:
+                continue
+            if spec.head_dims.class_of(hd) != hd and not dtypes and dt != spec.dtypes[0]:
                 continue
             for c in causal_opts:
                 for od in out_dtypes:
