@@ -14,7 +14,8 @@ MODS = ("window", "softcap", "alibi")   # built-in modifications (features/mods.
 
 
 def spec_configs(spec: KernelSpec, cc: tuple[int, int], dtypes=None, head_dims=None) -> list[BuildConfig]:
-    """Every specialization a variant can be asked for on this arch (with its declared modifications all on too).
+    """Every specialization a variant can be asked for on this arch (with its declared modifications all on too):
+    of its example head dims, or of the named head dims it takes.
 
     A head dim below its class (a padded compile: the class's code plus column predicates) is compiled for the
     variant's first dtype only, unless dtypes are named: the dtypes differ in no register or shared-memory figure.
@@ -28,15 +29,13 @@ def spec_configs(spec: KernelSpec, cc: tuple[int, int], dtypes=None, head_dims=N
         if dtypes and dt not in dtypes:
             continue
         out_dtypes = ["bfloat16", "float16"] if dt == "float8_e4m3" else [None]
-        for hd in spec.head_dims.examples():
-            if head_dims and hd not in head_dims:
-                continue
+        for hd in [d for d in head_dims if d in spec.head_dims] if head_dims else spec.head_dims.examples():
             if spec.head_dims.class_of(hd) != hd and not dtypes and dt != spec.dtypes[0]:
                 continue
             for c in causal_opts:
                 for od in out_dtypes:
                     out += [make_config(spec, dt, hd, c, cc, sparse, od, m) for m in mod_sets]
-    return out
+    return list(dict.fromkeys(out))   # head dims of one class and padding share a specialization
 
 
 def plan_compiles(variants, ccs, dtypes=None, head_dims=None):
