@@ -76,6 +76,19 @@ def test_the_sm80_flash_kernels_take_every_multiple_of_8_up_to_256(name):
     assert 264 not in spec.head_dims and 12 not in spec.head_dims
 
 
+def test_the_measured_tile_shapes_per_class():
+    specs = discover_kernels().specs
+    shape = lambda name, d, mods=(): tuple(specs[name].launch_config((9, 0), d, mods)[k]   # noqa: E731
+                                           for k in ("block_m", "block_n", "warps"))
+    for name in SM80_FLASH:
+        assert shape(name, 24) == shape(name, 32) == (128, 128, 4)
+        assert shape(name, 80) == shape(name, 96) == shape(name, 128) == (128, 128, 8)
+        assert shape(name, 136) == shape(name, 256) == (128, 64, 8)
+    assert shape("fa2", 168) == shape("causal", 192) == (128, 128, 8)
+    assert shape("fa2", 168, ("softcap",)) == shape("causal", 192, ("alibi", "window")) == (128, 64, 8)
+    assert shape("block_sparse", 192) == (128, 64, 8)
+
+
 @pytest.mark.parametrize("name", SM80_FLASH)
 def test_the_compile_matrix_holds_every_class_and_a_padded_member_of_each(name):
     spec = discover_kernels().get(name)
