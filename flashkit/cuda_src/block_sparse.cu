@@ -9,9 +9,8 @@ features: {causal: true, block_sparse: true, fp8: false, backward: false, lse: t
 requires: {block_sparse: true}
 priority: 50
 launch: {grid: q_blocks, block_m: 128, block_n: 64, warps: 4}
-overrides: {"hd32": {block_n: 128}, "hd96": {block_m: 128, block_n: 128, warps: 8},
-            "hd128": {block_m: 128, block_n: 128, warps: 8}, "hd160": {warps: 8},
-            "hd192": {warps: 8}, "hd256": {warps: 8}}   # 128x128 spills here at hd192 (sm_90)
+overrides: {"hd96": {block_m: 128, block_n: 128, warps: 8}, "hd128": {block_m: 128, block_n: 128, warps: 8},
+            "hd160": {warps: 8}, "hd192": {warps: 8}, "hd256": {warps: 8}}   # 128x128 spills at hd32 and hd192 (sm_90)
 workspace: none
 ---*/
 // Block-sparse FlashAttention: the FlashAttention-2 forward of fa2.cu (sm80/fwd_mainloop.cuh) with

@@ -80,8 +80,9 @@ def test_the_measured_tile_shapes_per_class():
     specs = discover_kernels().specs
     shape = lambda name, d, mods=(): tuple(specs[name].launch_config((9, 0), d, mods)[k]   # noqa: E731
                                            for k in ("block_m", "block_n", "warps"))
+    assert shape("fa2", 24) == shape("causal", 32) == (128, 128, 4)
+    assert shape("block_sparse", 32) == (128, 64, 4)
     for name in SM80_FLASH:
-        assert shape(name, 24) == shape(name, 32) == (128, 128, 4)
         assert shape(name, 80) == shape(name, 96) == shape(name, 128) == (128, 128, 8)
         assert shape(name, 136) == shape(name, 256) == (128, 64, 8)
     assert shape("fa2", 168) == shape("causal", 192) == (128, 128, 8)
