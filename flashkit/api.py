@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import replace
 from typing import Any
 
 from .call.arrays import describe, to_cupy
 from .call.dtypes import BY_NAME, FLOAT8_E4M3, dtype_by_name
 from .call.validate import Problem, check_flag, check_scale, validate_inputs
-from .errors import InputError
+from .errors import FallbackWarning, InputError
 from .features.mods import NO_MODS, check_mods
 from .features.mods import kernel_fields as mods_kernel_fields
 from .registry import Request, Selection, discover_kernels, select_kernel
@@ -83,6 +84,8 @@ def attention(q: Any, k: Any, v: Any, *, causal: bool = False, softmax_scale: fl
                       lse=return_lse, cc=cc, **mods.request_flags(),
                       **(functor.request_flags() if functor else {}))
     sel = select_kernel(req, discover_kernels().specs, variant)
+    if sel.warning:
+        warnings.warn(sel.warning, FallbackWarning, stacklevel=2)
 
     cupy = cupy_module()
     qc, kc, vc = (_aligned(to_cupy(x, n)) for x, n in ((q, "q"), (k, "k"), (v, "v")))
@@ -202,6 +205,10 @@ def explain(*, dtype: str = "bfloat16", head_dim: int = 128, seqlen_q: int = 102
                   block_sparse=block_sparse, fp8=fp8 or dt is FLOAT8_E4M3, lse=lse, cc=cc, window=window,
                   softcap=softcap, alibi=alibi, varlen=varlen)
     sel = select_kernel(req, discover_kernels().specs, variant)
+    compiled = sel.chosen.head_dims.class_of(head_dim)
+    if compiled != head_dim:
+        sel.notes.append(f"head_dim={head_dim} runs as head-dim class {compiled} (columns {head_dim}..{compiled - 1} "
+                         "zero-filled, not stored)")
     if "kv_splits" in sel.chosen.grids:   # the split-KV path: how many key chunks on this device
         from .runtime.kv_split import split_note
         info = device_info() if device_count() else None

@@ -29,3 +29,8 @@ class CompileError(FlashkitError):
 
 class DeviceError(FlashkitError):
     """No usable CUDA device (or CuPy) where one is needed."""
+
+
+class FallbackWarning(UserWarning):
+    """A call runs on the baseline kernel (`standard`) although faster kernels take its dtype: the message says why each
+    of them was rejected."""

@@ -1,7 +1,8 @@
 """What a benchmark runs: the sweep's shapes, its configuration, its rows, and the FLOP counts.
 
-Convention (the FlashAttention papers'): batch * seqlen = 16k tokens, hidden 2048 (heads = 2048 / head_dim),
-seqlen 512..16k, head dims 64/128/256, bf16. Forward FLOPs = 4 * B * H * Sq * Sk * D, halved when causal;
+Convention (the FlashAttention papers'): batch * seqlen = 16k tokens, hidden 2048 (heads = 2048 // head_dim: a head
+dim that does not divide it, such as 80, 96 or 192, gets the whole heads that fit), seqlen 512..16k, head dims
+64/128/256, bf16. Forward FLOPs = 4 * B * H * Sq * Sk * D, halved when causal;
 block-sparse counts only the kept blocks. Inputs rotate among copies whose total exceeds the L2.
 """
 
@@ -94,11 +95,11 @@ class BenchResult:
 def convention_shapes(seqlens: Sequence[int] = SEQLENS, head_dims: Sequence[int] = HEAD_DIMS,
                       causal: Sequence[bool] = (False, True), tokens: int = TOKENS,
                       hidden: int = HIDDEN) -> list[BenchShape]:
-    """batch = tokens // seqlen (at least 1), heads = hidden // head_dim, for every combination."""
+    """batch = tokens // seqlen (at least 1), heads = hidden // head_dim (at least 1), for every combination."""
     shapes = []
     for d in head_dims:
-        if hidden % d:
-            raise ValueError(f"head_dim {d} does not divide hidden {hidden}")
+        if d <= 0 or d > hidden:
+            raise ValueError(f"head_dim {d}: expected 1..hidden ({hidden})")
         for c in causal:
             for s in seqlens:
                 shapes.append(BenchShape(max(1, tokens // s), s, hidden // d, d, bool(c)))

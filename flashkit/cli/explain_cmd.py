@@ -48,7 +48,7 @@ def command(dtype, head_dim, seqlen_q, seqlen_k, heads, kv_heads, batch, causal,
                 click.echo(f"  {name}: " + "; ".join(why))
         raise SystemExit(1)
     if as_json:
-        emit_json({"request": sel.request.summary(), "selected": sel.chosen.name,
-                   "outranked": sel.outranked, "rejected": sel.rejected})
+        emit_json({"request": sel.request.summary(), "selected": sel.chosen.name, "notes": sel.notes,
+                   "warning": sel.warning, "outranked": sel.outranked, "rejected": sel.rejected})
     else:
         click.echo(sel.report())

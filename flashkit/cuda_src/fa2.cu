@@ -4,13 +4,16 @@ summary: FlashAttention-2 forward (Q-outer loop, deferred normalization, split-Q
 entry: flashkit_fa2_fwd
 arch: {min: "8.0"}
 dtypes: [float16, bfloat16]
-head_dims: [64, 128, 256]
+head_dims: {min: 8, max: 256, multiple_of: 8, classes: [32, 64, 96, 128, 160, 192, 256]}
 features: {causal: true, block_sparse: false, fp8: false, backward: false, lse: true, gqa: true,
            window: true, softcap: true, alibi: true, varlen: true,
            score_mod: true, mask_mod: true}
 priority: 50
 launch: {grid: q_blocks, block_m: 128, block_n: 64, warps: 4}
-overrides: {"hd128": {block_m: 128, block_n: 128, warps: 8}, "hd256": {warps: 8}}
+overrides: {"hd32": {block_n: 128}, "hd96": {block_m: 128, block_n: 128, warps: 8},
+            "hd128": {block_m: 128, block_n: 128, warps: 8}, "hd160": {warps: 8},
+            "hd192": {block_m: 128, block_n: 128, warps: 8}, "hd256": {warps: 8},
+            "hd192/window": {block_n: 64}, "hd192/softcap": {block_n: 64}, "hd192/alibi": {block_n: 64}}
 workspace: none
 ---*/
 // FlashAttention-2 forward (Dao, 2023), tensor cores through mma.sync.m16n8k16.

@@ -36,27 +36,50 @@ def parse_cc(text: Any, where: str) -> tuple[int, int]:
 
 @dataclass(frozen=True)
 class HeadDims:
-    """Supported head dims: an explicit list, or a range with a step."""
+    """Supported head dims: an explicit list, or a range with a step, optionally compiled per class.
+
+    classes: the head dims a range variant is compiled for; a call's head dim runs on the smallest class
+    at least as large (its columns beyond it zero-filled by the kernel, FLASHKIT_HEAD_DIM_PADDED). Without
+    classes every head dim is compiled as itself.
+    """
 
     values: tuple[int, ...] = ()
     low: int = 0
     high: int = 0
     multiple_of: int = 1
+    classes: tuple[int, ...] = ()
 
     def __contains__(self, d: int) -> bool:
         if self.values:
             return d in self.values
         return self.low <= d <= self.high and d % self.multiple_of == 0
 
+    def class_of(self, d: int) -> int:
+        """The head dim a call of head dim d is compiled for: its class, or d itself."""
+        return next((c for c in self.classes if c >= d), d)
+
     def describe(self) -> str:
         if self.values:
             return ", ".join(str(v) for v in self.values)
-        return f"multiples of {self.multiple_of} from {self.low} to {self.high}"
+        text = f"multiples of {self.multiple_of} from {self.low} to {self.high}"
+        return text + (f" (compiled as {', '.join(str(c) for c in self.classes)})" if self.classes else "")
+
+    def padded_examples(self) -> tuple[int, ...]:
+        """One head dim below each class, the furthest from it (the previous class + the step, or the minimum)."""
+        out, below = [], self.low
+        for c in self.classes:
+            if below < c and below in self:
+                out.append(below)
+            below = c + self.multiple_of
+        return tuple(out)
 
     def examples(self) -> tuple[int, ...]:
-        """Head dims to compile and verify: the list, or the powers of two and the ends of the range."""
+        """Head dims to compile and verify: the list; or every class and a padded member of each; or the
+        powers of two and the ends of the range."""
         if self.values:
             return self.values
+        if self.classes:
+            return tuple(sorted({self.low, self.high} | set(self.classes) | set(self.padded_examples())))
         picks = {self.low, self.high} | {d for d in (32, 64, 128, 256) if d in self}
         return tuple(sorted(picks))
 
@@ -110,15 +133,17 @@ class KernelSpec:
         return f"{lo} exactly" if self.arch_max == self.arch_min else f"from {lo} to {hi}"
 
     def launch_config(self, cc: tuple[int, int] | None, head_dim: int, mods: tuple[str, ...] = ()) -> dict[str, int]:
-        """The launch table with overrides applied: arch key, hd key, 'arch/hd' key, then 'hd/<mod>' per modification."""
+        """The launch table with overrides applied: arch key, hd key, 'arch/hd' key, then 'hd/<mod>' per modification
+        (hd: the head dim's class)."""
         config = dict(self.launch)
         arch_key = None
         if cc is not None:
             fitting = [k for k in self.overrides if re.fullmatch(r"\d+\.\d+", k)
                        and parse_cc(k, self.name)[0] == cc[0] and parse_cc(k, self.name) <= cc]
             arch_key = max(fitting, key=lambda k: parse_cc(k, self.name), default=None)
-        keys = [arch_key, f"hd{head_dim}", f"{arch_key}/hd{head_dim}" if arch_key else None]
-        for key in keys + [f"hd{head_dim}/{m}" for m in sorted(mods)]:
+        hd = self.head_dims.class_of(head_dim)   # keys name the compiled class
+        keys = [arch_key, f"hd{hd}", f"{arch_key}/hd{hd}" if arch_key else None]
+        for key in keys + [f"hd{hd}/{m}" for m in sorted(mods)]:
             if key and key in self.overrides:
                 config.update(self.overrides[key])
         return config
@@ -131,6 +156,16 @@ class KernelSpec:
         """The targets to compile in CI: the minimum arch, 8.0 and 9.0 where supported, and each declared target."""
         ccs = {self.arch_min} | {cc for cc in ((8, 0), (9, 0)) if self.runs_on(cc)} | set(self.targets)
         return sorted({self.target(cc) for cc in ccs})
+
+
+def _head_dim_classes(hd: dict, bad) -> tuple[int, ...]:
+    """A range's compiled classes: increasing multiples of its step, the last at least its maximum."""
+    classes = hd.get("classes", [])
+    step = hd.get("multiple_of", 1)
+    if not isinstance(classes, list) or not all(isinstance(c, int) and c > 0 and c % step == 0 for c in classes) \
+            or classes != sorted(set(classes)) or (classes and classes[-1] < hd["max"]):
+        raise bad("head_dims", f"'classes' as increasing multiples of {step}, the last >= max {hd['max']}")
+    return tuple(classes)
 
 
 def read_manifest_text(path: Path) -> str:
@@ -194,11 +229,12 @@ def _spec_from(path: Path, data: dict) -> KernelSpec:
     hd = data["head_dims"]
     if isinstance(hd, list) and hd and all(isinstance(x, int) and x > 0 for x in hd):
         head_dims = HeadDims(values=tuple(hd))
-    elif (isinstance(hd, dict) and {"min", "max"} <= set(hd) <= {"min", "max", "multiple_of"}
-          and all(isinstance(v, int) and v > 0 for v in hd.values()) and hd["min"] <= hd["max"]):
-        head_dims = HeadDims(low=hd["min"], high=hd["max"], multiple_of=hd.get("multiple_of", 1))
+    elif (isinstance(hd, dict) and {"min", "max"} <= set(hd) <= {"min", "max", "multiple_of", "classes"}
+          and all(isinstance(v, int) and v > 0 for k, v in hd.items() if k != "classes") and hd["min"] <= hd["max"]):
+        head_dims = HeadDims(low=hd["min"], high=hd["max"], multiple_of=hd.get("multiple_of", 1),
+                             classes=_head_dim_classes(hd, bad))
     else:
-        raise bad("head_dims", "a list of positive ints or {min, max, multiple_of}")
+        raise bad("head_dims", "a list of positive ints or {min, max, multiple_of, classes}")
 
     features = data["features"]
     if not isinstance(features, dict) or any(k not in FEATURES or not isinstance(v, bool) for k, v in features.items()):

@@ -106,12 +106,15 @@ class Selection:
     rejected: dict[str, list[str]] = field(default_factory=dict)
     outranked: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)   # how the chosen kernel runs the call (e.g. its split count)
+    warning: str | None = None   # set when an unforced call falls back to the baseline (fallback_warning)
 
     def report(self) -> str:
         lines = [f"request: {self.request.summary()}"]
         if self.chosen:
             lines.append(f"selected: {self.chosen.name} (priority {self.chosen.priority})")
             lines += [f"  {note}" for note in self.notes]
+            if self.warning:
+                lines.append(f"  warning: {self.warning}")
         for name in self.outranked:
             lines.append(f"  {name}: fits, lower priority")
         for name, why in self.rejected.items():
@@ -136,7 +139,41 @@ def select_kernel(req: Request, specs: dict[str, KernelSpec], variant: str | Non
         detail = " | ".join(f"{n}: {'; '.join(w)}" for n, w in rejected.items())
         raise UnsupportedError(f"no kernel supports {req.summary()} -- {detail}"
                                + _hint(req), rejected)
-    return Selection(req, chosen, rejected, [s.name for s in fitting if s is not chosen])
+    sel = Selection(req, chosen, rejected, [s.name for s in fitting if s is not chosen])
+    if variant is None:
+        sel.warning = fallback_warning(chosen, specs, rejected, req)
+    return sel
+
+
+# Priority of the baseline kernels (`standard`): selected only when no flash kernel fits.
+BASELINE_PRIORITY = 0
+
+
+def fallback_warning(chosen: KernelSpec, specs: dict[str, KernelSpec], rejected: dict[str, list[str]],
+                     req: Request) -> str | None:
+    """Why a call fell back to a baseline kernel although faster kernels take its dtype (None: it did not, or no
+    faster kernel takes the dtype, as for float32): the reasons of each faster kernel of this kind of call (forward
+    or backward, its `requires` met) that runs on the device, or the architecture they need."""
+    if chosen.priority > BASELINE_PRIORITY:
+        return None
+    faster = {n: s for n, s in sorted(specs.items()) if n in rejected and s.priority > BASELINE_PRIORITY
+              and req.dtype in s.dtypes and serves_kind(s, req)}
+    if not faster:
+        return None
+    head = f"{req.summary()} runs on the baseline kernel {chosen.name!r} (unfused, O(seqlen^2) memory)"
+    runnable = [n for n, s in faster.items() if req.cc is None or s.runs_on(req.cc)]
+    if not runnable:
+        need = min(s.arch_min for s in faster.values())
+        return f"{head}: the faster kernels need compute capability >= {need[0]}.{need[1]}"
+    return f"{head}: no faster kernel fits -- " + " | ".join(f"{n}: {'; '.join(rejected[n])}" for n in runnable)
+
+
+def serves_kind(spec: KernelSpec, req: Request) -> bool:
+    """Whether a spec serves this kind of call at all: forward or backward as asked, its `requires` met."""
+    asked = {"causal": req.causal, "block_sparse": req.block_sparse, "fp8": req.fp8, "backward": req.backward,
+             "kv_cache": req.kv_cache, "window": req.window, "softcap": req.softcap, "alibi": req.alibi,
+             "lse": req.lse, "gqa": req.kv_heads != req.heads}
+    return spec.supports("backward") == req.backward and all(asked[f] == v for f, v in spec.requires.items())
 
 
 def _hint(req: Request) -> str:

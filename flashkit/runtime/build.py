@@ -26,13 +26,14 @@ class BuildConfig:
     """One specialization of a variant: everything that becomes a -D define."""
 
     dtype: str
-    head_dim: int
+    head_dim: int                # the compiled head dim: the call's head-dim class (manifest head_dims.classes)
     causal: bool
     launch: tuple[tuple[str, int], ...]
     out_dtype: str | None = None
     block_sparse: bool = False
     mods: tuple[str, ...] = ()   # built-in modifications compiled in: window, softcap, alibi (features/mods.py)
     functor: str | None = None   # a drop-in functor built in, "<path>@<sha256 of its text>" (features/functors.py)
+    head_dim_padded: bool = False   # the call's head dim (Params.head_dim) is below head_dim
 
     @property
     def launch_dict(self) -> dict[str, int]:
@@ -45,6 +46,7 @@ class BuildConfig:
                  f"-DFLASHKIT_HEAD_DIM={self.head_dim}",
                  f"-DFLASHKIT_CAUSAL={int(self.causal)}",
                  f"-DFLASHKIT_BLOCK_SPARSE={int(self.block_sparse)}"]
+        flags += ["-DFLASHKIT_HEAD_DIM_PADDED=1"] if self.head_dim_padded else []
         flags += [f"-DFLASHKIT_{m.upper()}=1" for m in self.mods]
         if self.functor:   # functor.cuh includes the file; its hash keys the cubin cache
             path, digest = self.functor.rsplit("@", 1)
@@ -53,7 +55,7 @@ class BuildConfig:
 
     def describe(self) -> str:
         parts = [self.dtype] + ([f"-> {self.out_dtype}"] if self.out_dtype not in (None, self.dtype) else [])
-        parts += [f"hd{self.head_dim}"] + (["causal"] if self.causal else [])
+        parts += [f"hd{self.head_dim}" + (" padded" if self.head_dim_padded else "")] + (["causal"] if self.causal else [])
         parts += (["block_sparse"] if self.block_sparse else []) + list(self.mods)
         parts += [f"functor={Path(self.functor.rsplit('@', 1)[0]).stem}"] if self.functor else []
         parts += [f"{k}={v}" for k, v in self.launch]
@@ -63,9 +65,11 @@ class BuildConfig:
 def make_config(spec: KernelSpec, dtype: str, head_dim: int, causal: bool, cc: tuple[int, int] | None,
                 block_sparse: bool = False, out_dtype: str | None = None, mods: tuple[str, ...] = (),
                 functor: str | None = None) -> BuildConfig:
+    """The specialization of a call of head dim `head_dim`: compiled for its class, padded when below it."""
     launch = spec.launch_config(cc, head_dim, tuple(mods))
-    return BuildConfig(dtype, head_dim, causal, tuple(sorted(launch.items())), out_dtype, block_sparse, tuple(mods),
-                       functor)
+    compiled = spec.head_dims.class_of(head_dim)
+    return BuildConfig(dtype, compiled, causal, tuple(sorted(launch.items())), out_dtype, block_sparse, tuple(mods),
+                       functor, head_dim_padded=compiled != head_dim)
 
 
 @lru_cache(maxsize=None)

@@ -15,7 +15,13 @@ MODS = ("window", "softcap", "alibi")   # built-in modifications (features/mods.
 
 def spec_configs(spec: KernelSpec, cc: tuple[int, int], dtypes=None, head_dims=None) -> list[BuildConfig]:
     """Every specialization a variant can be asked for on this arch (with its declared modifications all on too,
-    and varlen where the variant takes packed sequences)."""
+    and varlen where the variant takes packed sequences): of its example head dims, or of the named head dims it
+    takes.
+
+    A head dim below its class (a padded compile: the class's code plus column predicates) is compiled for the
+    variant's first dtype only, unless dtypes are named: the dtypes differ in no register or shared-memory figure;
+    and without varlen (the packed-sequence offsets and the column predicates touch different code).
+    """
     causal_opts = spec.causal_options()
     sparse = spec.requires.get("block_sparse", False)
     mods = tuple(m for m in MODS if spec.supports(m))
@@ -27,13 +33,14 @@ def spec_configs(spec: KernelSpec, cc: tuple[int, int], dtypes=None, head_dims=N
         if dtypes and dt not in dtypes:
             continue
         out_dtypes = ["bfloat16", "float16"] if dt == "float8_e4m3" else [None]
-        for hd in spec.head_dims.examples():
-            if head_dims and hd not in head_dims:
+        for hd in [d for d in head_dims if d in spec.head_dims] if head_dims else spec.head_dims.examples():
+            if spec.head_dims.class_of(hd) != hd and not dtypes and dt != spec.dtypes[0]:
                 continue
             for c in causal_opts:
                 for od in out_dtypes:
-                    out += [make_config(spec, dt, hd, c, cc, sparse, od, m) for m in mod_sets]
-    return out
+                    out += [make_config(spec, dt, hd, c, cc, sparse, od, m) for m in mod_sets
+                            if "varlen" not in m or spec.head_dims.class_of(hd) == hd]
+    return list(dict.fromkeys(out))   # head dims of one class and padding share a specialization
 
 
 def plan_compiles(variants, ccs, dtypes=None, head_dims=None):

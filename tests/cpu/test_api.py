@@ -9,7 +9,7 @@ import flashkit.api as api
 import flashkit.runtime.build as build
 import flashkit.runtime.launch as launch_mod
 import flashkit.runtime.nvrtc as nvrtc
-from flashkit.errors import DeviceError, InputError, UnsupportedError
+from flashkit.errors import DeviceError, FallbackWarning, InputError, UnsupportedError
 from flashkit.registry.discover import Catalogue
 from flashkit.registry.select import Request
 from flashkit.runtime.device import DeviceInfo, device_count
@@ -96,6 +96,26 @@ def test_unsupported_request_fails_before_compile(monkeypatch, no_compile_or_lau
     assert no_compile_or_launch == []
 
 
+def test_a_fallback_to_the_baseline_warns_before_compile(monkeypatch, no_compile_or_launch, toy_catalogue):
+    class Stop(Exception):
+        pass
+
+    def stop():
+        raise Stop
+    monkeypatch.setattr(api, "device_info", lambda *a: FAKE_DEVICE)
+    monkeypatch.setattr(api, "cupy_module", stop)   # the first step after selection
+    with pytest.warns(FallbackWarning, match=r"head_dim=96 .*baseline kernel 'slow'.* -- fast: head_dim=96 not supported"):
+        with pytest.raises(Stop):
+            flashkit.attention(*qkv((1, 5, 2, 96), (1, 5, 2, 96)))
+    import warnings
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")   # forced, or float32 (no faster kernel takes it): no warning
+        for kwargs, typestr in (({"variant": "slow"}, "<f2"), ({}, "<f4")):
+            with pytest.raises(Stop):
+                flashkit.attention(*qkv((1, 5, 2, 96), (1, 5, 2, 96), typestr), **kwargs)
+    assert no_compile_or_launch == []
+
+
 # --- explain() ---------------------------------------------------------------------------------------
 
 def test_explain_selects_and_reports(toy_catalogue):
@@ -107,6 +127,9 @@ def test_explain_selects_and_reports(toy_catalogue):
     assert sel.report().splitlines() == [
         "request: dtype=float16 head_dim=96 batch=1 heads=8 seqlen_q=100 seqlen_k=100 on sm_80",
         "selected: slow (priority 0)",
+        "  warning: dtype=float16 head_dim=96 batch=1 heads=8 seqlen_q=100 seqlen_k=100 on sm_80 runs on the baseline "
+        "kernel 'slow' (unfused, O(seqlen^2) memory): no faster kernel fits -- fast: head_dim=96 not supported: "
+        "supported 64, 128, 256",
         "  fast: head_dim=96 not supported: supported 64, 128, 256"]
 
 

@@ -27,8 +27,15 @@ def test_convention_shapes_cover_every_combination_and_small_token_budgets():
     assert len(shapes) == len(config.SEQLENS) * len(config.HEAD_DIMS) * 2
     assert {(s.head_dim, s.causal) for s in shapes} == {(d, c) for d in config.HEAD_DIMS for c in (False, True)}
     assert config.convention_shapes(seqlens=[4096], head_dims=[64], causal=[False], tokens=1024)[0].batch == 1
-    with pytest.raises(ValueError, match="does not divide"):
-        config.convention_shapes(head_dims=[96], hidden=2048)
+    with pytest.raises(ValueError, match="head_dim 4096"):
+        config.convention_shapes(head_dims=[4096], hidden=2048)
+
+
+@pytest.mark.parametrize("head_dim,heads", [(80, 25), (96, 21), (192, 10), (32, 64)])
+def test_convention_shapes_take_the_whole_heads_of_head_dims_that_do_not_divide_hidden(head_dim, heads):
+    (shape,) = config.convention_shapes(seqlens=[8192], head_dims=[head_dim], causal=[False])
+    assert (shape.batch, shape.heads) == (2, heads)
+    assert shape.heads * head_dim <= 2048 < (shape.heads + 1) * head_dim
 
 
 def test_tflops_and_rotation():

@@ -115,6 +115,21 @@ def test_explain_selection():
         assert name in out
 
 
+def test_explain_names_the_head_dim_class():
+    out = invoke("explain", "--arch", "sm_80", "--dtype", "bfloat16", "--head-dim", "80").stdout
+    assert "selected: fa2 (priority 50)" in out
+    assert "head_dim=80 runs as head-dim class 96 (columns 80..95 zero-filled, not stored)" in out
+    assert "warning" not in out
+
+
+def test_explain_warns_of_a_fallback_to_the_baseline():
+    out = invoke("explain", "--arch", "sm_75", "--dtype", "float16", "--head-dim", "80").stdout
+    assert "selected: standard (priority 0)" in out
+    assert "warning: " in out and "the faster kernels need compute capability >= 8.0" in out
+    data = json.loads(invoke("explain", "--arch", "sm_75", "--dtype", "float16", "--head-dim", "80", "--json").stdout)
+    assert "compute capability >= 8.0" in data["warning"]
+
+
 def test_explain_forced_variant():
     out = invoke("explain", "--arch", "9.0", "--variant", "standard", "--dtype", "float16", "--head-dim", "64").stdout
     assert "selected: standard (priority 0)" in out
@@ -122,7 +137,7 @@ def test_explain_forced_variant():
 
 def test_explain_json():
     data = json.loads(invoke(*EXPLAIN, "--json").stdout)
-    assert set(data) == {"request", "selected", "outranked", "rejected"}
+    assert set(data) == {"request", "selected", "notes", "warning", "outranked", "rejected"}
     assert data["selected"] in discover_kernels().specs
     for name, why in data["rejected"].items():
         assert why and all(isinstance(w, str) for w in why), name

@@ -22,12 +22,13 @@ struct EpilogueTraits {
 
 // o_frag: the warp's O in mma C layout; smem_warp: the warp's kWarpRows x kHeadDim slice;
 // o_gmem / lse_gmem: the warp's first row (lse_gmem null when no LSE is asked for);
-// rows_valid: how many of the warp's rows exist (may be <= 0).
-template <class Kt>
+// rows_valid: how many of the warp's rows exist (may be <= 0); with kClipCols only the first
+// cols_valid columns are written (a head dim below the compiled class).
+template <class Kt, bool kClipCols = false>
 __device__ __forceinline__ void store_output(
     const float (&o_frag)[Kt::kMTiles][Kt::kDTiles][4], const float (&lse)[Kt::kMTiles][2],
     typename Kt::OutT* smem_warp, typename Kt::OutT* o_gmem, index_t o_row_stride,
-    float* lse_gmem, int rows_valid, int lane) {
+    float* lse_gmem, int rows_valid, int lane, int cols_valid = Kt::kHeadDim) {
     typedef typename Kt::OutT OutT;
     static_assert(sizeof(OutT) == sizeof(typename Kt::Element), "O staged in the Q tile");
     const int g = lane / kQuadLanes;
@@ -48,8 +49,8 @@ __device__ __forceinline__ void store_output(
             if (lse_gmem != nullptr && t == 0 && row < rows_valid) lse_gmem[row] = lse[mi][h];
         }
     __syncwarp();
-    store_tile_warp<Kt::kWarpRows, Kt::kHeadDim>(smem_warp, o_gmem, o_row_stride, rows_valid,
-                                                 lane);
+    store_tile_warp<Kt::kWarpRows, Kt::kHeadDim, OutT, kClipCols>(smem_warp, o_gmem, o_row_stride,
+                                                                  rows_valid, lane, cols_valid);
 }
 
 }  // namespace flashkit

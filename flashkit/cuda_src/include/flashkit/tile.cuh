@@ -1,10 +1,15 @@
 // Global <-> shared memory movement for the tensor-core kernels.
 //
-// Shared layout of a (rows x kCols) 16-bit tile: row-major, rows of kCols elements, with the
-// 16-byte chunk index XOR-swizzled by the row:  chunk' = chunk ^ (row % 8).
-// An ldmatrix phase reads one 16 B chunk from each of 8 consecutive rows at the same logical
-// chunk; after the swizzle those land on 8 distinct 16 B bank groups (a row is a multiple of
-// 128 B), so ldmatrix and the 16 B cp.async stores are bank-conflict free without padding.
+// Shared layout of a (rows x kCols) 16-bit tile: row-major, rows of kCols elements (R = kCols / 8
+// chunks of 16 bytes, no padding), the chunk index XOR-swizzled by the row:
+//   whole groups of 8 chunks:              chunk' = chunk ^ (row % 8)
+//   a last group of 4 (R % 8 == 4; head-dim classes 32, 96, 160):  chunk' = chunk ^ ((row / 2) % 4)
+// An ldmatrix phase (and the epilogue's 4-byte stores) touches one 16 B chunk of each of 8
+// consecutive rows (row % 8 = 0..7) at the same logical chunk. Its 16 B bank group is
+// (row * R + chunk') % 8. R % 8 == 0: row * R vanishes and chunk ^ row % 8 takes 8 distinct
+// values. R % 8 == 4: row * R % 8 = 4 (row % 2), which XORs bit 2, so a whole group gives
+// chunk ^ row ^ 4 (row % 2), a bijection of row % 8, and the tail 4 (row % 2) + (chunk ^ (row / 2) % 4),
+// distinct too. Both layouts are bank-conflict free for ldmatrix, with no padding.
 #pragma once
 
 #include "flashkit/traits.cuh"
@@ -15,10 +20,28 @@ namespace flashkit {
 constexpr int kSwizzleRows = 8;
 constexpr int kSwizzleMask = kSwizzleRows - 1;
 
+// A row of R % 8 == 4 chunks ends in a tail group of 4, swizzled by (row / 2) % 4. (An enumerator: a
+// namespace-scope constexpr variable would add a symbol to every cubin.)
+enum : int { kTailChunks = 4 };
+
+// Physical chunk of logical chunk `chunk` of `row` in a tile of kRowChunks 16 B chunks a row.
+template <int kRowChunks>
+__device__ __forceinline__ int swizzle_chunk(int row, int chunk) {
+    static_assert(kRowChunks % kSwizzleRows == 0 || kRowChunks % kSwizzleRows == kTailChunks,
+                  "swizzled rows: whole groups of 8 chunks and at most one tail of 4");
+    constexpr int kWholeChunks = kRowChunks / kSwizzleRows * kSwizzleRows;
+    if constexpr (kWholeChunks == kRowChunks) {
+        return chunk ^ (row & kSwizzleMask);
+    } else {
+        return chunk < kWholeChunks ? chunk ^ (row & kSwizzleMask)
+                                    : chunk ^ ((row >> 1) & (kTailChunks - 1));
+    }
+}
+
 // Element offset of (row, col) in a swizzled tile with kCols columns; col % 8 is kept.
 template <int kCols, int kChunkElems = 8>
 __device__ __forceinline__ int swizzle_offset(int row, int col) {
-    const int chunk = (col / kChunkElems) ^ (row & kSwizzleMask);
+    const int chunk = swizzle_chunk<kCols / kChunkElems>(row, col / kChunkElems);
     return row * kCols + chunk * kChunkElems + col % kChunkElems;
 }
 
@@ -41,28 +64,47 @@ __device__ __forceinline__ void cp_async_wait() {
     asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending));
 }
 
-// Asynchronously copy kRows rows of kRowBytes bytes (row r at gmem + r * row_stride bytes) into
-// shared memory, 16 B chunk c of row r at smem_base + Layout::chunk_offset(r, c) (the layout's
-// swizzle); rows >= rows_valid are zero-filled. All kThreads threads call it; thread tid always
-// owns chunk column tid % (kRowBytes / 16). Every tile loader of flashkit is this with a layout.
-template <int kRows, int kRowBytes, int kThreads, class Layout>
+// Chunk columns of the band that load_rows_async hands the threads at chunk kChunk0 of a row:
+// the widest power of two that fits the kLeft chunks left and divides kThreads, so that a thread
+// keeps one chunk column of the band (a row of R = 12 chunks loads as bands of 8 and 4).
+template <int kLeft, int kThreads>
+__host__ __device__ constexpr int load_band_chunks() {
+    int band = 1;
+    while (2 * band <= kLeft && kThreads % (2 * band) == 0) band *= 2;
+    return band;
+}
+
+// Asynchronously copy kRows rows of kRowBytes bytes (row r at gmem + r * row_stride) into shared
+// memory, 16 B chunk c of row r at smem_base + Layout::chunk_offset(r, c) (the layout's swizzle);
+// rows >= rows_valid are zero-filled, and with kClipChunks so are chunks >= chunks_valid (the
+// columns of a head dim below its compiled class). All kThreads threads call it. The row is
+// loaded as bands of chunk columns (load_band_chunks); in each, thread tid always owns column
+// tid % band (a row that kThreads divides is one band). Every tile loader of flashkit is this
+// with a layout.
+template <int kRows, int kRowBytes, int kThreads, class Layout, bool kClipChunks = false, int kChunk0 = 0>
 __device__ __forceinline__ void load_rows_async(u32 smem_base, const u8* gmem, index_t row_stride,
-                                                int rows_valid, int tid) {
+                                                int rows_valid, int tid, int chunks_valid = 0) {
     constexpr int kRowChunks = kRowBytes / kChunkBytes;
-    constexpr int kRowsPerPass = kThreads / kRowChunks;
-    static_assert(kThreads % kRowChunks == 0 && kRows % kRowsPerPass == 0, "tile loads split evenly");
-    const int chunk = tid % kRowChunks;
-    const int row0 = tid / kRowChunks;
+    constexpr int kBandChunks = load_band_chunks<kRowChunks - kChunk0, kThreads>();
+    constexpr int kRowsPerPass = kThreads / kBandChunks;
+    static_assert(kRowChunks > kChunk0 && kRows % kRowsPerPass == 0, "tile loads split evenly");
+    const int chunk = kChunk0 + tid % kBandChunks;
+    const int row0 = tid / kBandChunks;
+    const bool chunk_valid = !kClipChunks || chunk < chunks_valid;
     // One running pointer (not one per pass) keeps the loop-invariant state to 2 registers.
     const u8* src = gmem + row0 * row_stride + chunk * kChunkBytes;
     const index_t pass_stride = kRowsPerPass * row_stride;
 #pragma unroll
     for (int pass = 0; pass < kRows / kRowsPerPass; ++pass) {
         const int row = row0 + pass * kRowsPerPass;
-        const bool valid = row < rows_valid;
+        const bool valid = row < rows_valid && chunk_valid;
         // Out-of-range rows read nothing (zero-fill); keep the address in range anyway.
         cp_async_16(smem_base + Layout::chunk_offset(row, chunk), valid ? src : gmem, valid);
         src += pass_stride;
+    }
+    if constexpr (kChunk0 + kBandChunks < kRowChunks) {
+        load_rows_async<kRows, kRowBytes, kThreads, Layout, kClipChunks, kChunk0 + kBandChunks>(
+            smem_base, gmem, row_stride, rows_valid, tid, chunks_valid);
     }
 }
 
@@ -75,12 +117,15 @@ struct SwizzledTile {
     }
 };
 
-// load_rows_async of a SwizzledTile, with the pointer and row stride in elements.
-template <int kRows, int kCols, int kThreads, typename T>
+// load_rows_async of a SwizzledTile, with the pointer and row stride in elements; with kClipCols,
+// columns >= cols_valid (a multiple of the 16 B chunk's elements) are zero-filled too.
+template <int kRows, int kCols, int kThreads, typename T, bool kClipCols = false>
 __device__ __forceinline__ void load_tile_async(u32 smem_base, const T* gmem, index_t row_stride,
-                                                int rows_valid, int tid) {
-    load_rows_async<kRows, kCols * static_cast<int>(sizeof(T)), kThreads, SwizzledTile<kCols, T>>(
-        smem_base, reinterpret_cast<const u8*>(gmem), row_stride * static_cast<index_t>(sizeof(T)), rows_valid, tid);
+                                                int rows_valid, int tid, int cols_valid = kCols) {
+    constexpr int kChunkElems = kChunkBytes / static_cast<int>(sizeof(T));
+    load_rows_async<kRows, kCols * static_cast<int>(sizeof(T)), kThreads, SwizzledTile<kCols, T>, kClipCols>(
+        smem_base, reinterpret_cast<const u8*>(gmem), row_stride * static_cast<index_t>(sizeof(T)), rows_valid, tid,
+        cols_valid / kChunkElems);
 }
 
 // Per-thread column offsets (elements) for ldmatrix over a swizzled tile whose row index
@@ -94,11 +139,31 @@ struct LdsmColumns {
     __device__ __forceinline__ int col(int s) const { return (s / 4) * 64 + ((2 * (s % 4)) ^ x) * 8; }
 };
 
+// LdsmColumns of a tile whose rows end in a tail of 4 chunks (kRowChunks % 8 == 4): the steps of
+// the tail (2 of them) XOR their chunk with (row / 2) % 4 instead (s is a compile-time step).
+template <int kRowChunks>
+struct LdsmTailColumns {
+    static constexpr int kWholeSteps = kRowChunks / kSwizzleRows * (kSwizzleRows / 2);
+    int x, x_tail;
+    __device__ __forceinline__ LdsmTailColumns(int lane, int hi)
+        : x(hi ^ (lane & kSwizzleMask)), x_tail(hi ^ ((lane >> 1) & (kTailChunks - 1))) {}
+    __device__ __forceinline__ int col(int s) const {
+        return (s / 4) * 64 + ((2 * (s % 4)) ^ (s < kWholeSteps ? x : x_tail)) * 8;
+    }
+};
+
+// The ldmatrix column table of a swizzled tile with kRowChunks chunks a row.
+template <int kRowChunks, bool kTail = (kRowChunks % kSwizzleRows != 0)>
+struct LdsmColumnsOf { typedef LdsmColumns type; };
+template <int kRowChunks>
+struct LdsmColumnsOf<kRowChunks, true> { typedef LdsmTailColumns<kRowChunks> type; };
+
 // Copy a warp's (kRows x kCols) slice of a swizzled shared tile to global memory with 16 B
-// stores; rows >= rows_valid are not written. Called by one whole warp.
-template <int kRows, int kCols, typename T>
+// stores; rows >= rows_valid are not written, nor with kClipCols the columns >= cols_valid (a
+// multiple of the chunk's elements). Called by one whole warp.
+template <int kRows, int kCols, typename T, bool kClipCols = false>
 __device__ __forceinline__ void store_tile_warp(const T* smem, T* gmem, index_t row_stride,
-                                                int rows_valid, int lane) {
+                                                int rows_valid, int lane, int cols_valid = kCols) {
     constexpr int kChunkElems = kChunkBytes / sizeof(T);
     constexpr int kRowChunks = kCols / kChunkElems;
     constexpr int kPasses = kRows * kRowChunks / kWarpSize;
@@ -108,7 +173,7 @@ __device__ __forceinline__ void store_tile_warp(const T* smem, T* gmem, index_t 
         const int idx = pass * kWarpSize + lane;
         const int row = idx / kRowChunks;
         const int col = (idx % kRowChunks) * kChunkElems;
-        if (row < rows_valid) {
+        if (row < rows_valid && (!kClipCols || col < cols_valid)) {
             const uint4 v =
                 *reinterpret_cast<const uint4*>(smem + swizzle_offset<kCols, kChunkElems>(row, col));
             *reinterpret_cast<uint4*>(gmem + row * row_stride + col) = v;

@@ -6,6 +6,11 @@
 // of kBlockN keys. Shared memory (dynamic), each tile in the swizzled layout of tile.cuh:
 //   [ Q: kBlockM x kHeadDim | K: kBlockN x kHeadDim | V: kBlockN x kHeadDim ]
 // The Q region is reused to stage O in the epilogue.
+//
+// kHeadDim is the compiled head-dim CLASS (a multiple of 32: 32, 64, 96, ...). With kHeadDimPadded
+// the call's head dim (Params::head_dim, a multiple of 8) is below it: the loads zero-fill the
+// columns >= head_dim of Q, K and V and the epilogue stores only the first head_dim columns of O;
+// the products over the zero columns add exact zeros, so S and the real columns of O are exact.
 #pragma once
 
 #include "flashkit/numeric.cuh"
@@ -29,11 +34,18 @@ constexpr int kChunkBytes = 16;
 // whole main loop instead of being re-read from shared memory with ldmatrix every K/V tile.
 constexpr int kQInRegsBudget = 160;
 
+#ifndef FLASHKIT_HEAD_DIM_PADDED
+#define FLASHKIT_HEAD_DIM_PADDED 0   // the call's head dim is the class itself
+#endif
+
 template <int kHeadDim_, int kBlockM_, int kBlockN_, int kWarps_, typename Element_, typename OutT_>
 struct FwdTraits {
     typedef Element_ Element;
     typedef OutT_ OutT;
     static constexpr int kHeadDim = kHeadDim_;
+    // The compile's FLASHKIT_HEAD_DIM_PADDED (as FLASHKIT_Q_IN_REGS below). An enumerator, not a static
+    // member: the class's cubins stay byte-identical to those built before head-dim classes existed.
+    enum : int { kHeadDimPadded = FLASHKIT_HEAD_DIM_PADDED != 0 };
     static constexpr int kBlockM = kBlockM_;
     static constexpr int kBlockN = kBlockN_;
     static constexpr int kWarps = kWarps_;
@@ -67,9 +79,8 @@ struct FwdTraits {
     static_assert(kElemBytes == 2, "tensor-core path: 16-bit elements only");
     static_assert(kBlockM % (kWarps * kMmaM) == 0, "each warp owns whole 16-row tiles");
     static_assert(kBlockN % (2 * kMmaK) == 0, "ldmatrix.x4 loads two 8-key tiles of K at once");
-    static_assert(kHeadDim % (2 * kMmaK) == 0 && kHeadDim >= 64,
-                  "head dim: multiple of 32, >= 64 (swizzle spans 8 chunks of a row)");
-    static_assert(kThreads % kRowChunks == 0, "a thread keeps one chunk column in tile loads");
+    static_assert(kHeadDim % (2 * kMmaK) == 0,
+                  "head-dim class: a multiple of 32 (swizzled rows of 8-chunk groups and a 4-chunk tail)");
     static_assert((kBlockN * kRowChunks) % kThreads == 0, "K/V tile loads split evenly");
     static_assert((kBlockM * kRowChunks) % kThreads == 0, "Q tile loads split evenly");
 };

@@ -10,6 +10,8 @@
 // Pipeline (cp.async, single K and V buffers, overlapped like flash-attn):
 //   V_j streams in under S = Q K_j^T; K_{j+1} streams in under softmax and O += P V_j.
 // Epilogue: O /= l, LSE, store (epilogue.cuh).
+// Head dims: compiled for the class Kt::kHeadDim; with Kt::kHeadDimPadded the loads zero-fill the
+// columns >= p.head_dim and the epilogue stores only those below it (traits.cuh).
 #pragma once
 
 #include "flashkit/epilogue.cuh"
@@ -28,6 +30,7 @@ struct FwdMainloop {
     static constexpr int kD = Kt::kHeadDim;
     static constexpr int kRowBytes = kD * Kt::kElemBytes;   // one smem tile row
     static constexpr int kMTiles = Kt::kMTiles;
+    typedef typename LdsmColumnsOf<Kt::kRowChunks>::type Columns;
 
     // Scalars stay in the kernel's parameter block (constant bank), not in registers: the
     // main loop runs at the 255-register limit.
@@ -38,8 +41,8 @@ struct FwdMainloop {
     int k_row0;                   // the sequence's key 0 in them (varlen.cuh's SeqOrigin)
     u32 sK, sV;                   // K / V tiles (shared addresses)
     u32 q_lane, k_lane, v_lane;   // this lane's ldmatrix row address in the Q / K / V tiles
-    LdsmColumns cols_hi16;        // column table, 8-column half = lane / 16 (Q A, V B operands)
-    LdsmColumns cols_hi8;         // column table, 8-column half = (lane / 8) % 2 (K B operand)
+    Columns cols_hi16;            // column table, 8-column half = lane / 16 (Q A, V B operands)
+    Columns cols_hi8;             // column table, 8-column half = (lane / 8) % 2 (K B operand)
 
     u32 q_frag[kMTiles][Kt::kQKSteps][4];   // Q as A fragments (used when Kt::kQInRegs)
     float acc_o[kMTiles][Kt::kDTiles][4];   // O accumulator, mma C layout
@@ -154,8 +157,8 @@ struct FwdMainloop {
         const index_t head_stride = kIsV ? p.v_head_stride : p.k_head_stride;
         const index_t row_stride = kIsV ? p.v_row_stride : p.k_row_stride;
         const Element* gmem = base + batch * batch_stride + kv_head * head_stride + (k_row0 + n0) * row_stride;
-        load_tile_async<Kt::kBlockN, kD, Kt::kThreads>(dst, gmem, row_stride, p.seqlen_k - n0,
-                                                       threadIdx.x);
+        load_tile_async<Kt::kBlockN, kD, Kt::kThreads, Element, Kt::kHeadDimPadded != 0>(dst, gmem, row_stride,
+                                                                         p.seqlen_k - n0, threadIdx.x, p.head_dim);
         cp_async_commit();
     }
 
@@ -200,8 +203,8 @@ __device__ __forceinline__ void fwd_block(const Params& p, const Mask& mask, int
     if (n_blocks > 0) {
         const Element* q_gmem = static_cast<const Element*>(p.q) + origin.batch * p.q_batch_stride +
                                 head * p.q_head_stride + (origin.q_row + m0) * p.q_row_stride;
-        load_tile_async<Kt::kBlockM, Kt::kHeadDim, Kt::kThreads>(sQ, q_gmem, p.q_row_stride,
-                                                                 p.seqlen_q - m0, tid);
+        load_tile_async<Kt::kBlockM, Kt::kHeadDim, Kt::kThreads, Element, Kt::kHeadDimPadded != 0>(
+            sQ, q_gmem, p.q_row_stride, p.seqlen_q - m0, tid, p.head_dim);
         cp_async_commit();
         loop.template load_kv_async<false>(loop.sK, mask.kv_block(n_blocks - 1));
         if constexpr (Kt::kQInRegs) {
@@ -228,8 +231,8 @@ __device__ __forceinline__ void fwd_block(const Params& p, const Mask& mask, int
                           : p.lse + origin.batch * p.lse_batch_stride + head * p.lse_head_stride +
                                 origin.q_row + warp_row0;
     OutT* smem_warp = reinterpret_cast<OutT*>(smem_raw) + warp * Kt::kWarpRows * Kt::kHeadDim;
-    store_output<Kt>(loop.acc_o, lse, smem_warp, o_gmem, p.o_row_stride, lse_gmem,
-                     p.seqlen_q - warp_row0, lane);
+    store_output<Kt, Kt::kHeadDimPadded != 0>(loop.acc_o, lse, smem_warp, o_gmem, p.o_row_stride, lse_gmem,
+                                         p.seqlen_q - warp_row0, lane, p.head_dim);
 }
 
 // A kernel's query block m_block of (head, batch): of batch `batch`, or with FLASHKIT_VARLEN of packed
