@@ -12,12 +12,10 @@ from functools import lru_cache
 from importlib import metadata
 from pathlib import Path
 
-import yaml
-
 from ..errors import ManifestError
 from ..runtime.call_cache import invalidate as invalidate_calls
 from .functor_manifest import ModSpec, is_modification, mod_spec_from
-from .manifest import KernelSpec, _spec_from, read_manifest_text
+from .manifest import KernelSpec, _spec_from, load_manifest
 
 BUILTIN_DIR = Path(__file__).resolve().parent.parent / "cuda_src"
 ENTRY_POINT_GROUP = "flashkit.kernels"
@@ -48,12 +46,7 @@ class Catalogue:
 
 def parse_file(path: Path) -> KernelSpec | ModSpec:
     """A kernel variant or a drop-in functor, by its manifest's kind; ManifestError names the file and field."""
-    try:
-        data = yaml.safe_load(read_manifest_text(path))
-    except yaml.YAMLError as e:
-        raise ManifestError(f"{path}: manifest is not valid YAML: {str(e).splitlines()[0]}") from None
-    if not isinstance(data, dict):
-        raise ManifestError(f"{path}: manifest must be a YAML mapping")
+    data = load_manifest(path)
     return mod_spec_from(path, data) if is_modification(data) else _spec_from(path, data)
 
 

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import ManifestError
-from .manifest import NAME_RE
+from .manifest import check_identity
 
 MOD_KIND = "modification"
 FUNCTIONS = ("score_mod", "mask_mod")
@@ -90,17 +90,8 @@ def mod_spec_from(path: Path, data: dict) -> ModSpec:
     def bad(fld: str, expected: str, got: Any = None) -> ManifestError:
         return ManifestError(f"{path}: field '{fld}': expected {expected}, got {data.get(fld) if got is None else got!r}")
 
-    for fld in REQUIRED:
-        if fld not in data:
-            raise ManifestError(f"{path}: field '{fld}' is missing")
-    unknown = set(data) - KNOWN
-    if unknown:
-        raise ManifestError(f"{path}: unknown field(s) {', '.join(sorted(unknown))}; known: {', '.join(sorted(KNOWN))}")
+    check_identity(path, data, REQUIRED, KNOWN)
     name = data["name"]
-    if not isinstance(name, str) or not NAME_RE.match(name):
-        raise bad("name", "a lower-case identifier")
-    if not isinstance(data["summary"], str):
-        raise bad("summary", "a string")
     functions = data["functions"]
     if (not isinstance(functions, list) or not functions or len(set(functions)) != len(functions)
             or any(f not in FUNCTIONS for f in functions)):

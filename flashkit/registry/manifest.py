@@ -180,30 +180,40 @@ def read_manifest_text(path: Path) -> str:
 def parse_manifest(path: Path) -> KernelSpec:
     """Parse and check a variant's manifest; ManifestError names the file and the field."""
     path = Path(path)
+    return _spec_from(path, load_manifest(path))
+
+
+def load_manifest(path: Path) -> dict:
+    """The YAML mapping of a .cu's manifest (a variant's or a drop-in functor's); ManifestError if it is none."""
     try:
         data = yaml.safe_load(read_manifest_text(path))
     except yaml.YAMLError as e:
         raise ManifestError(f"{path}: manifest is not valid YAML: {str(e).splitlines()[0]}") from None
     if not isinstance(data, dict):
         raise ManifestError(f"{path}: manifest must be a YAML mapping")
-    return _spec_from(path, data)
+    return data
+
+
+def check_identity(path: Path, data: dict, required: tuple[str, ...], known: set[str]) -> None:
+    """The fields every manifest shares: the required ones present, no unknown one, name and summary."""
+    for fld in required:
+        if fld not in data:
+            raise ManifestError(f"{path}: field '{fld}' is missing")
+    unknown = set(data) - known
+    if unknown:
+        raise ManifestError(f"{path}: unknown field(s) {', '.join(sorted(unknown))}; known: {', '.join(sorted(known))}")
+    if not isinstance(data["name"], str) or not NAME_RE.match(data["name"]):
+        raise ManifestError(f"{path}: field 'name': expected a lower-case identifier, got {data['name']!r}")
+    if not isinstance(data["summary"], str):
+        raise ManifestError(f"{path}: field 'summary': expected a string, got {data['summary']!r}")
 
 
 def _spec_from(path: Path, data: dict) -> KernelSpec:
     def bad(fld: str, expected: str) -> ManifestError:
         return ManifestError(f"{path}: field '{fld}': expected {expected}, got {data.get(fld)!r}")
 
-    for fld in REQUIRED:
-        if fld not in data:
-            raise ManifestError(f"{path}: field '{fld}' is missing")
-    unknown = set(data) - KNOWN
-    if unknown:
-        raise ManifestError(f"{path}: unknown field(s) {', '.join(sorted(unknown))}; known: {', '.join(sorted(KNOWN))}")
+    check_identity(path, data, REQUIRED, KNOWN)
     name = data["name"]
-    if not isinstance(name, str) or not NAME_RE.match(name):
-        raise bad("name", "a lower-case identifier")
-    if not isinstance(data["summary"], str):
-        raise bad("summary", "a string")
     entries = data["entry"] if isinstance(data["entry"], list) else [data["entry"]]
     if not entries or not all(isinstance(e, str) and SYMBOL_RE.match(e) for e in entries):
         raise bad("entry", "a C symbol or a list of them")

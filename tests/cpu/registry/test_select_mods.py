@@ -78,7 +78,9 @@ def test_compile_matrix_covers_the_mods_of_the_variants_declaring_them():
     for name in ("fa2", "causal"):
         configs = spec_configs(specs[name], (8, 0))
         with_mods = [c for c in configs if c.mods and "varlen" not in c.mods]
-        varlen = [c for c in configs if c.mods == ("varlen",)]   # the packed-sequence build, on its own
-        assert with_mods and len(with_mods) * 3 == len(configs) and len(varlen) == len(with_mods)
+        plain = [c for c in configs if not c.mods]
+        varlen = [c for c in configs if c.mods == ("varlen",)]   # the packed-sequence build, class head dims only
+        assert with_mods and len(with_mods) == len(plain) and len(plain) + len(with_mods) + len(varlen) == len(configs)
+        assert varlen and not any(c.head_dim_padded for c in varlen)
         assert {c.mods for c in with_mods} == {("window", "softcap", "alibi")}
     assert not any(c.mods for c in spec_configs(specs["standard"], (8, 0)))
