@@ -13,7 +13,8 @@ launch: {grid: q_blocks, block_m: 128, block_n: 64, warps: 4}
 overrides: {"hd32": {block_n: 128}, "hd96": {block_m: 128, block_n: 128, warps: 8},
             "hd128": {block_m: 128, block_n: 128, warps: 8}, "hd160": {warps: 8},
             "hd192": {block_m: 128, block_n: 128, warps: 8}, "hd256": {warps: 8},
-            "hd192/window": {block_n: 64}, "hd192/softcap": {block_n: 64}, "hd192/alibi": {block_n: 64}}
+            "hd192/window": {block_n: 64}, "hd192/softcap": {block_n: 64}, "hd192/alibi": {block_n: 64},
+            "hd192/varlen": {block_n: 64}}
 workspace: none
 ---*/
 // FlashAttention-2 forward (Dao, 2023), tensor cores through mma.sync.m16n8k16.
