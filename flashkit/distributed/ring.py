@@ -2,15 +2,14 @@
 
 Each rank holds a shard of the sequence (zigzag by default: flashkit.distributed.shard_zigzag); K/V
 shards travel around the ring (comm.RingExchange) while flashkit's kernel computes on the one already
-there; the partial (O, LSE) pairs merge exactly in fp32 (merge.merge_into). Forward only for now: the
-backward (K/V forward again, dK/dV back around the ring, the same plan) lands with flashkit's backward
-kernel; `RingState` keeps what it will need.
+there; the partial (O, LSE) pairs merge exactly in fp32 (merge.merge_into). The backward runs the same
+plan: K/V travel forward again, each block's dQ stays, and its dK/dV (fp32) travel with the K/V shard
+they belong to and come home after the last step (ring_backward). ring_attention is differentiable.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 from typing import Any
 
 from ._torch import require_torch
@@ -18,23 +17,6 @@ from .plan import step_blocks
 from .validation import agree_across_ranks, check_local
 
 DEFAULT_TIMEOUT_S = 120.0
-
-
-@dataclass
-class RingState:
-    """What a backward needs: the local shards, the output and LSE, and the ring's shape."""
-
-    q: Any
-    k: Any
-    v: Any
-    out: Any
-    lse: Any
-    causal: bool
-    layout: str
-    softmax_scale: float
-    group: Any
-    rank: int
-    world_size: int
 
 
 def ring_attention(q: Any, k: Any, v: Any, *, group: Any = None, causal: bool = False,
@@ -47,6 +29,7 @@ def ring_attention(q: Any, k: Any, v: Any, *, group: Any = None, causal: bool = 
     output (torch, q's dtype) and, with return_lse=True, their LSE (float32, (batch, heads, local_seqlen)).
     Every rank checks its inputs and all ranks agree on shapes (a timed all-gather) before any transfer.
     With a group of one rank (or torch.distributed not initialized) this is local flashkit attention.
+    Differentiable: with q, k or v requiring grad, the backward runs around the ring too (ring_backward).
     variant= forces flashkit's kernel for every local step (as in flashkit.attention).
     """
     torch = require_torch()
@@ -67,11 +50,14 @@ def ring_attention(q: Any, k: Any, v: Any, *, group: Any = None, causal: bool = 
     else:
         agree_across_ranks(local, group, rank, world_size, device, timeout)
     scale = softmax_scale if softmax_scale is not None else 1.0 / math.sqrt(q.shape[-1])
-    if world_size == 1:
+    ring = dict(group=group, rank=rank, world_size=world_size, causal=causal, scale=scale, layout=layout,
+                variant=variant)
+    if torch.is_grad_enabled() and any(x.requires_grad for x in (q, k, v)):
+        out, lse = _ring_function(torch).apply(q, k, v, ring)
+    elif world_size == 1:
         out, lse = local_attention(q, k, v, causal=causal, scale=scale, variant=variant)
     else:
-        out, lse = ring_forward(q, k, v, group=group, rank=rank, world_size=world_size, causal=causal,
-                                scale=scale, layout=layout, variant=variant)
+        out, lse = ring_forward(q, k, v, **ring)
     return (out, lse) if return_lse else out
 
 
@@ -137,7 +123,81 @@ def _signature_device(torch, group: Any, distributed: bool, current: int | None)
     return torch.device("cpu")
 
 
-def ring_attention_backward(*args: Any, **kwargs: Any):
-    """Not yet: waits for flashkit's backward kernel (then dK/dV travel back around the ring, same plan)."""
-    raise NotImplementedError("ring_attention's backward lands after flashkit.attention_backward; "
-                              "the forward keeps what it needs (RingState)")
+def ring_backward(dout: Any, q: Any, k: Any, v: Any, out: Any, lse: Any, *, group: Any, rank: int,
+                  world_size: int, causal: bool, scale: float, layout: str = "zigzag", exchange: Any = None,
+                  grad_exchange: Any = None, attend_backward: Any = None):
+    """Gradients of this rank's shards: (dq, dk, dv) in q, k, v's dtypes.
+
+    The forward's plan, step for step. With the merged O and LSE of the forward, each block's
+    P = exp(scale q k^T - lse) is its slice of the whole row's softmax and D = rowsum(dO * O) the whole
+    row's, so the blocks' gradients add up to the full ones exactly: dQ accumulates here; dK / dV of the
+    visiting shard accumulate in fp32 buffers that travel with it (one hop after every step, so after W steps
+    each rank holds its own shard's). K / V move as in the forward, overlapped with the compute; the gradient
+    hop waits for its step's blocks. `attend_backward(dout, q, k, v, out, lse, causal, scale) -> (dq, dk, dv)`
+    replaces flashkit's backward kernel (the CPU tests run the loop on a Gloo group).
+    """
+    torch = require_torch()
+    from .comm import RingExchange, comm_stream
+    streams = (torch.cuda.current_stream(q.device), comm_stream(q.device)) if q.is_cuda else (None, None)
+    exchange = exchange or RingExchange(group, rank, world_size, *streams)
+    grad_exchange = grad_exchange or RingExchange(group, rank, world_size, *streams)
+    attend_backward = attend_backward or local_backward
+    held = (k.contiguous(), v.contiguous())
+    grads = tuple(torch.zeros(x.shape, dtype=torch.float32, device=x.device) for x in (k, v))
+    dq = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
+    for step in range(world_size):
+        last = step == world_size - 1
+        if not last:
+            exchange.start(held, step)
+        for block in step_blocks(rank, step, world_size, q.shape[1], k.shape[1], causal, layout):
+            rows, keys = slice(block.q0, block.q1), slice(block.k0, block.k1)
+            dq_b, dk_b, dv_b = attend_backward(dout[:, rows], q[:, rows], held[0][:, keys], held[1][:, keys],
+                                               out[:, rows], lse[:, :, rows].contiguous(), block.causal, scale)
+            dq[:, rows] += dq_b.float()
+            grads[0][:, keys] += dk_b.float()
+            grads[1][:, keys] += dv_b.float()
+        grad_exchange.start(grads, step)   # to the next rank, with the K/V shard they belong to
+        if not last:
+            held = exchange.finish()
+        grads = grad_exchange.finish()
+    return dq.to(q.dtype), grads[0].to(k.dtype), grads[1].to(v.dtype)
+
+
+def local_backward(dout: Any, q: Any, k: Any, v: Any, out: Any, lse: Any, causal: bool, scale: float):
+    """flashkit.attention_backward on torch tensors, on torch's current stream and allocator."""
+    from ..torch import attention_bwd
+    return attention_bwd(dout, q, k, v, out, lse, causal, scale, False)
+
+
+def _ring_function(torch):
+    """The autograd Function of ring attention (defined on first use: torch loads lazily)."""
+    global _RING_FUNCTION
+    if _RING_FUNCTION is None:
+        class RingAttention(torch.autograd.Function):
+            @staticmethod
+            def forward(ctx, q, k, v, ring):
+                if ring["world_size"] == 1:
+                    out, lse = local_attention(q, k, v, causal=ring["causal"], scale=ring["scale"],
+                                               variant=ring["variant"])
+                else:
+                    out, lse = ring_forward(q, k, v, **ring)
+                ctx.save_for_backward(q, k, v, out, lse)
+                ctx.ring = ring
+                ctx.mark_non_differentiable(lse)
+                return out, lse
+
+            @staticmethod
+            def backward(ctx, dout, _dlse):
+                q, k, v, out, lse = ctx.saved_tensors
+                ring = {key: val for key, val in ctx.ring.items() if key != "variant"}
+                if ring["world_size"] == 1:
+                    dq, dk, dv = local_backward(dout, q, k, v, out, lse, ring["causal"], ring["scale"])
+                else:
+                    dq, dk, dv = ring_backward(dout.contiguous(), q, k, v, out, lse, **ring)
+                return dq, dk, dv, None
+
+        _RING_FUNCTION = RingAttention
+    return _RING_FUNCTION
+
+
+_RING_FUNCTION = None

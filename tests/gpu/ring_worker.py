@@ -6,6 +6,7 @@ ones, float64 reference over all keys) max|ring - ref| <= 2 max|plain - ref| + a
 is judged the same way and reported as single_passed), and on every row max|ring - single| <= 2x that bound (both lie within it of the exact
 result); the LSE likewise, plus fp32 summation over n keys; no NaN/Inf. Then the error paths: a mismatch
 across ranks, a wrong device, an odd zigzag shard, a group of one, and a rank that never calls (timeout).
+The gradient cases run ring_attention's backward and judge dq, dk, dv against float64 autograd.
 Prints one JSON line per result ("RESULT {...}") and exits non-zero on rank 0 if any failed.
 """
 
@@ -116,6 +117,41 @@ def check_case(case, rank: int, world: int, device, seed: int, variant: str | No
             "ring_first_call_s": round(ring_s, 3), "note": ring_r.note}
 
 
+GRAD_CASES = [(1, 2048, 4, 2, 64, "bfloat16", c) for c in (False, True)]   # (batch, seqlen, h, kv_h, d, dtype, causal)
+
+
+def check_grad_case(case, rank: int, world: int, device, seed: int) -> dict:
+    """ring_attention's backward on zigzag shards, gathered, against autograd through float64 attention on the
+    full sequence: max|ring - ref| <= 2 max|single - ref| + atol per gradient, single = flashkit.torch.attention
+    on one GPU (DESIGN's rule with the single-GPU kernel as the plain computation)."""
+    import torch.nn.functional as F
+    import flashkit.torch as fkt
+    from flashkit.distributed import gather_zigzag, ring_attention, shard_zigzag
+    b, n, h, hk, d, dtype_name, causal = case
+    dtype = getattr(torch, dtype_name)
+    g = torch.Generator(device=device).manual_seed(seed)   # the same full tensors on every rank
+    full = [torch.randn(b, n, x, d, device=device, dtype=dtype, generator=g) for x in (h, hk, hk)]
+    dout = torch.randn(b, n, h, d, device=device, dtype=dtype, generator=g)
+    local = [shard_zigzag(x, rank, world).requires_grad_() for x in full]
+    ring_attention(*local, causal=causal).backward(shard_zigzag(dout, rank, world))
+    ring = [gather_zigzag(x.grad, timeout=60.0) for x in local]
+    result = {"kind": "exact", "label": f"grad {case}", "passed": True}
+    if rank == 0:
+        single_in = [x.detach().requires_grad_() for x in full]
+        fkt.attention(*single_in, causal=causal).backward(dout)
+        ref_in = [x.detach().double().requires_grad_() for x in full]
+        F.scaled_dot_product_attention(*(x.transpose(1, 2) for x in ref_in), is_causal=causal,
+                                       enable_gqa=True).transpose(1, 2).backward(dout.double())
+        for name, r, s_in, x in zip(("dq", "dk", "dv"), ring, single_in, ref_in):
+            ref = x.grad
+            atol = 8 * torch.finfo(dtype).eps * float(ref.abs().max())
+            err = float((r.double() - ref).abs().max())
+            bound = 2 * float((s_in.grad.double() - ref).abs().max()) + atol
+            result[name] = [err, bound]
+            result["passed"] &= bool(torch.isfinite(r).all()) and err <= bound
+    return result
+
+
 def expect_error(label: str, rank: int, fn, want: dict) -> dict:
     """Run fn on every rank; pass iff this rank raised the exception type want[rank] (never a hang)."""
     t0 = time.perf_counter()
@@ -213,6 +249,15 @@ def main() -> int:
             failed += not res["passed"]
             emit(rank, res)
         torch.cuda.empty_cache()
+    for i, case in enumerate(GRAD_CASES if not args.only_long else []):
+        try:
+            res = check_grad_case(case, rank, world, device, seed=2000 + i)
+        except Exception as e:   # noqa: BLE001
+            res = {"kind": "exact", "label": f"grad {case}", "passed": False, "error": f"{type(e).__name__}: {e}",
+                   "trace": traceback.format_exc()[-1500:]}
+            print(f"rank {rank}: {res['error']}", file=sys.stderr, flush=True)
+        failed += not res["passed"]
+        emit(rank, res)
     for res in error_paths(rank, world, device):
         failed += not res["passed"]
         emit(rank, res)
