@@ -4,7 +4,8 @@ from .api import attention, explain, variants
 from .backward import attention_backward
 from .kvcache import attention_with_kvcache
 from .varlen import attention_varlen
-from .errors import CompileError, DeviceError, FlashkitError, InputError, ManifestError, UnsupportedError
+from .errors import (CompileError, DeviceError, FallbackWarning, FlashkitError, InputError, ManifestError,
+                     UnsupportedError)
 
 __version__ = "0.1.0"
 
@@ -21,4 +22,4 @@ def __getattr__(name: str):
 
 
 __all__ = ["attention", "attention_backward", "attention_with_kvcache", "attention_varlen", "explain", "variants", "BlockMask", "quantize_fp8", "FlashkitError", "InputError",
-           "UnsupportedError", "ManifestError", "CompileError", "DeviceError", "__version__"]
+           "UnsupportedError", "ManifestError", "CompileError", "DeviceError", "FallbackWarning", "__version__"]

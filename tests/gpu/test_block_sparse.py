@@ -3,7 +3,6 @@ and work that scales with density."""
 
 from __future__ import annotations
 
-import time
 
 import numpy as np
 import pytest
@@ -83,7 +82,6 @@ def test_gpu_compression_matches_numpy():
 
 
 def test_mask_is_reused_across_calls():
-    import cupy
     q, k, v = _qkv(1, 1000, 1000, 4, 4, 64)
     mask = BlockMask.random(1, 4, 1000, 1000, 0.5, seed=3)
     a = flashkit.attention(q, k, v, block_mask=mask)
