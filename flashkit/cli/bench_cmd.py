@@ -33,11 +33,21 @@ def _ints(values: tuple[str, ...]) -> list[int]:
 @click.option("--plot", type=click.Path(dir_okay=False), default=None, help="Write a PNG of TFLOP/s vs seqlen.")
 @click.option("--functors", is_flag=True, help="Drop-in functors against the built-ins and flex_attention "
                                                "(flashkit.bench.functors; first seqlen and head dim given).")
+@click.option("--backward", is_flag=True, help="attention_backward against PyTorch SDPA's flash and cuDNN backward "
+                                               "(flashkit.bench.backward; --seqlen, --head-dim).")
+@click.option("--deterministic", is_flag=True, help="With --backward: the deterministic backward.")
 @one_line_errors
 def command(variants, head_dims, seqlens, causal, density, dtype, compare, iters, warmup, as_json, json_out,
-            plot, functors) -> None:
+            plot, functors, backward, deterministic) -> None:
     """Time kernels with CUDA events (median, L2-rotated inputs) and report TFLOP/s and ratios."""
     require_device()
+    if backward:
+        from ..bench import backward as backward_bench
+        argv = (["--seqlens", *map(str, _ints(seqlens))] if seqlens else []) + (
+            ["--head-dims", *map(str, _ints(head_dims))] if head_dims else [])
+        argv += (["--deterministic"] if deterministic else []) + (["--json", json_out] if json_out else [])
+        backward_bench.main(argv)
+        return
     if functors:
         from ..bench import functors as functor_bench
         argv = ["--iters", str(iters), "--warmup", str(warmup)] + (["--out", json_out] if json_out else [])

@@ -1,11 +1,11 @@
-#!/usr/bin/env python3
 """Backward-pass benchmark: flashkit.attention_backward against PyTorch SDPA's flash (FlashAttention-2)
 and cuDNN backward, in the same run, by the benchmark convention (batch x seqlen = 16k tokens, hidden
 2048, bf16; backward FLOPs = 2.5 x forward = 2.5 x 4 B H Sq Sk D, halved when causal).
 
 Each timing: CUDA events around one backward call (SDPA: torch.autograd.grad of a retained graph, so
 only the backward runs), warm-up, median, two input sets alternated.
-    python3 scripts/bench_backward.py [--seqlens 2048 8192] [--head-dims 64 128] [--json out.json]
+    flashkit bench --backward [--seqlen 2048,8192] [--head-dim 64,128] [--deterministic] [--json-out out.json]
+    python3 -m flashkit.bench.backward [--seqlens 2048 8192] [--head-dims 64 128] [--json out.json]
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ def bench_one(seqlen, hd, causal, deterministic=False):
     from torch.nn.attention import SDPBackend, sdpa_kernel
     import flashkit
     batch, heads = TOKENS // seqlen, HIDDEN // hd
-    flops = 2.5 * 4 * batch * heads * seqlen * seqlen * hd / (2 if causal else 1)
+    flops = backward_flops(batch, heads, seqlen, hd, causal)
     sets = []
     for s in range(2):
         g = torch.Generator(device="cuda").manual_seed(s)
@@ -77,13 +77,18 @@ def bench_one(seqlen, hd, causal, deterministic=False):
     return row
 
 
-def main():
+def backward_flops(batch: int, heads: int, seqlen: int, head_dim: int, causal: bool) -> float:
+    """2.5 forward passes (FlashAttention's convention): 2.5 x 4 B H S^2 D, halved when causal."""
+    return 2.5 * 4 * batch * heads * seqlen * seqlen * head_dim / (2 if causal else 1)
+
+
+def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--seqlens", type=int, nargs="+", default=[2048, 8192])
     ap.add_argument("--head-dims", type=int, nargs="+", default=[64, 128])
     ap.add_argument("--deterministic", action="store_true")
     ap.add_argument("--json")
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     import torch
     print(f"# {torch.cuda.get_device_name()}  torch {torch.__version__}  bf16  backward only  "
           f"deterministic={args.deterministic}")

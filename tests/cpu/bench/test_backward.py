@@ -1,0 +1,22 @@
+"""bench/backward.py: the FLOP count and the command line (the timing itself needs a GPU and PyTorch)."""
+
+from __future__ import annotations
+
+import pytest
+from click.testing import CliRunner
+
+from flashkit.bench.backward import backward_flops
+from flashkit.cli import cli
+from flashkit.runtime.device import device_count
+
+
+def test_backward_flops_are_two_and_a_half_forwards_halved_when_causal():
+    forward = 4 * 2 * 16 * 8192 * 8192 * 128
+    assert backward_flops(2, 16, 8192, 128, False) == 2.5 * forward
+    assert backward_flops(2, 16, 8192, 128, True) == 2.5 * forward / 2
+
+
+@pytest.mark.skipif(device_count() > 0, reason="checks the GPU-less error")
+def test_bench_backward_needs_a_device_and_says_so():
+    result = CliRunner().invoke(cli, ["bench", "--backward", "--seqlen", "2048"])
+    assert result.exit_code == 1 and "no CUDA device found" in result.output
