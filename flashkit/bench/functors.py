@@ -10,31 +10,21 @@ pair of the dense problem (halved when causal), so that the rows compare times. 
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import tempfile
 import time
 from typing import Any, Callable
 
+from .mods import ROTATE, rotated_inputs, shape_parser
 from .timing import time_cupy
 from .torch_baselines import time_torch
 
-ROTATE = 3
 DOCUMENTS = 8   # the document mask's packed sequences per row
 
 
 def main(argv: list[str] | None = None) -> dict:
-    ap = argparse.ArgumentParser(description=__doc__)
-    ap.add_argument("--seqlen", type=int, default=8192)
-    ap.add_argument("--batch", type=int, default=2)
-    ap.add_argument("--heads", type=int, default=16)
-    ap.add_argument("--head-dim", type=int, default=128)
-    ap.add_argument("--warmup", type=int, default=5)
-    ap.add_argument("--iters", type=int, default=30)
-    ap.add_argument("--no-flex", action="store_true")
-    ap.add_argument("--out", default=None, help="JSON file for the rows")
-    args = ap.parse_args(argv)
+    args = shape_parser(__doc__).parse_args(argv)
 
     import cupy
     import torch
@@ -43,10 +33,7 @@ def main(argv: list[str] | None = None) -> dict:
     b, s, h, d = args.batch, args.seqlen, args.heads, args.head_dim
     rows: list[dict[str, Any]] = []
     compile_rows = time_first_calls(b, min(s, 1024), h, d)
-    gen = torch.Generator(device="cuda").manual_seed(0)
-    views = [tuple(torch.randn(b, s, h, d, device="cuda", dtype=torch.bfloat16, generator=gen) for _ in range(3))
-             for _ in range(ROTATE)]
-    cviews = [tuple(cupy.from_dlpack(t) for t in v) for v in views]
+    views, cviews = rotated_inputs(b, s, h, d)
     tv = [tuple(t.transpose(1, 2) for t in v) for v in views]
     slopes_t = torch.tensor([2.0 ** (-8 * (i + 1) / h) for i in range(h)], device="cuda", dtype=torch.float32)
     slopes = cupy.from_dlpack(slopes_t)

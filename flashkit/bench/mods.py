@@ -24,17 +24,33 @@ def visible_pairs(seqlen: int, left: int, causal: bool = True) -> int:
     return sum(min(i, left) + 1 for i in range(seqlen))
 
 
-def main(argv: list[str] | None = None) -> dict:
-    ap = argparse.ArgumentParser(description=__doc__)
+def shape_parser(doc: str) -> argparse.ArgumentParser:
+    """The options every modification benchmark takes: the shape, timing, flex on or off, a JSON file."""
+    ap = argparse.ArgumentParser(description=doc)
     ap.add_argument("--seqlen", type=int, default=8192)
     ap.add_argument("--batch", type=int, default=2)
     ap.add_argument("--heads", type=int, default=16)
     ap.add_argument("--head-dim", type=int, default=128)
-    ap.add_argument("--windows", default="1024,4096")
     ap.add_argument("--warmup", type=int, default=5)
     ap.add_argument("--iters", type=int, default=30)
     ap.add_argument("--no-flex", action="store_true")
     ap.add_argument("--out", default=None, help="JSON file for the rows")
+    return ap
+
+
+def rotated_inputs(b: int, s: int, h: int, d: int):
+    """ROTATE sets of bf16 (q, k, v), (batch, seqlen, heads, D): as torch tensors and as CuPy views of them."""
+    import cupy
+    import torch
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    views = [tuple(torch.randn(b, s, h, d, device="cuda", dtype=torch.bfloat16, generator=gen) for _ in range(3))
+             for _ in range(ROTATE)]
+    return views, [tuple(cupy.from_dlpack(t) for t in v) for v in views]
+
+
+def main(argv: list[str] | None = None) -> dict:
+    ap = shape_parser(__doc__)
+    ap.add_argument("--windows", default="1024,4096")
     args = ap.parse_args(argv)
 
     import cupy
@@ -43,10 +59,7 @@ def main(argv: list[str] | None = None) -> dict:
 
     import flashkit
     b, s, h, d = args.batch, args.seqlen, args.heads, args.head_dim
-    gen = torch.Generator(device="cuda").manual_seed(0)
-    views = [tuple(torch.randn(b, s, h, d, device="cuda", dtype=torch.bfloat16, generator=gen) for _ in range(3))
-             for _ in range(ROTATE)]
-    cviews = [tuple(cupy.from_dlpack(t) for t in v) for v in views]
+    views, cviews = rotated_inputs(b, s, h, d)
     slopes = cupy.asarray([2.0 ** (-8 * (i + 1) / h) for i in range(h)], dtype=cupy.float32)
     rows: list[dict[str, Any]] = []
 

@@ -1,11 +1,14 @@
-"""Synthetic variant files for the CPU tier: a base manifest, edited field by field."""
+"""CPU-tier helpers: synthetic variant files (a base manifest, edited field by field) and shared assertions."""
 
 from __future__ import annotations
 
 import copy
 from pathlib import Path
 
+import pytest
 import yaml
+
+from flashkit.errors import FlashkitError, InputError
 
 BASE_MANIFEST = {
     "name": "toy",
@@ -79,3 +82,12 @@ B, SQ, SK, H, D = 2, 17, 33, 4, 64
 
 def qkv(q_shape=(B, SQ, H, D), kv_shape=(B, SK, H, D), typestr="<f2"):
     return cuda(q_shape, typestr), cuda(kv_shape, typestr), cuda(kv_shape, typestr)
+
+
+def input_error(fn, *args, **kwargs) -> str:
+    """fn's InputError message, checked to be a FlashkitError on one line."""
+    with pytest.raises(InputError) as info:
+        fn(*args, **kwargs)
+    msg = str(info.value)
+    assert isinstance(info.value, FlashkitError) and msg and "\n" not in msg, msg
+    return msg

@@ -7,25 +7,16 @@ import pytest
 
 import flashkit
 from flashkit.call.validate import Problem
-from flashkit.errors import FlashkitError, InputError
 from flashkit.features.functors import LOG2E, bind_functor, build_key
 from flashkit.features.mods import NO_MODS, Mods
 from flashkit.registry import discover_kernels
 from flashkit.runtime.build import make_config
 from flashkit.runtime.params import make_params
 
-from ..synth import B, H, SK, SQ, cuda, qkv
+from ..synth import B, H, SK, SQ, cuda, qkv, input_error
 
 PROBLEM = Problem(batch=B, seqlen_q=SQ, seqlen_k=SK, heads=H, kv_heads=H, head_dim=64, dtype="float16",
                   softmax_scale=0.125)
-
-
-def input_error(fn, *args, **kwargs) -> str:
-    with pytest.raises(InputError) as info:
-        fn(*args, **kwargs)
-    msg = str(info.value)
-    assert isinstance(info.value, FlashkitError) and msg and "\n" not in msg, msg
-    return msg
 
 
 BAD = [

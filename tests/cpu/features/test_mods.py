@@ -7,22 +7,13 @@ import pytest
 
 import flashkit
 from flashkit.call.validate import Problem
-from flashkit.errors import FlashkitError, InputError
 from flashkit.features.mods import NO_MODS, Mods, check_mods, kernel_fields
 from flashkit.runtime.params import make_params
 
-from ..synth import B, H, cuda, qkv
+from ..synth import B, H, cuda, qkv, input_error
 
 PROBLEM = Problem(batch=B, seqlen_q=17, seqlen_k=33, heads=H, kv_heads=H, head_dim=64, dtype="float16",
                   softmax_scale=0.125)
-
-
-def input_error(fn, *args, **kwargs) -> str:
-    with pytest.raises(InputError) as info:
-        fn(*args, **kwargs)
-    msg = str(info.value)
-    assert isinstance(info.value, FlashkitError) and msg and "\n" not in msg, msg
-    return msg
 
 
 def no_gpu_needed(monkeypatch):
