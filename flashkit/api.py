@@ -9,15 +9,17 @@ from typing import Any
 from .call.arrays import describe, to_cupy
 from .call.dtypes import BY_NAME, FLOAT8_E4M3, dtype_by_name
 from .call.validate import Problem, check_flag, check_scale, validate_inputs
-from .errors import FallbackWarning, InputError
-from .features.mods import NO_MODS, check_mods
-from .features.mods import kernel_fields as mods_kernel_fields
+from .errors import CompileError, FallbackWarning, InputError
+from .features.mods import launch_fields as mod_launch_fields
+from .features.mods import mods_of
 from .registry import Request, Selection, discover_kernels, select_kernel
 from .registry.manifest import KernelSpec
 from .runtime.build import build_module, make_config
 from .runtime.device import cupy_module, device_count, device_info
-from .runtime.call_cache import CALLS, array_signature, context_signature, finished_key, scalar_signature, workspace
+from .runtime.call_cache import (CALLS, CachedLaunch, array_signature, context_signature, finished_key,
+                                  scalar_signature)
 from .runtime.launch import LaunchInputs, PreparedLaunch, launch, prepare_launch  # noqa: F401 (launch: re-exported)
+from .runtime.params import merge_fields
 
 ALIGN_BYTES = 16   # the flash kernels load 16-byte vectors: base and row/head strides must be multiples
 FP8_OUT_DTYPES = ("bfloat16", "float16")
@@ -62,9 +64,8 @@ def attention(q: Any, k: Any, v: Any, *, causal: bool = False, softmax_scale: fl
         return cached(q, k, v, out)
     q_meta = describe(q, "q")
     problem = validate_inputs(q_meta, describe(k, "k"), describe(v, "v"), softmax_scale, prequantized)
-    mods = check_mods(problem, causal, window_size=window_size, softcap=softcap, alibi_slopes=alibi_slopes,
-                      attention_chunk=attention_chunk, device=q_meta.device) if (
-        window_size is not None or softcap != 0 or alibi_slopes is not None or attention_chunk != 0) else NO_MODS
+    mods = mods_of(problem, causal, window_size=window_size, softcap=softcap, alibi_slopes=alibi_slopes,
+                   attention_chunk=attention_chunk, device=q_meta.device)
     functor = None
     if mod is not None or mod_args is not None:
         from .features.functors import bind_functor
@@ -100,14 +101,9 @@ def attention(q: Any, k: Any, v: Any, *, causal: bool = False, softmax_scale: fl
         extras.update(scale_fields(problem, *scales, keep=keep))
     if block_mask is not None:
         extras.update(block_mask.kernel_fields(problem, keep=keep))
-    if mods.features:
-        slopes = to_cupy(alibi_slopes, "alibi_slopes") if mods.alibi else None
-        if slopes is not None:
-            keep.append(slopes)
-        extras.update(mods_kernel_fields(mods, problem, slopes))
+    extras.update(mod_launch_fields(mods, problem, alibi_slopes, keep))
     if functor is not None:   # ModArgs beside the built-in fields of Params.mods
-        fields = functor.kernel_fields(problem, to_cupy)
-        extras.update({**fields, "mods": {**extras.get("mods", {}), **fields["mods"]}})
+        extras = merge_fields(extras, functor.kernel_fields(problem, to_cupy))
     out_arr = _output(out, problem, out_name, cupy)
     lse = cupy.empty((problem.batch, problem.heads, problem.seqlen_q), dtype=cupy.float32) if return_lse else None
     prepared = run(sel.chosen, problem, causal, LaunchInputs(qc, kc, vc, out_arr, lse, extras),
@@ -134,36 +130,30 @@ def run(spec: KernelSpec, problem: Problem, causal: bool, io: LaunchInputs, bloc
     if functor is None:
         prepared = prepare_launch(spec, build_module(spec, config, cc), config, problem, io, variable)
     else:
-        from .errors import CompileError
         try:
             loaded = build_module(spec, config, cc)
         except CompileError as e:
             raise functor.compile_error(e) from None
         tiles = functor.tile_fields(problem, config.launch_dict, cupy_module())
-        mods_fields = {**io.extras.get("mods", {}), **tiles}
-        io = replace(io, extras={**io.extras, "mods": mods_fields})
+        io = replace(io, extras=merge_fields(io.extras, {"mods": tiles}))
         prepared = prepare_launch(spec, loaded, config, problem, io, variable)
         functor.classify(loaded, prepared.params.fill(io.q.data.ptr, io.k.data.ptr, io.v.data.ptr, io.out.data.ptr,
-                                                      0, 0), problem, config.launch_dict)
+                                                      0, 0), tiles)
     prepared(io.q, io.k, io.v, io.out, io.lse)
     return prepared
 
 
-class _CachedForward:
-    """A validated, selected and built signature of attention(): allocate the outputs, fill, launch."""
+class _CachedForward(CachedLaunch):
+    """A cached signature of attention(); holds the block mask its key names by id (an id must not be reused
+    while cached)."""
 
     def __init__(self, prepared: PreparedLaunch, out_shape: tuple, out_storage, lse_shape: tuple | None,
                  block_mask: Any):
-        self.prepared, self.out_shape, self.out_storage, self.lse_shape = prepared, out_shape, out_storage, lse_shape
-        self.block_mask = block_mask   # held: the key carries its id, which must not be reused while cached
+        super().__init__(prepared, out_shape, out_storage, lse_shape)
+        self.block_mask = block_mask
 
     def __call__(self, q, k, v, out):
-        cupy = cupy_module()
-        out_arr = cupy.empty(self.out_shape, dtype=self.out_storage) if out is None else out
-        lse = cupy.empty(self.lse_shape, dtype=cupy.float32) if self.lse_shape is not None else None
-        nbytes = self.prepared.workspace_bytes
-        self.prepared(q, k, v, out_arr, lse, workspace=workspace(nbytes) if nbytes else None)
-        return (out_arr, lse) if lse is not None else out_arr
+        return self.launch(q, k, v, out)
 
 
 def _forward_key(q, k, v, out, causal, softmax_scale, variant, return_lse, block_mask, out_dtype, window_size,

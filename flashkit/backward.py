@@ -12,7 +12,7 @@ from .registry import discover_kernels, select_kernel
 from .runtime.build import build_module, make_config
 from .runtime.device import cupy_module, device_info
 from .runtime.launch import LaunchInputs, launch, stride_fields
-from .call.validate import Problem, check_flag, validate_inputs
+from .call.validate import Problem, check_device, check_flag, check_on_gpu, validate_inputs
 
 LSE_DTYPE = "float32"
 
@@ -59,29 +59,25 @@ def attention_backward(dout: Any, q: Any, k: Any, v: Any, out: Any, lse: Any, *,
 
 def _check_like_q(m: ArrayMeta, q: ArrayMeta) -> None:
     """dout and out: CUDA arrays of q's shape and dtype, last dim contiguous."""
-    if not m.on_gpu:
-        raise InputError(f"{m.name}: expected a CUDA array, got {m.kind} on the CPU")
+    check_on_gpu(m)
     if m.shape != q.shape:
         raise InputError(f"{m.name}: expected q's shape {q.shape}, got {m.shape}")
     if m.dtype != q.dtype:
         raise InputError(f"{m.name}: expected q's dtype {q.dtype}, got {m.dtype}")
     if m.strides[-1] != 1 and m.shape[-1] != 1:
         raise InputError(f"{m.name}: the last (head_dim) dimension must be contiguous (stride 1), got strides {m.strides}")
-    if q.device is not None and m.device is not None and m.device != q.device:
-        raise InputError(f"{m.name}: must be on q's device ({q.device}), got device {m.device}")
+    check_device(m, q.device)
 
 
 def _check_lse(m: ArrayMeta, p: Problem, q: ArrayMeta) -> None:
     """lse: the forward's float32 log-sum-exp, (batch, heads, seqlen_q)."""
     want = (p.batch, p.heads, p.seqlen_q)
-    if not m.on_gpu:
-        raise InputError(f"lse: expected a CUDA array, got {m.kind} on the CPU")
+    check_on_gpu(m)
     if m.shape != want:
         raise InputError(f"lse: expected shape (batch, heads, seqlen_q) = {want}, got {m.shape}")
     if str(m.dtype) != LSE_DTYPE:
         raise InputError(f"lse: expected dtype float32 (attention(..., return_lse=True)), got {m.dtype}")
-    if q.device is not None and m.device is not None and m.device != q.device:
-        raise InputError(f"lse: must be on q's device ({q.device}), got device {m.device}")
+    check_device(m, q.device)
 
 
 __all__ = ["attention_backward"]

@@ -19,7 +19,8 @@ from .features.kv_cache import (append_new, check_values, describe_seqlens, kern
                                 validate_kvcache)
 from .registry import discover_kernels, select_kernel
 from .runtime.device import cupy_module, device_info
-from .runtime.call_cache import CALLS, array_signature, context_signature, finished_key, scalar_signature, workspace
+from .runtime.call_cache import (CALLS, CachedLaunch, array_signature, context_signature, finished_key,
+                                  scalar_signature)
 from .runtime.launch import LaunchInputs, PreparedLaunch
 
 
@@ -78,13 +79,13 @@ def attention_with_kvcache(q: Any, k_cache: Any, v_cache: Any, *, cache_seqlens:
 VARIABLE_FIELDS = ("cache.seqlens", "cache.block_table")   # per call: the lengths array and the block table
 
 
-class _CachedKvCache:
-    """A validated, selected and built signature of attention_with_kvcache(): the value checks (when asked),
-    the append, the outputs, then fill and launch."""
+class _CachedKvCache(CachedLaunch):
+    """A cached signature of attention_with_kvcache(): the value checks (when asked), the append, then the
+    launch with this call's lengths and block table."""
 
     def __init__(self, prepared: PreparedLaunch, call, out_shape: tuple, out_storage, lse_shape: tuple | None):
-        self.prepared, self.call = prepared, call
-        self.out_shape, self.out_storage, self.lse_shape = out_shape, out_storage, lse_shape
+        super().__init__(prepared, out_shape, out_storage, lse_shape)
+        self.call = call
 
     def __call__(self, q, k_cache, v_cache, cache_seqlens, block_table, k_new, v_new, out, check_indices: bool):
         cupy = cupy_module()
@@ -92,13 +93,8 @@ class _CachedKvCache:
         if check_indices:
             check_values(self.call, seqlens, block_table, cupy)
         lengths = append_new(self.call, k_cache, v_cache, k_new, v_new, seqlens, block_table, cupy)
-        out_arr = cupy.empty(self.out_shape, dtype=self.out_storage) if out is None else out
-        lse = cupy.empty(self.lse_shape, dtype=cupy.float32) if self.lse_shape is not None else None
-        nbytes = self.prepared.workspace_bytes
-        self.prepared(q, k_cache, v_cache, out_arr, lse,
-                      (lengths.data.ptr, block_table.data.ptr if block_table is not None else 0),
-                      workspace(nbytes) if nbytes else None)
-        return (out_arr, lse) if lse is not None else out_arr
+        return self.launch(q, k_cache, v_cache, out,
+                           (lengths.data.ptr, block_table.data.ptr if block_table is not None else 0))
 
 
 def _kvcache_key(q, k_cache, v_cache, cache_seqlens, block_table, k_new, v_new, out, causal, return_lse,

@@ -12,8 +12,8 @@ from .api import _aligned, _output, request_for, run
 from .call.arrays import describe, to_cupy
 from .call.validate import check_flag
 from .errors import InputError
-from .features.mods import NO_MODS, check_mods
-from .features.mods import kernel_fields as mods_kernel_fields
+from .features.mods import launch_fields as mod_launch_fields
+from .features.mods import mods_of
 from .features.varlen import check_values, kernel_fields, validate_varlen
 from .registry import discover_kernels, select_kernel
 from .runtime.device import cupy_module, device_info
@@ -44,9 +44,8 @@ def attention_varlen(q: Any, k: Any, v: Any, cu_seqlens_q: Any, cu_seqlens_k: An
     call = validate_varlen(q_meta, describe(k, "k"), describe(v, "v"), describe(cu_seqlens_q, "cu_seqlens_q"),
                            describe(cu_seqlens_k, "cu_seqlens_k"), max_seqlen_q, max_seqlen_k, softmax_scale)
     problem = call.problem
-    mods = check_mods(problem, causal, window_size=window_size, softcap=softcap, alibi_slopes=alibi_slopes,
-                      attention_chunk=attention_chunk, device=q_meta.device) if (
-        window_size is not None or softcap != 0 or alibi_slopes is not None or attention_chunk != 0) else NO_MODS
+    mods = mods_of(problem, causal, window_size=window_size, softcap=softcap, alibi_slopes=alibi_slopes,
+                   attention_chunk=attention_chunk, device=q_meta.device)
     req = request_for(problem, causal=causal, lse=return_lse, varlen=True, cc=device_info().cc,
                       **mods.request_flags())
     sel = select_kernel(req, discover_kernels().specs, variant)
@@ -64,10 +63,8 @@ def attention_varlen(q: Any, k: Any, v: Any, cu_seqlens_q: Any, cu_seqlens_k: An
         return (out_arr, lse) if return_lse else out_arr
     # The kernels see the packed tensors as a batch of one, (1, total, heads, D); Params.varlen splits it.
     qc, kc, vc = (_aligned(to_cupy(x, n))[None] for x, n in ((q, "q"), (k, "k"), (v, "v")))
-    extras = kernel_fields(cu_q, cu_k, call.total_q)
-    if mods.features:
-        slopes = to_cupy(alibi_slopes, "alibi_slopes") if mods.alibi else None
-        extras.update(mods_kernel_fields(mods, problem, slopes))
+    keep: list = []   # device arrays the launch reads, alive until it is queued
+    extras = {**kernel_fields(cu_q, cu_k, call.total_q), **mod_launch_fields(mods, problem, alibi_slopes, keep)}
     run(sel.chosen, problem, causal, LaunchInputs(qc, kc, vc, out_arr[None], lse, extras),
         mods=mods.features + ("varlen",))
     return (out_arr, lse) if return_lse else out_arr

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 from .report import script_main
 from .timing import time_cupy
+from .torch_baselines import time_sdpa
 
 # (batch, seqlen_k, heads, kv_heads): the targets (bf16, head dim 128, one query row).
 SHAPES = ((64, 8192, 32, 4), (128, 2048, 32, 8), (8, 32768, 32, 8), (1, 131072, 32, 8), (64, 8192, 32, 8),
@@ -39,20 +40,6 @@ def copy_bandwidth(cupy) -> float:
     dst = cupy.empty_like(src)
     ms = time_cupy(lambda i: dst.__setitem__(Ellipsis, src), WARMUP, ITERS)
     return 2 * COPY_BYTES / (ms * 1e-3)
-
-
-def _torch_sdpa(backend: str, q, k, v):
-    import torch
-    import torch.nn.functional as F
-    from torch.nn.attention import SDPBackend, sdpa_kernel
-    from .torch_baselines import time_torch
-    tq, tk, tv = (torch.from_dlpack(x).transpose(1, 2) for x in (q, k, v))
-    kernel = {"cudnn": SDPBackend.CUDNN_ATTENTION, "flash": SDPBackend.FLASH_ATTENTION}[backend]
-
-    def call(i):
-        with sdpa_kernel([kernel]):
-            return F.scaled_dot_product_attention(tq, tk, tv, enable_gqa=tk.shape[1] != tq.shape[1])
-    return time_torch(call, WARMUP, ITERS)
 
 
 def run(torch_baselines: bool = True) -> list[DecodeRow]:
@@ -86,7 +73,7 @@ def run(torch_baselines: bool = True) -> list[DecodeRow]:
         if torch_baselines:
             for backend in ("cudnn", "flash"):
                 try:
-                    ms = _torch_sdpa(backend, q, k, v)
+                    ms = time_sdpa(backend, q, k, v, False, WARMUP, ITERS)
                 except Exception as e:   # backend unavailable for the shape
                     add(label, f"sdpa {backend}", None, kv_bytes, None, f"{type(e).__name__}: {str(e)[:80]}")
                     continue

@@ -51,7 +51,7 @@ def torch_peak_bytes(fn: Callable[[], Any]) -> int:
     return int(torch.cuda.max_memory_allocated() - base)
 
 
-def _sdpa_call(backend: str, shape: BenchShape, views) -> Callable[[int], Any]:
+def _sdpa_call(backend: str, causal: bool, views) -> Callable[[int], Any]:
     import torch.nn.functional as F
     from torch.nn.attention import SDPBackend, sdpa_kernel
     kernel = getattr(SDPBackend, SDPA_BACKENDS[backend])
@@ -60,8 +60,14 @@ def _sdpa_call(backend: str, shape: BenchShape, views) -> Callable[[int], Any]:
         q, k, v = views[i % len(views)]
         kwargs = {"enable_gqa": True} if q.shape[1] != k.shape[1] else {}
         with sdpa_kernel(kernel):
-            return F.scaled_dot_product_attention(q, k, v, is_causal=shape.causal, **kwargs)
+            return F.scaled_dot_product_attention(q, k, v, is_causal=causal, **kwargs)
     return call
+
+
+def time_sdpa(backend: str, q, k, v, causal: bool, warmup: int, iters: int) -> float:
+    """Milliseconds of PyTorch SDPA's `backend` (an SDPA_BACKENDS name) on (batch, seqlen, heads, D) CuPy arrays;
+    raises where the backend refuses the shape."""
+    return time_torch(_sdpa_call(backend, causal, torch_views([(q, k, v)])), warmup, iters)
 
 
 def flex_block_mask(shape: BenchShape, mask: Any = None):
@@ -113,7 +119,7 @@ def bench_backend(backend: str, shape: BenchShape, inputs, config: BenchConfig, 
         if mask is not None and backend != "flex":
             raise ValueError("block-sparse masks run only with flex")
         views = torch_views(inputs)
-        call = _flex_call(shape, views, mask) if backend == "flex" else _sdpa_call(backend, shape, views)
+        call = _flex_call(shape, views, mask) if backend == "flex" else _sdpa_call(backend, shape.causal, views)
         call(0)   # first call: compiles flex, and raises here when the backend refuses the shape
         row.peak_bytes = torch_peak_bytes(lambda: call(1))
         row.ms = time_torch(call, config.warmup, config.iters)

@@ -15,6 +15,7 @@ import numpy as np
 
 from .report import script_main
 from .timing import time_cupy
+from .torch_baselines import time_sdpa
 
 HEAD_DIM = 128
 HEADS, KV_HEADS = 32, 8
@@ -45,19 +46,6 @@ def pairs(lens_q, lens_k, causal: bool) -> int:
         else:
             total += nq * nk
     return total
-
-
-def _sdpa(backend: str, q, k, v, causal: bool):
-    """PyTorch SDPA on (batch, seqlen, heads, D) CuPy arrays, milliseconds."""
-    import torch
-    from torch.nn.attention import SDPBackend, sdpa_kernel
-    import torch.nn.functional as F
-    tq, tk, tv = (torch.from_dlpack(x).transpose(1, 2) for x in (q, k, v))
-    which = {"cudnn": SDPBackend.CUDNN_ATTENTION, "flash": SDPBackend.FLASH_ATTENTION}[backend]
-    gqa = tq.shape[1] != tk.shape[1]
-    with sdpa_kernel([which]):
-        return time_cupy(lambda i: F.scaled_dot_product_attention(tq, tk, tv, is_causal=causal, enable_gqa=gqa),
-                         WARMUP, ITERS)
 
 
 def run(torch_baselines: bool = True) -> list[VarlenRow]:
@@ -105,7 +93,7 @@ def run(torch_baselines: bool = True) -> list[VarlenRow]:
             add(case, variant, ms, flops, eq_tflops)
         if torch_baselines:
             try:
-                ms_eq = _sdpa("cudnn", qe, ke, ve, causal)
+                ms_eq = time_sdpa("cudnn", qe, ke, ve, causal, WARMUP, ITERS)
                 add(f"equal {SEQUENCES}x{equal}{tag}", "sdpa cudnn", ms_eq, eq_flops)
             except Exception as e:
                 add(f"equal {SEQUENCES}x{equal}{tag}", "sdpa cudnn", None, eq_flops, note=f"{type(e).__name__}")
@@ -117,7 +105,7 @@ def run(torch_baselines: bool = True) -> list[VarlenRow]:
     cudnn_ms = None
     if torch_baselines:
         try:
-            cudnn_ms = _sdpa("cudnn", q, k, v, True)
+            cudnn_ms = time_sdpa("cudnn", q, k, v, True, WARMUP, ITERS)
             add(case, "sdpa cudnn", cudnn_ms, flops)
         except Exception as e:
             add(case, "sdpa cudnn", None, flops, note=f"{type(e).__name__}")

@@ -29,9 +29,20 @@ class Problem:
     softmax_scale: float
 
 
-def _check_one(m: ArrayMeta, fp8: bool) -> None:
+def check_on_gpu(m: ArrayMeta) -> None:
+    """InputError unless the array lives on a CUDA device."""
     if not m.on_gpu:
         raise InputError(f"{m.name}: expected a CUDA array, got {m.kind} on the CPU")
+
+
+def check_device(m: ArrayMeta, device: int | None) -> None:
+    """InputError when the array is on another device than q's (either unknown: nothing to compare)."""
+    if device is not None and m.device is not None and m.device != device:
+        raise InputError(f"{m.name}: must be on q's device ({device}), got device {m.device}")
+
+
+def _check_one(m: ArrayMeta, fp8: bool) -> None:
+    check_on_gpu(m)
     if len(m.shape) != RANK:
         raise InputError(f"{m.name}: expected {RANK} dims {LAYOUT}, got shape {m.shape}")
     if 0 in m.shape:

@@ -43,12 +43,6 @@ def softcap(value: Any) -> float:
     return float(value) if value > 0 else 0.0
 
 
-def flag(value: Any, name: str) -> bool:
-    if not isinstance(value, (bool, np.bool_)):
-        raise InputError(f"{name}: expected True or False, got {value!r}")
-    return bool(value)
-
-
 def refuse(value: Any, name: str, why: str) -> None:
     """An argument flashkit has no counterpart for: it must be left at None."""
     if value is not None:

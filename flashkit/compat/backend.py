@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..errors import UnsupportedError
+from ..features.mods import given as given_mods
 
 
 def is_torch(x: Any) -> bool:
@@ -39,7 +40,7 @@ def dense(q: Any, k: Any, v: Any, *, causal: bool, softmax_scale: float | None, 
     """flashkit.attention on (batch, seqlen, heads, head_dim) arrays; differentiable for torch tensors that
     need a gradient. Returns out, or (out, lse) with return_lse=True (lse (batch, heads, seqlen_q))."""
     from ..api import attention
-    mods = window_size is not None or softcap != 0 or alibi_slopes is not None
+    mods = given_mods(window_size, softcap, alibi_slopes)
     if not is_torch(q):
         return attention(q, k, v, causal=causal, softmax_scale=softmax_scale, return_lse=return_lse,
                          window_size=window_size, softcap=softcap, alibi_slopes=alibi_slopes)

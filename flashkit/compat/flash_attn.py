@@ -22,6 +22,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..call.arrays import describe
+from ..call.validate import check_flag
 from ..errors import InputError, UnsupportedError
 from . import args as _args
 from . import backend as _backend
@@ -37,8 +38,8 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, wi
     Returns out, or (out, softmax_lse (batch, heads, seqlen_q), None) with return_attn_probs=True.
     """
     _args.check_dropout(dropout_p)
-    causal, deterministic = _args.flag(causal, "causal"), _args.flag(deterministic, "deterministic")
-    probs = _args.flag(return_attn_probs, "return_attn_probs")
+    causal, deterministic = check_flag(causal, "causal"), check_flag(deterministic, "deterministic")
+    probs = check_flag(return_attn_probs, "return_attn_probs")
     res = _backend.dense(q, k, v, causal=causal, softmax_scale=softmax_scale, window_size=_args.window(window_size),
                          softcap=_args.softcap(softcap), alibi_slopes=alibi_slopes, deterministic=deterministic,
                          return_lse=probs)
@@ -72,9 +73,9 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
     _args.check_dropout(dropout_p)
     _args.refuse(block_table, "block_table", "flashkit's varlen path reads contiguous packed k and v; for a paged "
                  "cache use flash_attn_with_kvcache (queries of equal length per sequence)")
-    causal = _args.flag(causal, "causal")
-    _args.flag(deterministic, "deterministic")   # the forward is deterministic; there is no varlen backward yet
-    probs = _args.flag(return_attn_probs, "return_attn_probs")
+    causal = check_flag(causal, "causal")
+    check_flag(deterministic, "deterministic")   # the forward is deterministic; there is no varlen backward yet
+    probs = check_flag(return_attn_probs, "return_attn_probs")
     res = _backend.varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, _args.as_int(max_seqlen_q, "max_seqlen_q"),
                           _args.as_int(max_seqlen_k, "max_seqlen_k"), causal=causal, softmax_scale=softmax_scale,
                           window_size=_args.window(window_size), softcap=_args.softcap(softcap),
@@ -115,7 +116,7 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     """
     _args.refuse(rotary_cos, "rotary_cos", _NO_ROTARY)
     _args.refuse(rotary_sin, "rotary_sin", _NO_ROTARY)
-    _args.flag(rotary_interleaved, "rotary_interleaved")
+    check_flag(rotary_interleaved, "rotary_interleaved")
     _args.refuse(cache_batch_idx, "cache_batch_idx", "flashkit reads sequence b's cache at batch index b (or "
                  "through block_table); gather the caches, or pass a block_table, instead")
     _args.refuse(cache_leftpad, "cache_leftpad", "flashkit's caches start at position 0; shift left-padded caches "
@@ -126,7 +127,7 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
         raise _unsupported("softcap", "the KV-cache path has no softcap yet")
     _args.refuse(alibi_slopes, "alibi_slopes", "the KV-cache path has no ALiBi yet")
     _args.check_num_splits(num_splits)
-    causal, lse = _args.flag(causal, "causal"), _args.flag(return_softmax_lse, "return_softmax_lse")
+    causal, lse = check_flag(causal, "causal"), check_flag(return_softmax_lse, "return_softmax_lse")
     if cache_seqlens is None:
         if k is not None or v is not None:
             raise InputError("cache_seqlens: needed with k and v (where to write them in the caches)")

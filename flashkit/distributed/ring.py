@@ -10,6 +10,7 @@ they belong to and come home after the last step (ring_backward). ring_attention
 from __future__ import annotations
 
 import math
+from functools import lru_cache
 from typing import Any
 
 from ._torch import require_torch
@@ -54,11 +55,16 @@ def ring_attention(q: Any, k: Any, v: Any, *, group: Any = None, causal: bool = 
                 variant=variant)
     if torch.is_grad_enabled() and any(x.requires_grad for x in (q, k, v)):
         out, lse = _ring_function(torch).apply(q, k, v, ring)
-    elif world_size == 1:
-        out, lse = local_attention(q, k, v, causal=causal, scale=scale, variant=variant)
     else:
-        out, lse = ring_forward(q, k, v, **ring)
+        out, lse = _forward(q, k, v, ring)
     return (out, lse) if return_lse else out
+
+
+def _forward(q: Any, k: Any, v: Any, ring: dict):
+    """(out, lse) of this rank's rows: the ring loop, or local flashkit attention for a group of one."""
+    if ring["world_size"] == 1:
+        return local_attention(q, k, v, causal=ring["causal"], scale=ring["scale"], variant=ring["variant"])
+    return ring_forward(q, k, v, **ring)
 
 
 def ring_forward(q: Any, k: Any, v: Any, *, group: Any, rank: int, world_size: int, causal: bool, scale: float,
@@ -169,35 +175,26 @@ def local_backward(dout: Any, q: Any, k: Any, v: Any, out: Any, lse: Any, causal
     return attention_bwd(dout, q, k, v, out, lse, causal, scale, False)
 
 
+@lru_cache(maxsize=1)
 def _ring_function(torch):
     """The autograd Function of ring attention (defined on first use: torch loads lazily)."""
-    global _RING_FUNCTION
-    if _RING_FUNCTION is None:
-        class RingAttention(torch.autograd.Function):
-            @staticmethod
-            def forward(ctx, q, k, v, ring):
-                if ring["world_size"] == 1:
-                    out, lse = local_attention(q, k, v, causal=ring["causal"], scale=ring["scale"],
-                                               variant=ring["variant"])
-                else:
-                    out, lse = ring_forward(q, k, v, **ring)
-                ctx.save_for_backward(q, k, v, out, lse)
-                ctx.ring = ring
-                ctx.mark_non_differentiable(lse)
-                return out, lse
+    class RingAttention(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, q, k, v, ring):
+            out, lse = _forward(q, k, v, ring)
+            ctx.save_for_backward(q, k, v, out, lse)
+            ctx.ring = ring
+            ctx.mark_non_differentiable(lse)
+            return out, lse
 
-            @staticmethod
-            def backward(ctx, dout, _dlse):
-                q, k, v, out, lse = ctx.saved_tensors
-                ring = {key: val for key, val in ctx.ring.items() if key != "variant"}
-                if ring["world_size"] == 1:
-                    dq, dk, dv = local_backward(dout, q, k, v, out, lse, ring["causal"], ring["scale"])
-                else:
-                    dq, dk, dv = ring_backward(dout.contiguous(), q, k, v, out, lse, **ring)
-                return dq, dk, dv, None
+        @staticmethod
+        def backward(ctx, dout, _dlse):
+            q, k, v, out, lse = ctx.saved_tensors
+            ring = {key: val for key, val in ctx.ring.items() if key != "variant"}
+            if ring["world_size"] == 1:
+                dq, dk, dv = local_backward(dout, q, k, v, out, lse, ring["causal"], ring["scale"])
+            else:
+                dq, dk, dv = ring_backward(dout.contiguous(), q, k, v, out, lse, **ring)
+            return dq, dk, dv, None
 
-        _RING_FUNCTION = RingAttention
-    return _RING_FUNCTION
-
-
-_RING_FUNCTION = None
+    return RingAttention

@@ -172,10 +172,10 @@ def quantize_fp8(x: Any, block: int | None = DEFAULT_BLOCK, hadamard: bool = Fal
     """
     from ..call.arrays import describe, to_cupy
     from ..call.dtypes import BY_NAME, dtype_of_storage
+    from ..call.validate import check_on_gpu
     from ..runtime.device import cupy_module, device_info
     meta = describe(x, name)
-    if not meta.on_gpu:
-        raise InputError(f"{name}: expected a CUDA array, got {meta.kind} on the CPU")
+    check_on_gpu(meta)
     dt = None if meta.fp8 else dtype_of_storage(meta.dtype)
     if dt is None or dt.name not in INPUT_DTYPES:
         got = "float8_e4m3 (already quantized)" if meta.fp8 else str(meta.dtype)

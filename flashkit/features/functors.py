@@ -20,13 +20,12 @@ from typing import Any
 import numpy as np
 
 from ..call.arrays import describe
-from ..call.validate import Problem
+from ..call.validate import Problem, check_device, check_on_gpu
 from ..errors import CompileError, InputError
-from ..registry.functor_manifest import ARG_SLOTS, ModArg, ModSpec
+from ..registry.functor_manifest import ARG_SLOTS, INT32_MAX, INT32_MIN, ModArg, ModSpec
 from .mods import Mods
 
 LOG2E = 1.4426950408889634
-INT32_MIN, INT32_MAX = -(2**31), 2**31 - 1
 CLASSIFY_THREADS = 128   # functor.cuh: kClassifyThreads, kCompactThreads
 COMPACT_THREADS = 128
 GRID_YZ_MAX = 65535
@@ -90,14 +89,14 @@ class BoundFunctor:
         self.keep += [counts, lists, state]
         return {**geo, "tile_count": counts.data.ptr, "tile_list": lists.data.ptr, "tile_state": state.data.ptr}
 
-    def classify(self, loaded, params_block, problem: Problem, launch: dict[str, int]) -> None:
-        """Launch the tile classifier and the compaction (functor.cuh) on the current stream, before the attention."""
+    def classify(self, loaded, params_block, tiles: dict) -> None:
+        """Launch the tile classifier and the compaction (functor.cuh) on the current stream, before the attention;
+        tiles: what tile_fields returned (the geometry and the buffers the parameter block points at)."""
         if not self.spec.mask:
             return
-        geo = self.tile_geometry(problem, launch)
-        groups = geo["tile_batch"] * geo["tile_heads"]
-        rows = groups * geo["q_tiles"]
-        loaded.aux["flashkit_functor_classify"]((geo["k_tiles"], geo["q_tiles"], groups), (CLASSIFY_THREADS, 1, 1),
+        groups = tiles["tile_batch"] * tiles["tile_heads"]
+        rows = groups * tiles["q_tiles"]
+        loaded.aux["flashkit_functor_classify"]((tiles["k_tiles"], tiles["q_tiles"], groups), (CLASSIFY_THREADS, 1, 1),
                                                 (params_block,))
         loaded.aux["flashkit_functor_compact"]((-(-rows // COMPACT_THREADS), 1, 1), (COMPACT_THREADS, 1, 1),
                                                (params_block,))
@@ -188,8 +187,7 @@ def check_arg(arg: ModArg, value: Any, problem: Problem, device: int | None):
             raise InputError(f"{name}: expected a finite float, got {value}")
         return float(value)
     m = describe(value, name)
-    if not m.on_gpu:
-        raise InputError(f"{name}: expected a CUDA array, got {m.kind} on the CPU")
+    check_on_gpu(m)
     want = _pointer_dtype(arg.dtype)
     if m.dtype != want:
         raise InputError(f"{name}: expected dtype {arg.dtype}, got {m.dtype}")
@@ -203,8 +201,7 @@ def check_arg(arg: ModArg, value: Any, problem: Problem, device: int | None):
     contiguous = tuple(int(s) for s in np.cumprod((1,) + tuple(m.shape[::-1]))[:-1][::-1]) if m.shape else ()
     if any(st != c for st, c, n in zip(m.strides, contiguous, m.shape) if n > 1):
         raise InputError(f"{name}: expected a C-contiguous array, got strides {m.strides} (elements)")
-    if device is not None and m.device is not None and m.device != device:
-        raise InputError(f"{name}: must be on q's device ({device}), got device {m.device}")
+    check_device(m, device)
     return value
 
 

@@ -16,7 +16,7 @@ import numpy as np
 
 from ..call.arrays import ArrayMeta, describe, to_cupy
 from ..call.dtypes import dtype_of_storage
-from ..call.validate import Problem, check_scale
+from ..call.validate import Problem, check_on_gpu, check_scale
 from ..errors import InputError
 
 RANK = 4
@@ -36,13 +36,8 @@ class KvCacheCall:
     seqlen_new: int         # 0 without k_new / v_new
 
 
-def _tensor(m: ArrayMeta) -> None:
-    if not m.on_gpu:
-        raise InputError(f"{m.name}: expected a CUDA array, got {m.kind} on the CPU")
-
-
 def _four_d(m: ArrayMeta, layout: str) -> None:
-    _tensor(m)
+    check_on_gpu(m)
     if len(m.shape) != RANK:
         raise InputError(f"{m.name}: expected {RANK} dims {layout}, got shape {m.shape}")
     if m.strides[-1] != 1 and m.shape[-1] != 1:
@@ -50,7 +45,7 @@ def _four_d(m: ArrayMeta, layout: str) -> None:
 
 
 def _int32_vector(m: ArrayMeta, shape: tuple[int, ...]) -> None:
-    _tensor(m)
+    check_on_gpu(m)
     if m.dtype != np.int32:
         raise InputError(f"{m.name}: expected dtype int32, got {m.dtype}")
     if tuple(m.shape) != shape:
@@ -88,7 +83,7 @@ def validate_kvcache(q: ArrayMeta, k_cache: ArrayMeta, v_cache: ArrayMeta, cache
         if any(s % ALIGN_ELEMS for s in m.strides[:-1]):
             raise InputError(f"{m.name}: strides {m.strides} must be multiples of {ALIGN_ELEMS} elements (16 bytes)")
     if paged:
-        _tensor(block_table)
+        check_on_gpu(block_table)
         if block_table.dtype != np.int32:
             raise InputError(f"block_table: expected dtype int32, got {block_table.dtype}")
         if len(block_table.shape) != 2 or block_table.shape[0] != b or block_table.shape[1] < 1:

@@ -18,8 +18,8 @@ from typing import Any
 
 import numpy as np
 
-from ..call.arrays import describe
-from ..call.validate import Problem
+from ..call.arrays import describe, to_cupy
+from ..call.validate import Problem, check_device, check_on_gpu
 from ..errors import InputError
 
 UNBOUNDED = -1
@@ -107,16 +107,14 @@ def check_alibi(alibi_slopes: Any, problem: Problem, device: int | None) -> bool
     if alibi_slopes is None:
         return False
     m = describe(alibi_slopes, "alibi_slopes")
-    if not m.on_gpu:
-        raise InputError(f"alibi_slopes: expected a CUDA array, got {m.kind} on the CPU")
+    check_on_gpu(m)
     if m.dtype != np.float32:
         raise InputError(f"alibi_slopes: expected dtype float32, got {m.dtype}")
     shapes = ((problem.heads,), (problem.batch, problem.heads))
     if tuple(m.shape) not in shapes:
         raise InputError(f"alibi_slopes: expected shape ({problem.heads},) or ({problem.batch}, {problem.heads}), "
                          f"got {tuple(m.shape)}")
-    if device is not None and m.device is not None and m.device != device:
-        raise InputError(f"alibi_slopes: must be on q's device ({device}), got device {m.device}")
+    check_device(m, device)
     return True
 
 
@@ -130,6 +128,31 @@ def check_mods(problem: Problem, causal: bool, *, window_size: Any = None, softc
     if causal and (left >= 0 or chunk > 0):
         right = 0
     return Mods(left, right, chunk, cap, alibi)
+
+
+def given(window_size: Any = None, softcap: Any = 0.0, alibi_slopes: Any = None, attention_chunk: Any = 0) -> bool:
+    """Whether a call passes any modification argument (else it needs no check: NO_MODS)."""
+    return window_size is not None or softcap != 0 or alibi_slopes is not None or attention_chunk != 0
+
+
+def mods_of(problem: Problem, causal: bool, *, window_size: Any = None, softcap: Any = 0.0, alibi_slopes: Any = None,
+            attention_chunk: Any = 0, device: int | None = None) -> Mods:
+    """check_mods for a call that passes modifications; NO_MODS, unchecked, for one that passes none."""
+    if not given(window_size, softcap, alibi_slopes, attention_chunk):
+        return NO_MODS
+    return check_mods(problem, causal, window_size=window_size, softcap=softcap, alibi_slopes=alibi_slopes,
+                      attention_chunk=attention_chunk, device=device)
+
+
+def launch_fields(mods: Mods, problem: Problem, alibi_slopes: Any, keep: list) -> dict:
+    """The launch's Params.mods for a call's checked modifications ({} for none); the slopes viewed as a CuPy
+    array, kept alive in `keep` until the launch is queued."""
+    if not mods.features:
+        return {}
+    slopes = to_cupy(alibi_slopes, "alibi_slopes") if mods.alibi else None
+    if slopes is not None:
+        keep.append(slopes)
+    return kernel_fields(mods, problem, slopes)
 
 
 def kernel_fields(mods: Mods, problem: Problem, slopes: Any = None) -> dict:

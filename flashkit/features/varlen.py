@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 
 from ..call.arrays import ArrayMeta
-from ..call.validate import Problem, validate_inputs
+from ..call.validate import Problem, check_device, check_on_gpu, validate_inputs
 from ..errors import InputError
 
 PACKED_RANK = 3
@@ -41,16 +41,14 @@ def _batched(m: ArrayMeta) -> ArrayMeta:
 
 def _check_cu(m: ArrayMeta, name: str, device: int | None) -> int:
     """cu_seqlens: an int32 CUDA vector of batch + 1 >= 2 entries; returns the batch."""
-    if not m.on_gpu:
-        raise InputError(f"{name}: expected a CUDA array, got {m.kind} on the CPU")
+    check_on_gpu(m)
     if m.dtype != np.int32:
         raise InputError(f"{name}: expected dtype int32, got {m.dtype}")
     if len(m.shape) != 1 or m.shape[0] < 2:
         raise InputError(f"{name}: expected shape (batch + 1,) with batch >= 1, got {m.shape}")
     if m.strides[0] != 1:
         raise InputError(f"{name}: expected a contiguous vector, got stride {m.strides[0]}")
-    if device is not None and m.device is not None and m.device != device:
-        raise InputError(f"{name}: must be on q's device ({device}), got device {m.device}")
+    check_device(m, device)
     return m.shape[0] - 1
 
 

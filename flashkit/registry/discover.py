@@ -15,7 +15,7 @@ from pathlib import Path
 from ..errors import ManifestError
 from ..runtime.call_cache import invalidate as invalidate_calls
 from .functor_manifest import ModSpec, is_modification, mod_spec_from
-from .manifest import KernelSpec, _spec_from, load_manifest
+from .manifest import KernelSpec, spec_from, load_manifest
 
 BUILTIN_DIR = Path(__file__).resolve().parent.parent / "cuda_src"
 ENTRY_POINT_GROUP = "flashkit.kernels"
@@ -47,7 +47,7 @@ class Catalogue:
 def parse_file(path: Path) -> KernelSpec | ModSpec:
     """A kernel variant or a drop-in functor, by its manifest's kind; ManifestError names the file and field."""
     data = load_manifest(path)
-    return mod_spec_from(path, data) if is_modification(data) else _spec_from(path, data)
+    return mod_spec_from(path, data) if is_modification(data) else spec_from(path, data)
 
 
 @lru_cache(maxsize=1)

@@ -23,19 +23,20 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import ManifestError
+from ..runtime.params import MOD_ARG_FLOATS, MOD_ARG_INTS, MOD_ARG_POINTERS
 from .manifest import check_identity
 
 MOD_KIND = "modification"
 FUNCTIONS = ("score_mod", "mask_mod")
 MASK_DIMS = ("batch", "head")
 ARG_KINDS = ("pointer", "int", "float")
-ARG_SLOTS = {"pointer": 2, "int": 4, "float": 4}         # ModArgs (params.cuh): ptr[2], ints[4], floats[4]
+ARG_SLOTS = {"pointer": MOD_ARG_POINTERS, "int": MOD_ARG_INTS, "float": MOD_ARG_FLOATS}   # ModArgs' arrays
 POINTER_DTYPES = ("int32", "int64", "float32", "float16", "bfloat16", "uint8", "bool")
 SHAPE_SYMBOLS = ("batch", "heads", "kv_heads", "seqlen_q", "seqlen_k")
 REQUIRED = ("name", "kind", "summary", "functions")
 KNOWN = set(REQUIRED) | {"mask_varies", "args"}
 ARG_KEYS = {"pointer": {"kind", "dtype", "shape"}, "int": {"kind", "default"}, "float": {"kind", "default"}}
-INT32_MAX = 2**31 - 1
+INT32_MIN, INT32_MAX = -(2**31), 2**31 - 1
 
 
 @dataclass(frozen=True)

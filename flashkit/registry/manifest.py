@@ -180,7 +180,7 @@ def read_manifest_text(path: Path) -> str:
 def parse_manifest(path: Path) -> KernelSpec:
     """Parse and check a variant's manifest; ManifestError names the file and the field."""
     path = Path(path)
-    return _spec_from(path, load_manifest(path))
+    return spec_from(path, load_manifest(path))
 
 
 def load_manifest(path: Path) -> dict:
@@ -208,7 +208,8 @@ def check_identity(path: Path, data: dict, required: tuple[str, ...], known: set
         raise ManifestError(f"{path}: field 'summary': expected a string, got {data['summary']!r}")
 
 
-def _spec_from(path: Path, data: dict) -> KernelSpec:
+def spec_from(path: Path, data: dict) -> KernelSpec:
+    """A variant's KernelSpec from its loaded manifest, checked field by field."""
     def bad(fld: str, expected: str) -> ManifestError:
         return ManifestError(f"{path}: field '{fld}': expected {expected}, got {data.get(fld)!r}")
 

@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 
 from ..errors import UnsupportedError
 from ..runtime.tma import binding_missing
-from .manifest import KernelSpec
+from .manifest import FEATURES, KernelSpec
 
 
 @dataclass(frozen=True)
@@ -55,6 +55,11 @@ FEATURE_WORDS = {
 }
 
 
+def asked_features(req: Request) -> dict[str, bool]:
+    """Every manifest feature (FEATURES), on or off in this request."""
+    return {f: req.kv_heads != req.heads if f == "gqa" else getattr(req, f) for f in FEATURES}
+
+
 def reasons(spec: KernelSpec, req: Request) -> list[str]:
     """Every reason spec cannot serve req, each with exact bounds; empty when it fits."""
     out = []
@@ -68,10 +73,7 @@ def reasons(spec: KernelSpec, req: Request) -> list[str]:
         out.append(f"dtype={req.dtype} not supported: supported {', '.join(spec.dtypes)}")
     if req.head_dim not in spec.head_dims:
         out.append(f"head_dim={req.head_dim} not supported: supported {spec.head_dims.describe()}")
-    asked = {"causal": req.causal, "block_sparse": req.block_sparse, "fp8": req.fp8,
-             "backward": req.backward, "lse": req.lse, "gqa": req.kv_heads != req.heads,
-             "window": req.window, "softcap": req.softcap, "alibi": req.alibi, "kv_cache": req.kv_cache,
-             "varlen": req.varlen, "score_mod": req.score_mod, "mask_mod": req.mask_mod}
+    asked = asked_features(req)
     for feat, wanted in asked.items():
         if wanted and not spec.supports(feat):
             out.append(f"{FEATURE_WORDS[feat]} not supported")
@@ -170,9 +172,7 @@ def fallback_warning(chosen: KernelSpec, specs: dict[str, KernelSpec], rejected:
 
 def serves_kind(spec: KernelSpec, req: Request) -> bool:
     """Whether a spec serves this kind of call at all: forward or backward as asked, its `requires` met."""
-    asked = {"causal": req.causal, "block_sparse": req.block_sparse, "fp8": req.fp8, "backward": req.backward,
-             "kv_cache": req.kv_cache, "window": req.window, "softcap": req.softcap, "alibi": req.alibi,
-             "lse": req.lse, "gqa": req.kv_heads != req.heads}
+    asked = asked_features(req)
     return spec.supports("backward") == req.backward and all(asked[f] == v for f, v in spec.requires.items())
 
 

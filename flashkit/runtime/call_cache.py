@@ -119,6 +119,24 @@ def workspace(nbytes: int):
     return buf
 
 
+class CachedLaunch:
+    """A validated, selected and built signature: its prepared launch (runtime/launch.PreparedLaunch) and the
+    shapes of the outputs it allocates when the caller passes none."""
+
+    def __init__(self, prepared: Any, out_shape: tuple, out_storage: Any, lse_shape: tuple | None):
+        self.prepared, self.out_shape, self.out_storage, self.lse_shape = prepared, out_shape, out_storage, lse_shape
+
+    def launch(self, q: Any, k: Any, v: Any, out: Any, extra: tuple[int, ...] = ()):
+        """Allocate the outputs (out unless given, the LSE when asked for), fill the parameter block, launch on
+        the current stream with this stream's workspace; returns out, or (out, lse)."""
+        cupy = _cupy()
+        out_arr = cupy.empty(self.out_shape, dtype=self.out_storage) if out is None else out
+        lse = cupy.empty(self.lse_shape, dtype=cupy.float32) if self.lse_shape is not None else None
+        nbytes = self.prepared.workspace_bytes
+        self.prepared(q, k, v, out_arr, lse, extra, workspace(nbytes) if nbytes else None)
+        return (out_arr, lse) if lse is not None else out_arr
+
+
 _CUPY: list = []
 
 

@@ -13,7 +13,7 @@ from .build import BuildConfig, LoadedKernel
 from .device import cupy_module, device_info
 from .kv_split import SMEM_RESERVED as SPLIT_SMEM_RESERVED
 from .kv_split import plan as split_plan
-from .params import ParamTemplate, make_params
+from .params import ParamTemplate, make_params, merge_fields
 from .tma import MapGeometry, array_geometry, encode
 
 LOG2E = 1.4426950408889634
@@ -95,13 +95,13 @@ def prepare_launch(spec: KernelSpec, loaded: LoadedKernel, config: BuildConfig, 
     parameter block (io's values; q, k, v, o, lse, workspace and the dotted `variable` extras change per
     call) and the tensor maps' geometry."""
     cfg = config.launch_dict
-    extras = dict(io.extras)
+    extras = io.extras
     if "kv_splits" in spec.grids:   # the split-KV plan, from this device's SM count
         info = device_info()
         sp = split_plan(p.batch, p.heads, p.kv_heads, p.seqlen_q, p.seqlen_k, p.head_dim, cfg, info.sm_count,
                         info.max_smem_per_block + SPLIT_SMEM_RESERVED)
         cfg = {**cfg, "splits": sp.splits, "row_blocks": sp.row_blocks}
-        extras["cache"] = {**extras.get("cache", {}), "splits": sp.splits, "row_blocks": sp.row_blocks}
+        extras = merge_fields(extras, {"cache": {"splits": sp.splits, "row_blocks": sp.row_blocks}})
     fields = dict(
         q=io.q.data.ptr, k=io.k.data.ptr, v=io.v.data.ptr, o=io.out.data.ptr, lse=0, workspace=0,
         **stride_fields("q", io.q), **stride_fields("k", io.k), **stride_fields("v", io.v),

@@ -82,6 +82,16 @@ def make_params(**fields) -> np.ndarray:
     return block
 
 
+def merge_fields(base: dict, more: dict) -> dict:
+    """base's make_params fields with more's on top; a nested block given on both sides ('mods': {...}) merges
+    field by field."""
+    out = dict(base)
+    for name, value in more.items():
+        both = isinstance(value, dict) and isinstance(out.get(name), dict)
+        out[name] = {**out[name], **value} if both else value
+    return out
+
+
 def _assign(block: np.ndarray, name: str, value, where: str) -> None:
     """block[name] = value; a nested block is given as a dict of its fields (nested blocks too)."""
     sub = block.dtype.fields[name][0]

@@ -77,6 +77,9 @@ def expand_kv(x, heads: int, xp):
 def _softmax_attention(q, k, v, scale: float, mask, xp, round_to=None, mod=None):
     """softmax(scale q k^T) v in q's float type; round_to rounds S and P as a same-precision kernel would."""
     heads = q.shape[2]
+    if k.shape[1] == 0:   # no keys: every row is a row that sees none (O = 0, LSE = -inf)
+        b, sq = q.shape[:2]
+        return xp.zeros((b, sq, heads, v.shape[-1]), dtype=q.dtype), xp.full((b, heads, sq), -xp.inf)
     k, v = expand_kv(k, heads, xp), expand_kv(v, heads, xp)
     s = xp.einsum("bqhd,bkhd->bhqk", q, k) * scale
     if round_to is not None:

@@ -66,8 +66,7 @@ def fake_gpu(monkeypatch):
     monkeypatch.setattr(cupy, "empty", lambda shape, dtype=float: fake(shape if isinstance(shape, tuple) else (shape,), dtype))
     monkeypatch.setattr(call_cache, "current_device", lambda: 0)
     workspaces = {}
-    monkeypatch.setattr(api, "workspace", lambda n: workspaces.setdefault(n, fake((n,), np.uint8)))
-    monkeypatch.setattr(kvcache, "workspace", lambda n: workspaces.setdefault(n, fake((n,), np.uint8)))
+    monkeypatch.setattr(call_cache, "workspace", lambda n: workspaces.setdefault(n, fake((n,), np.uint8)))
     yield
     call_cache.invalidate()
 

@@ -177,3 +177,11 @@ def test_make_params_sets_fields_and_zeroes_the_rest():
 def test_make_params_rejects_unknown_fields():
     with pytest.raises(KeyError, match="Params has no field 'seqlen'"):
         make_params(seqlen=3)
+
+
+def test_merge_fields_merges_nested_blocks_field_by_field():
+    from flashkit.runtime.params import merge_fields
+    base = {"q": 1, "mods": {"window_left": 3, "chunk": 0}}
+    merged = merge_fields(base, {"mods": {"chunk": 64}, "cache": {"splits": 2}, "q": 5})
+    assert merged == {"q": 5, "mods": {"window_left": 3, "chunk": 64}, "cache": {"splits": 2}}
+    assert base == {"q": 1, "mods": {"window_left": 3, "chunk": 0}}   # the inputs stay as they were
