@@ -36,11 +36,34 @@ def cuda_unavailable_reason() -> str | None:
     return None
 
 
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption("--split", default=None, metavar="K/N",
+                     help="run only every N-th collected test, from the K-th (K = 1..N): N processes with "
+                          "K = 1..N run the whole selection once (scripts/gpu-check --jobs)")
+
+
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "gpu: needs a CUDA device (skipped where none answers)")
 
 
+def split_items(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """--split K/N: keep items K-1, K-1+N, ... (interleaved, so that large modules spread over the N parts)."""
+    spec = config.getoption("--split")
+    if not spec:
+        return
+    try:
+        k, n = (int(x) for x in spec.split("/"))
+    except ValueError:
+        raise pytest.UsageError(f"--split: expected K/N with integers, got {spec!r}") from None
+    if not 1 <= k <= n:
+        raise pytest.UsageError(f"--split: expected 1 <= K <= N, got {spec!r}")
+    keep = [item for i, item in enumerate(items) if i % n == k - 1]
+    config.hook.pytest_deselected(items=[item for i, item in enumerate(items) if i % n != k - 1])
+    items[:] = keep
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    split_items(config, items)
     for item in items:
         # Everything under tests/gpu is GPU work, whether or not its module remembered the marker.
         if GPU_DIR in Path(str(item.fspath)).resolve().parents:

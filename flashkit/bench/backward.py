@@ -12,25 +12,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 
 TOKENS = 16384
 HIDDEN = 2048
 
 
 def median_ms(fn, warmup=3, iters=10):
-    import torch
-    for i in range(warmup):
-        fn(i)
-    times = []
-    for i in range(iters):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        fn(i)
-        b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b))
-    return statistics.median(times)
+    from .torch_baselines import time_torch
+    return time_torch(fn, warmup, iters)
 
 
 def bench_one(seqlen, hd, causal, deterministic=False):

@@ -2,17 +2,32 @@
 
 from __future__ import annotations
 
+import time
 from typing import Any, Callable
 
 import numpy as np
 
+# The GPU idles while NVRTC builds a kernel (seconds) and drops its clocks; a few short calls do not bring
+# them back (the first causal row of a run read 0.5x its later value at 1k tokens). Warm-up therefore runs
+# at least `warmup` calls and at least this long.
+MIN_WARMUP_S = 0.3
+
 
 def time_cuda(fn: Callable[[int], Any], warmup: int, iters: int, event: Callable[[], Any],
-              elapsed_ms: Callable[[Any, Any], float], sync: Callable[[], None]) -> float:
-    """Median milliseconds of fn(i) (i selects the rotated inputs), one event pair per run."""
-    for i in range(warmup):
-        fn(i)
+              elapsed_ms: Callable[[Any, Any], float], sync: Callable[[], None],
+              min_warmup_s: float = MIN_WARMUP_S) -> float:
+    """Median milliseconds of fn(i) (i selects the rotated inputs), one event pair per run, after a warm-up
+    of at least `warmup` calls and `min_warmup_s` seconds of back-to-back calls."""
+    start_s = time.perf_counter()
+    sync_every = max(warmup, 1)   # a bounded queue, so that the wall clock follows the GPU
+    calls = 0
+    while calls < warmup or time.perf_counter() - start_s < min_warmup_s:
+        fn(calls)
+        calls += 1
+        if calls % sync_every == 0:
+            sync()
     sync()
+    warmup = calls
     pairs = []
     for i in range(iters):
         start, end = event(), event()
