@@ -1,6 +1,7 @@
 """Tile-shape sweep of the fa3 kernel against cuDNN in the same run (the benchmark convention).
 
-Usage: python3 scripts/sweep_fa3.py [hd:block_m,block_n,stages ...]   (no argument: the default grid)
+Usage: python3 scripts/sweep_fa3.py [--seqlens 2048,8192] [hd:block_m,block_n,stages[,persistent] ...]
+(no configuration: the default grid; persistent 0 or 1, default the manifest's launch table's).
 Prints TFLOP/s of each configuration and of PyTorch's cuDNN backend, and their ratio.
 """
 
@@ -30,6 +31,9 @@ def main(argv: list[str]) -> None:
     from flashkit.runtime.launch import LaunchInputs
     import cupy as cp
 
+    seqlens = SEQLENS
+    if argv[:1] == ["--seqlens"]:
+        seqlens, argv = tuple(int(x) for x in argv[1].split(",")), argv[2:]
     grid = GRID
     if argv:
         grid = {}
@@ -42,7 +46,7 @@ def main(argv: list[str]) -> None:
     for hd, configs in grid.items():
         heads = HIDDEN // hd
         for causal in (False, True):
-            for n in SEQLENS:
+            for n in seqlens:
                 b = TOKENS // n
                 shape = BenchShape(b, n, heads, hd, causal)
                 inputs = make_inputs(shape, "bfloat16", rotation_copies(3 * b * n * heads * hd * 2, l2), 0)
@@ -57,17 +61,26 @@ def main(argv: list[str]) -> None:
                 out = cp.empty_like(inputs[0][0])
                 problem = Problem(batch=b, seqlen_q=n, seqlen_k=n, heads=heads, kv_heads=heads, head_dim=hd,
                                   dtype="bfloat16", softmax_scale=hd ** -0.5)
-                for bm, bn, st in configs:
+                for bm, bn, st, *rest in configs:
+                    persistent = rest[0] if rest else base.launch.get("persistent", 0)
                     spec = dataclasses.replace(base, launch={"block_m": bm, "block_n": bn, "stages": st,
-                                                             "warps": (bm // 64 + 1) * 4}, overrides={})
+                                                             "warps": (bm // 64 + 1) * 4, "persistent": persistent},
+                                               overrides={})
 
-                    def fa3(i):
+                    q0, k0, v0 = inputs[0]
+                    try:
+                        prepared = run(spec, problem, causal, LaunchInputs(q0, k0, v0, out))
+                    except Exception as exc:
+                        print(f"d{hd} n{n} causal={causal} {bm}x{bn}x{st}: {type(exc).__name__}: {str(exc)[:200]}")
+                        continue
+
+                    def fa3(i):   # the prepared launch: the host's work per call is the pointers and the launch
                         q, k, v = inputs[i % len(inputs)]
-                        run(spec, problem, causal, LaunchInputs(q, k, v, out))
+                        prepared(q, k, v, out)
                     try:
                         t = time_cupy(fa3, 5, 30)
                         tf, tc = flops / t / 1e9, flops / t_cudnn / 1e9
-                        print(f"{shape.label:28.28s} {bm}x{bn}x{st:<8d} "
+                        print(f"{shape.label:28.28s} {bm}x{bn}x{st}{'p' if persistent else ' ':<6s} "
                               f"{tf:6.0f} {tc:6.0f} {tf / tc:.3f}", flush=True)
                     except Exception as exc:
                         print(f"d{hd} n{n} causal={causal} {bm}x{bn}x{st}: {type(exc).__name__}: {str(exc)[:200]}")

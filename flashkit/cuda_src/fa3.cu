@@ -9,12 +9,16 @@ features: {causal: true, block_sparse: false, fp8: false, backward: false, lse: 
            window: true, softcap: true, alibi: true, varlen: true,
            score_mod: true, mask_mod: true}
 priority: 80
-launch: {grid: q_blocks, block_m: 128, block_n: 128, warps: 12, stages: 2}   # 1 producer + block_m / 64 consumer warpgroups
+launch: {grid: tiles, persistent: 1, block_m: 128, block_n: 128, warps: 12, stages: 2}   # 1 producer + block_m / 64 consumers
 # Tile shapes from a measured sweep (BENCHMARKS.md); a score modification at hd64 needs the 240
-# registers of two consumers.
-overrides: {"hd64": {block_m: 192, warps: 16}, "hd64/softcap": {block_m: 128, warps: 12},
+# registers of two consumers. hd64 (three consumers of 160 registers), hd256 and drop-in functors run one
+# tile a CTA: the persistent loop's state does not fit beside their main loops (ptxas spills).
+overrides: {"hd64": {block_m: 192, warps: 16, persistent: 0}, "hd64/softcap": {block_m: 128, warps: 12},
             "hd64/alibi": {block_m: 128, warps: 12}, "hd64/score_mod": {block_m: 128, warps: 12},
-            "hd64/mask_mod": {block_m: 128, warps: 12}, "hd192": {block_n: 64}, "hd256": {block_n: 64}}
+            "hd64/mask_mod": {block_m: 128, warps: 12}, "hd192": {block_n: 64}, "hd256": {block_n: 64, persistent: 0},
+            "hd96/score_mod": {persistent: 0}, "hd96/mask_mod": {persistent: 0},
+            "hd128/score_mod": {persistent: 0}, "hd128/mask_mod": {persistent: 0},
+            "hd192/score_mod": {persistent: 0}, "hd192/mask_mod": {persistent: 0}}
 tensor_maps: {q: block_m, k: block_n, v: block_n, o: 64}   # box rows; o: one consumer's 64 rows
 workspace: none
 ---*/
@@ -25,7 +29,9 @@ workspace: none
 // This file picks the mask (causal or none; with FLASHKIT_WINDOW the local mask of window_size /
 // attention_chunk), the score modification (softcap / ALiBi, score_mod.cuh) and the tile order
 // (causal: heaviest blocks first); with FLASHKIT_VARLEN each batch entry is a packed sequence (varlen.cuh).
+// With `persistent` (FLASHKIT_PERSISTENT) one CTA an SM walks its share of the tiles (tile_scheduler.cuh).
 #include "flashkit/functor.cuh"
+#include "flashkit/hopper/tile_scheduler.cuh"
 #include "flashkit/hopper/ws_forward.cuh"
 
 typedef flashkit::hopper::WsTraits<flashkit::Element, FLASHKIT_HEAD_DIM, FLASHKIT_BLOCK_M, FLASHKIT_BLOCK_N,
@@ -45,12 +51,15 @@ extern "C" __global__ void __launch_bounds__(Traits::kThreads, 1)
                      const __grid_constant__ flashkit::hopper::TensorMap k_map,
                      const __grid_constant__ flashkit::hopper::TensorMap v_map,
                      const __grid_constant__ flashkit::hopper::TensorMap o_map) {
-    // Causal blocks further down see more keys: launch them first.
-    const int m_block = FLASHKIT_CAUSAL ? gridDim.x - 1 - blockIdx.x : blockIdx.x;
-    flashkit::for_sequence<FLASHKIT_VARLEN != 0, Traits::kBlockM>(
-        params, blockIdx.z, m_block, [&](const flashkit::Params& p, const flashkit::SeqOrigin& origin) {
-            const FwdMask mask = flashkit::make_mask<FwdMask>(p, m_block, blockIdx.y, blockIdx.z);
-            flashkit::hopper::ws_forward<Traits, flashkit::FwdScoreMod>(p, {q_map, k_map, v_map, o_map}, mask,
-                                                                          m_block, blockIdx.y, blockIdx.z, origin);
+    // Causal blocks further down see more keys: each head's heaviest block first.
+    const flashkit::hopper::SnakeScheduler<Traits::kBlockM, FLASHKIT_CAUSAL != 0> scheduler(params);
+    flashkit::hopper::ws_forward_tiles<Traits, flashkit::FwdScoreMod>({q_map, k_map, v_map, o_map}, [&](auto&& visit) {
+        scheduler.for_each_tile([&](const flashkit::hopper::TileIndex& t) {
+            flashkit::for_sequence<FLASHKIT_VARLEN != 0, Traits::kBlockM>(
+                params, t.batch, t.m_block, [&](const flashkit::Params& p, const flashkit::SeqOrigin& origin) {
+                    visit(p, flashkit::make_mask<FwdMask>(p, t.m_block, t.head, t.batch), t.m_block, t.head,
+                          t.batch, origin);
+                });
         });
+    });
 }

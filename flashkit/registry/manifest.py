@@ -17,13 +17,23 @@ NAME_RE = re.compile(r"^[a-z][a-z0-9_]*$")
 SYMBOL_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 FEATURES = ("causal", "block_sparse", "fp8", "backward", "lse", "gqa", "window", "softcap", "alibi", "kv_cache",
             "varlen", "score_mod", "mask_mod")   # score_mod / mask_mod: builds a drop-in functor in (functor.cuh)
-GRID_KINDS = ("q_blocks", "heads", "score_tiles", "row_groups", "kv_tiles", "kv_splits", "split_combine")
+# Launch parameters that are switches (0 or 1) rather than positive sizes; like the others they reach the
+# kernel as FLASHKIT_<NAME> defines. persistent: the `tiles` grid runs one CTA an SM over every tile.
+LAUNCH_FLAGS = ("persistent",)
+GRID_KINDS = ("q_blocks", "tiles", "heads", "score_tiles", "row_groups", "kv_tiles", "kv_splits", "split_combine")
 WORKSPACE_KINDS = ("none", "scores", "running_state", "v_transposed", "dq_accum", "split_partials")
 REQUIRED = ("name", "summary", "entry", "arch", "dtypes", "head_dims", "features", "launch")
 KNOWN = set(REQUIRED) | {"priority", "overrides", "workspace", "requires", "tensor_maps", "limits"}
 # limits: upper bounds of a request where a variant is the right choice (a decode kernel: short queries).
 LIMIT_KEYS = ("seqlen_q", "packed_rows")   # packed_rows: seqlen_q * heads / kv_heads
 TENSOR_MAP_NAMES = ("q", "k", "v", "o")   # kernel arguments after Params, in this order
+
+
+def launch_value_ok(name: str, value) -> bool:
+    """A launch parameter's value: 0 or 1 for a switch (LAUNCH_FLAGS), else a positive integer."""
+    if not isinstance(value, int) or isinstance(value, bool):
+        return False
+    return value in (0, 1) if name in LAUNCH_FLAGS else value > 0
 
 
 def parse_cc(text: Any, where: str) -> tuple[int, int]:
@@ -261,11 +271,11 @@ def spec_from(path: Path, data: dict) -> KernelSpec:
     if len(grids) != len(entries) or any(g not in GRID_KINDS for g in grids):
         raise bad("launch", f"grid kinds from {', '.join(GRID_KINDS)}, one per entry")
     ints = {k: v for k, v in launch.items() if k != "grid"}
-    if "warps" not in ints or any(not isinstance(v, int) or v <= 0 for v in ints.values()):
-        raise bad("launch", "positive integer parameters including 'warps'")
+    if "warps" not in ints or not all(launch_value_ok(k, v) for k, v in ints.items()):
+        raise bad("launch", f"positive integer parameters including 'warps' ({', '.join(LAUNCH_FLAGS)}: 0 or 1)")
     overrides = data.get("overrides") or {}
     if not isinstance(overrides, dict) or any(
-            not isinstance(v, dict) or any(not isinstance(x, int) or x <= 0 for x in v.values())
+            not isinstance(v, dict) or not all(launch_value_ok(k, x) for k, x in v.items())
             for v in overrides.values()):
         raise bad("overrides", "a mapping of keys (\"9.0\", \"hd256\", \"9.0/hd256\") to integer launch parameters")
     workspace = data.get("workspace", "none")

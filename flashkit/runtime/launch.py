@@ -27,6 +27,9 @@ def grid_for(kind: str, p: Problem, cfg: dict[str, int]) -> tuple[int, int, int]
     cdiv = lambda a, b: -(-a // b)  # noqa: E731
     if kind == "q_blocks":
         return (cdiv(p.seqlen_q, cfg["block_m"]), p.heads, p.batch)
+    if kind == "tiles":   # q_blocks' tiles on x (hopper/tile_scheduler.cuh); `persistent`: one CTA an SM walks them
+        tiles = cdiv(p.seqlen_q, cfg["block_m"]) * p.heads * p.batch
+        return (min(tiles, cfg["sm_count"]) if cfg.get("persistent") else tiles, 1, 1)
     if kind == "heads":
         return (p.heads, p.batch, 1)
     if kind == "score_tiles":
@@ -96,6 +99,8 @@ def prepare_launch(spec: KernelSpec, loaded: LoadedKernel, config: BuildConfig, 
     call) and the tensor maps' geometry."""
     cfg = config.launch_dict
     extras = io.extras
+    if cfg.get("persistent"):
+        cfg = {**cfg, "sm_count": device_info().sm_count}
     if "kv_splits" in spec.grids:   # the split-KV plan, from this device's SM count
         info = device_info()
         sp = split_plan(p.batch, p.heads, p.kv_heads, p.seqlen_q, p.seqlen_k, p.head_dim, cfg, info.sm_count,

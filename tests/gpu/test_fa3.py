@@ -42,6 +42,65 @@ def test_tile_boundaries(fa3, head_dim, causal):
     assert not failures, "\n".join(failures)
 
 
+@pytest.fixture
+def few_sms(monkeypatch):
+    """The persistent grid sized for an SM count of n (set(n)): a few CTAs walk many tiles each, odd and even
+    rounds of the snake order, on shapes small enough to check against the float64 reference."""
+    from dataclasses import replace
+
+    from flashkit.runtime import call_cache, launch
+    real = launch.device_info()
+
+    def set_sms(n: int) -> None:
+        call_cache.CALLS.clear()   # a cached launch keeps the grid it was prepared with
+        monkeypatch.setattr(launch, "device_info", lambda: replace(real, sm_count=n))
+    yield set_sms
+    call_cache.CALLS.clear()
+
+
+@pytest.mark.parametrize("sms", [1, 3, 7])
+@pytest.mark.parametrize("head_dim", [96, 128, 192])
+def test_persistent_tiles_on_few_ctas(fa3, few_sms, sms, head_dim):
+    """Each CTA handles many tiles: Q reloaded under the previous tile's epilogue, the K/V rings' phases carried
+    across tiles, causal tiles of every weight (and, with seqlen_k < seqlen_q, tiles that see no key), GQA."""
+    from flashkit.runtime.device import device_info
+    cfg = fa3.launch_config(device_info().cc, head_dim)
+    assert cfg.get("persistent") == 1, f"hd{head_dim} is expected to run persistent: {cfg}"
+    few_sms(sms)
+    failures = []
+    shapes = (Shape(3, 517, 517, 4, 2), Shape(2, 700, 129, 3, 1), Shape(1, 130, 1000, 6, 3), Shape(5, 64, 64, 2, 2))
+    for i, shape in enumerate(shapes):
+        for causal in (False, True):
+            result = dense_check(fa3, shape, head_dim, "bfloat16", causal).run(2000 + 17 * sms + i)
+            if not result.passed:
+                failures.append(f"{sms} SMs {result.label}: error {result.max_error:.3g} > {result.bound:.3g} "
+                                f"{result.note}")
+    assert not failures, "\n".join(failures)
+
+
+def test_persistent_varlen_on_few_ctas(fa3, few_sms):
+    """Varlen through the persistent grid: tiles past a sequence's end are skipped by every role alike."""
+    from itertools import accumulate
+
+    import cupy as cp
+    import ml_dtypes
+    from flashkit import attention, attention_varlen
+    few_sms(5)
+    lengths = [0, 1, 300, 129, 17, 640, 128, 2]
+    cu = cp.asarray([0, *accumulate(lengths)], dtype=cp.int32)
+    rng = cp.random.default_rng(11)
+    total = int(cu[-1])
+    q, k, v = (rng.standard_normal((total, 4, 128), dtype=cp.float32).astype(ml_dtypes.bfloat16) for _ in range(3))
+    for causal in (False, True):
+        out = attention_varlen(q, k, v, cu, cu, max(lengths), max(lengths), causal=causal, variant="fa3")
+        for b, n in enumerate(lengths):
+            if n == 0:
+                continue
+            s = slice(int(cu[b]), int(cu[b + 1]))
+            want = attention(q[None, s], k[None, s], v[None, s], causal=causal, variant="fa3")[0]
+            assert cp.array_equal(out[s].view(cp.uint16), want.view(cp.uint16)), f"sequence {b} causal={causal}"
+
+
 def test_strided_views_read_in_place(fa3):
     """q, k, v sliced out of one packed (batch, seqlen, 3, heads, D) tensor: TMA reads them as they are."""
     import cupy as cp

@@ -132,10 +132,12 @@ MALFORMED = [
     ("features", ["causal"]), ("features", {"causal": "yes"}), ("features", {"warp_specialized": True}),
     ("features", {"causal": 1}),
     ("requires", {"causal": 1}), ("requires", {"nope": True}), ("requires", ["causal"]),
-    ("launch", "q_blocks"), ("launch", {"block_m": 64, "warps": 4}), ("launch", {"grid": "tiles", "warps": 4}),
+    ("launch", "q_blocks"), ("launch", {"block_m": 64, "warps": 4}), ("launch", {"grid": "tile_blocks", "warps": 4}),
     ("launch", {"grid": "q_blocks", "block_m": 64}), ("launch", {"grid": "q_blocks", "warps": 0}),
     ("launch", {"grid": "q_blocks", "warps": 4, "block_m": "64"}),
     ("launch", {"grid": ["q_blocks", "heads"], "warps": 4}),   # two grids for one entry
+    ("launch", {"grid": "tiles", "warps": 4, "persistent": 2}),   # a switch: 0 or 1
+    ("launch", {"grid": "tiles", "warps": 4, "persistent": True}), ("overrides", {"hd64": {"persistent": -1}}),
     ("overrides", [1]), ("overrides", {"9.0": {"block_n": 0}}), ("overrides", {"9.0": 128}),
     ("overrides", {"hd256": {"block_m": "64"}}),
     ("workspace", "lots"), ("workspace", ["scores"]),

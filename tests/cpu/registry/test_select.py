@@ -197,7 +197,8 @@ def test_the_registered_kernels_by_architecture():
     fa3, hopper = specs["fa3"], specs["hopper"]
     for spec in (fa3, hopper):
         assert spec.arch_min == spec.arch_max == (9, 0) and spec.target((9, 0)) == "sm_90a"
-        assert spec.workspace == "none" and spec.grids == ("q_blocks",)   # V read as it is (no pre-pass)
+        assert spec.workspace == "none"   # V read as it is (no pre-pass)
+    assert fa3.grids == ("tiles",) and hopper.grids == ("q_blocks",)
     assert set(fa3.tensor_maps) == {"q", "k", "v", "o"}
 
     def chosen(cc, causal=False, head_dim=128, dtype="bfloat16"):

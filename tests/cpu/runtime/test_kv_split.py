@@ -69,3 +69,21 @@ def test_explain_names_the_path_and_the_split_count():
     import flashkit
     sel = flashkit.explain(seqlen_q=1, seqlen_k=32768, heads=32, kv_heads=8, batch=8, cc=(9, 0))
     assert sel.chosen.name == "decode" and "split-KV decode" in sel.report() and "splits of the keys" in sel.report()
+
+
+def test_tiles_grid_is_one_cta_a_tile_or_persistent():
+    """`tiles`: q_blocks' tiles on x; with persistent: 1, at most one CTA an SM walks them."""
+    p = Problem(batch=3, seqlen_q=300, seqlen_k=300, heads=4, kv_heads=2, head_dim=128, dtype="bfloat16",
+                softmax_scale=0.1)
+    tiles = 3 * 4 * 3   # ceil(300 / 128) query blocks, 4 heads, batch 3
+    assert grid_for("tiles", p, {"block_m": 128, "persistent": 0}) == (tiles, 1, 1)
+    assert grid_for("tiles", p, {"block_m": 128}) == (tiles, 1, 1)
+    assert grid_for("tiles", p, {"block_m": 128, "persistent": 1, "sm_count": 132}) == (tiles, 1, 1)
+    assert grid_for("tiles", p, {"block_m": 128, "persistent": 1, "sm_count": 8}) == (8, 1, 1)
+
+
+def test_fa3_runs_persistent_where_its_loop_fits():
+    """fa3's manifest: persistent at hd96/128/192; one tile a CTA at hd64 and hd256 (no registers to spare)."""
+    fa3 = discover_kernels().get("fa3")
+    assert fa3.grids == ("tiles",)
+    assert [fa3.launch_config((9, 0), d).get("persistent") for d in (64, 96, 128, 192, 256)] == [0, 1, 1, 1, 0]

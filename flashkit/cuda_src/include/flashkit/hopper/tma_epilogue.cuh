@@ -4,6 +4,9 @@
 // rows with TMA, which clips rows past seqlen_q. The LSE goes straight from registers.
 // A packed varlen sequence (varlen.cuh) ends inside the tensor TMA sees, so the 64-row group holding its
 // last row is stored by the warpgroup's threads instead, 16 B chunks of the rows < seqlen_q only.
+// When store_output_tma returns to the warpgroup's thread 0, nothing reads the staged rows any more (the
+// TMA store has read them, or every thread has passed the barrier after its own reads): the caller may
+// hand the Q tile back to the producer (q_empty).
 #pragma once
 
 #include "flashkit/hopper/ws_traits.cuh"
@@ -65,6 +68,7 @@ __device__ __forceinline__ void store_output_tma(const float (&o)[1][Kt::kDTiles
     const int rows_left = p.seqlen_q - (q_at.row + group_row0);   // rows of the group inside the sequence
     if (FLASHKIT_VARLEN && rows_left < gmma::kWarpgroupRows) {
         store_rows<Kt>(smem + Kt::kQOffset, group_row0, rows_left, p, q_at, origin, tid_in_group);
+        named_sync(kEpilogueBarrierBase + consumer, gmma::kWarpgroupThreads);   // every read of the rows done
         return;
     }
     if (tid_in_group == 0 && rows_left > 0) {

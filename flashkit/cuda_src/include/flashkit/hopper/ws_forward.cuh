@@ -1,14 +1,18 @@
-// The warp-specialized Hopper forward of one query block (FlashAttention-3's design): what every
-// Hopper forward variant drives with its mask. Thread roles, after the barriers are set up:
-//   warpgroup 0 (producer)     gives registers back (setmaxnreg.dec); one thread issues the TMA
-//                              loads of Q and of the K/V stage rings (ws_producer.cuh)
-//   warpgroups 1.. (consumers) take registers (setmaxnreg.inc); each runs the products and the
-//                              softmax of its 64 query rows in ping-pong order (ws_mainloop.cuh),
-//                              then O by TMA store and the LSE (tma_epilogue.cuh)
-// A block whose mask visits no tile writes O = 0 and LSE = -inf without touching the rings.
+// The warp-specialized Hopper forward (FlashAttention-3's design): what every Hopper forward variant
+// drives with its mask, for one query tile a CTA or for every tile a persistent scheduler gives the CTA
+// (tile_scheduler.cuh). ws_cta.cuh holds what carries over from tile to tile. Thread roles:
+//   warpgroup 0 (producer)     gives registers back (setmaxnreg.dec); one thread issues the TMA loads of
+//                              Q and of the K/V stage rings for each tile (ws_producer.cuh)
+//   warpgroups 1.. (consumers) take registers (setmaxnreg.inc); each runs, per tile, the products and the
+//                              softmax of its 64 query rows in ping-pong order (ws_mainloop.cuh), then O
+//                              by TMA store and the LSE (tma_epilogue.cuh), then hands the Q tile back
+// A tile whose mask visits no K/V tile writes O = 0 and LSE = -inf without touching the rings.
+// Each role runs the variant's tile loop on its own branch, after its setmaxnreg: ptxas gives a region
+// the register budget of the setmaxnreg that dominates it, so the roles must not share code after it.
 #pragma once
 
 #include "flashkit/hopper/tma_epilogue.cuh"
+#include "flashkit/hopper/ws_cta.cuh"
 #include "flashkit/hopper/ws_mainloop.cuh"
 #include "flashkit/hopper/ws_producer.cuh"
 #include "flashkit/varlen.cuh"
@@ -16,60 +20,75 @@
 namespace flashkit {
 namespace hopper {
 
-struct ForwardMaps {
-    const TensorMap& q;
-    const TensorMap& k;
-    const TensorMap& v;
-    const TensorMap& o;
-};
-
-// The forward of query block m_block of (head, batch); `mask` (mask.cuh's interface) says which
-// K/V tiles the block visits, in which order, and which of them need the element mask; ScoreMod
-// (score_mod.cuh) modifies the scores before the softmax. `origin`: where the sequence's row 0 lies in
-// the tensors the maps describe (row 0 of `batch`, or a packed varlen sequence's first row; varlen.cuh).
-template <class Kt, class ScoreMod = NoScoreMod, class Mask>
-__device__ __forceinline__ void ws_forward(const Params& p, const ForwardMaps& maps, const Mask& mask, int m_block,
-                                           int head, int batch, const SeqOrigin& origin) {
+// The 1024 B aligned base of the dynamic shared memory (the layout in ws_traits.cuh).
+__device__ __forceinline__ u32 ws_smem_base() {
     extern __shared__ __align__(1024) unsigned char smem_raw[];
-    const u32 smem = (smem_u32(smem_raw) + gmma::kTileAlign - 1) & ~static_cast<u32>(gmma::kTileAlign - 1);
-    const int tid = threadIdx.x;
-    const int warpgroup = tid / gmma::kWarpgroupThreads;
-    const typename Kt::Ring k_ring(smem + Kt::kKRingOffset);
-    const typename Kt::Ring v_ring(smem + Kt::kVRingOffset);
-    const u32 q_full = smem + Kt::kQBarOffset;
-    if (tid == 0) {
-        mbarrier_init(q_full, 1);
-        k_ring.init(Kt::kConsumerThreads);
-        v_ring.init(Kt::kConsumerThreads);
-        fence_barrier_init();
-    }
-    __syncthreads();
+    return (smem_u32(smem_raw) + gmma::kTileAlign - 1) & ~static_cast<u32>(gmma::kTileAlign - 1);
+}
 
+// Query block m_block of (head, batch): `mask` (mask.cuh's interface) says which K/V tiles the block
+// visits, in which order, and which of them need the element mask. `origin`: where the sequence's row 0
+// lies in the tensors the maps describe (row 0 of `batch`, or a packed varlen sequence's first row).
+template <class Kt, class Mask>
+__device__ __forceinline__ void produce_tile(WsCta<Kt>& cta, const Params& p, const ForwardMaps& maps,
+                                             const Mask& mask, int m_block, int head, int batch,
+                                             const SeqOrigin& origin) {
+    const int n_blocks = mask.num_kv_blocks();
+    const int kv_head = head / (p.heads / p.kv_heads);   // GQA / MQA: the kv head of this query head
+    produce<Kt>(cta, mask, n_blocks, maps, TileCoords{origin.q_row + m_block * Kt::kBlockM, head, origin.batch},
+                TileCoords{origin.k_row, kv_head, origin.batch});
+    cta.advance(n_blocks);
+}
+
+// The same tile on a consumer warpgroup; ScoreMod (score_mod.cuh) modifies the scores before the softmax.
+template <class Kt, class ScoreMod, class Mask>
+__device__ __forceinline__ void consume_tile(WsCta<Kt>& cta, const Params& p, const ForwardMaps& maps,
+                                             const Mask& mask, int m_block, int head, int batch,
+                                             const SeqOrigin& origin) {
     const int n_blocks = mask.num_kv_blocks();
     const TileCoords q_at{m_block * Kt::kBlockM, head, batch};   // rows within the sequence
-    if (warpgroup == 0) {
-        release_registers<Kt::kProducerRegs>();
-        const int kv_head = head / (p.heads / p.kv_heads);   // GQA / MQA: the kv head of this query head
-        if (tid == 0 && n_blocks > 0)
-            produce<Kt>(mask, n_blocks, smem, q_full, k_ring, v_ring, maps.q, maps.k, maps.v,
-                        TileCoords{origin.q_row + q_at.row, head, origin.batch},
-                        TileCoords{origin.k_row, kv_head, origin.batch});
-        return;
-    }
-    claim_registers<Kt::kConsumerRegs>();
-    const int consumer = warpgroup - 1;
-    const int tid_in_group = tid % gmma::kWarpgroupThreads;
-    const int lane = tid % kWarpSize;
-    WsMainloop<Kt, Mask, ScoreMod> loop(mask, p, head, batch, smem, consumer);
+    const int consumer = cta.consumer();
+    const int tid_in_group = cta.tid % gmma::kWarpgroupThreads;
+    const int lane = cta.tid % kWarpSize;
+    WsMainloop<Kt, Mask, ScoreMod> loop(mask, p, head, batch, cta.smem, consumer);
+    mbarrier_wait(cta.q_full, static_cast<u32>(cta.tiles) & 1u);   // Q landed (or an empty tile announced)
     if (n_blocks > 0) {
         const int row0 = q_at.row + consumer * gmma::kWarpgroupRows + tid_in_group / kWarpSize * Kt::kWarpRows +
                          lane / kQuadLanes;
         const PingPong<Kt::kConsumers> turn(consumer);
-        consumer_mainloop<Kt>(loop, turn, k_ring, v_ring, q_full, n_blocks, row0, kFragCols * (lane % kQuadLanes));
+        consumer_mainloop<Kt>(loop, turn, cta, n_blocks, row0, kFragCols * (lane % kQuadLanes));
     }
     float lse[1][2];
     loop.softmax.finalize(loop.acc_o, p.softmax_scale_log2, lse);
-    store_output_tma<Kt>(loop.acc_o, lse, smem, consumer, maps.o, p, q_at, origin, tid_in_group);
+    store_output_tma<Kt>(loop.acc_o, lse, cta.smem, consumer, maps.o, p, q_at, origin, tid_in_group);
+    if (tid_in_group == 0) mbarrier_arrive(cta.q_empty);   // this consumer's rows of the Q tile are free
+    cta.advance(n_blocks);
+}
+
+// The forward of every tile `tiles` names: tiles(visit) calls visit(p, mask, m_block, head, batch, origin)
+// for each of the CTA's tiles, in the same order on every call (the variant's scheduler and masks).
+template <class Kt, class ScoreMod, class TileLoop>
+__device__ __forceinline__ void ws_forward_tiles(const ForwardMaps& maps, TileLoop&& tiles) {
+    WsCta<Kt> cta(ws_smem_base());
+    if (cta.producer()) {
+        release_registers<Kt::kProducerRegs>();
+        if (!cta.issuer()) return;
+        tiles([&](const Params& p, const auto& mask, int m_block, int head, int batch, const SeqOrigin& origin) {
+            produce_tile<Kt>(cta, p, maps, mask, m_block, head, batch, origin);
+        });
+        return;
+    }
+    claim_registers<Kt::kConsumerRegs>();
+    tiles([&](const Params& p, const auto& mask, int m_block, int head, int batch, const SeqOrigin& origin) {
+        consume_tile<Kt, ScoreMod>(cta, p, maps, mask, m_block, head, batch, origin);
+    });
+}
+
+// One tile a CTA (the q_blocks grid).
+template <class Kt, class ScoreMod = NoScoreMod, class Mask>
+__device__ __forceinline__ void ws_forward(const Params& p, const ForwardMaps& maps, const Mask& mask, int m_block,
+                                           int head, int batch, const SeqOrigin& origin) {
+    ws_forward_tiles<Kt, ScoreMod>(maps, [&](auto&& visit) { visit(p, mask, m_block, head, batch, origin); });
 }
 
 }  // namespace hopper

@@ -13,7 +13,7 @@
 // turn, so that one warpgroup's softmax runs while the tensor cores serve the other's products.
 #pragma once
 
-#include "flashkit/hopper/ws_traits.cuh"
+#include "flashkit/hopper/ws_cta.cuh"
 #include "flashkit/fragment.cuh"
 #include "flashkit/mask.cuh"
 #include "flashkit/score_mod.cuh"
@@ -76,9 +76,9 @@ struct WsMainloop {
         softmax.init();
     }
 
-    // S_i = Q K_i^T (asynchronous; the first k-step overwrites s).
-    __device__ __forceinline__ void issue_scores(int i) {
-        const u32 k_tile = k_tiles + Ring::stage(i) * Kt::kStageBytes;
+    // S_i = Q K_i^T from ring slot `slot` (asynchronous; the first k-step overwrites s).
+    __device__ __forceinline__ void issue_scores(int slot) {
+        const u32 k_tile = k_tiles + Ring::stage(slot) * Kt::kStageBytes;
         gmma::fence();
 #pragma unroll
         for (int kk = 0; kk < Kt::kQKSteps; ++kk)
@@ -87,10 +87,10 @@ struct WsMainloop {
         gmma::commit();
     }
 
-    // O += P V_i (asynchronous; p_frag stays untouched until it completes). k-step kk: keys
-    // kStepKeys kk .. + kStepKeys - 1, rows of the V tile.
-    __device__ __forceinline__ void issue_pv(int i) {
-        const u32 v_tile = v_tiles + Ring::stage(i) * Kt::kStageBytes;
+    // O += P V_i from ring slot `slot` (asynchronous; p_frag stays untouched until it completes). k-step
+    // kk: keys kStepKeys kk .. + kStepKeys - 1, rows of the V tile.
+    __device__ __forceinline__ void issue_pv(int slot) {
+        const u32 v_tile = v_tiles + Ring::stage(slot) * Kt::kStageBytes;
         gmma::fence();
 #pragma unroll
         for (int kk = 0; kk < Kt::kPVSteps; ++kk)
@@ -118,56 +118,59 @@ struct WsMainloop {
     }
 };
 
-// Visit i >= 1 of a consumer: S_i and P_{i-1} V_{i-1} issued in this consumer's turn, the softmax
-// of S_i under P_{i-1} V_{i-1}.
+// Visit i >= 1 of a consumer (ring slot `slot` = ring_pos + i): S_i and P_{i-1} V_{i-1} issued in this
+// consumer's turn, the softmax of S_i under P_{i-1} V_{i-1}.
 template <bool kMasked, class Loop, class Turn>
 __device__ __forceinline__ void consumer_step(Loop& loop, const Turn& turn, const typename Loop::Ring& k_ring,
-                                              const typename Loop::Ring& v_ring, int i, int n_blocks, int row0,
-                                              int col_lane) {
-    k_ring.wait_full(i);
-    v_ring.wait_full(i - 1);
+                                              const typename Loop::Ring& v_ring, int i, int slot, int n_blocks,
+                                              int row0, int col_lane) {
+    k_ring.wait_full(slot);
+    v_ring.wait_full(slot - 1);
     turn.wait_turn();
-    loop.issue_scores(i);
-    loop.issue_pv(i - 1);
+    loop.issue_scores(slot);
+    loop.issue_pv(slot - 1);
     turn.pass_turn();
     gmma::wait<1>();   // S_i landed; P_{i-1} V_{i-1} still running
-    k_ring.release(i);
+    k_ring.release(slot);
     loop.template softmax_step<kMasked>(loop.mask.kv_block(n_blocks - 1 - i), row0, col_lane);
     gmma::wait<0>();
-    v_ring.release(i - 1);
+    v_ring.release(slot - 1);
     loop.rescale_and_pack();
 }
 
-// The whole main loop of one consumer over the block's n_blocks visited tiles (n_blocks > 0):
-// visit i is tile mask.kv_block(n_blocks - 1 - i); the first num_masked_blocks() visits need the
-// element mask. Masked and unmasked visits run in two copies of the step and the last P V is
-// peeled: a branch between the wgmma waits would make ptxas wait for every product in flight.
+// The whole main loop of one consumer over the tile's n_blocks visited tiles (n_blocks > 0; Q has
+// landed): visit i is tile mask.kv_block(n_blocks - 1 - i), in ring slot cta.ring_pos + i; the first
+// num_masked_blocks() visits need the element mask. Masked and unmasked visits run in two copies of the
+// step and the last P V is peeled: a branch between the wgmma waits would make ptxas wait for every
+// product in flight.
 template <class Kt, class Loop, class Turn>
-__device__ __forceinline__ void consumer_mainloop(Loop& loop, const Turn& turn, const typename Kt::Ring& k_ring,
-                                                  const typename Kt::Ring& v_ring, u32 q_full, int n_blocks,
+__device__ __forceinline__ void consumer_mainloop(Loop& loop, const Turn& turn, const WsCta<Kt>& cta, int n_blocks,
                                                   int row0, int col_lane) {
+    const typename Kt::Ring& k_ring = cta.k_ring;
+    const typename Kt::Ring& v_ring = cta.v_ring;
+    const int pos = cta.ring_pos;
     const int n_masked = loop.mask.num_masked_blocks();
     turn.start();
-    mbarrier_wait(q_full, 0);
-    k_ring.wait_full(0);
+    k_ring.wait_full(pos);
     turn.wait_turn();
-    loop.issue_scores(0);
+    loop.issue_scores(pos);
     turn.pass_turn();
     gmma::wait<0>();
-    k_ring.release(0);
+    k_ring.release(pos);
     if (n_masked > 0) loop.template softmax_step<true>(loop.mask.kv_block(n_blocks - 1), row0, col_lane);
     else loop.template softmax_step<false>(loop.mask.kv_block(n_blocks - 1), row0, col_lane);
     loop.rescale_and_pack();
     int i = 1;
     for (; i < n_blocks && i < n_masked; ++i)
-        consumer_step<true>(loop, turn, k_ring, v_ring, i, n_blocks, row0, col_lane);
-    for (; i < n_blocks; ++i) consumer_step<false>(loop, turn, k_ring, v_ring, i, n_blocks, row0, col_lane);
-    v_ring.wait_full(n_blocks - 1);
+        consumer_step<true>(loop, turn, k_ring, v_ring, i, pos + i, n_blocks, row0, col_lane);
+    for (; i < n_blocks; ++i) consumer_step<false>(loop, turn, k_ring, v_ring, i, pos + i, n_blocks, row0, col_lane);
+    const int last = pos + n_blocks - 1;
+    v_ring.wait_full(last);
     turn.wait_turn();
-    loop.issue_pv(n_blocks - 1);
+    loop.issue_pv(last);
     turn.pass_turn();
     gmma::wait<0>();
-    v_ring.release(n_blocks - 1);
+    v_ring.release(last);
     gmma::fence_accumulators(loop.acc_o[0]);
     turn.finish();
 }

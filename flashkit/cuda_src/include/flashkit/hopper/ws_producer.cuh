@@ -1,16 +1,17 @@
-// The producer of the warp-specialized Hopper forward: one thread of the producer warpgroup
-// issues every TMA load of a query block. Q once (one box a 128 B panel of the head dim,
-// kBlockM rows), then, per visited tile i, K_i and V_i into stage i % kStages of their rings,
-// each as soon as the consumers have handed that stage back. Rows past seqlen_k read as zeros
-// (TMA's out-of-bounds fill): no ragged-tail code here.
+// The producer of the warp-specialized Hopper forward: one thread of the producer warpgroup issues every
+// TMA load of a query tile. Visit i of the tile loads K_i and V_i into ring slot ring_pos + i as soon as
+// the consumers have handed that stage back; Q loads once per tile, into the Q tile, once every consumer
+// has stored the previous tile's O from it (q_empty). K_0 and V_0 go first: their stages were freed during
+// the previous tile's main loop, so with the persistent scheduler they land under its epilogue.
+// Rows past seqlen_k read as zeros (TMA's out-of-bounds fill): no ragged-tail code here.
 #pragma once
 
-#include "flashkit/hopper/ws_traits.cuh"
+#include "flashkit/hopper/ws_cta.cuh"
 
 namespace flashkit {
 namespace hopper {
 
-// Every panel of a kRows-row tile at `dst` (panel p at dst + p * kPanelSize), completing on `bar`.
+// Every panel of a tile at `dst` (panel p at dst + p * kPanelSize), completing on `bar`.
 template <class Kt, class Tile>
 __device__ __forceinline__ void load_tile(u32 dst, const TensorMap& map, u32 bar, const TileCoords& at) {
 #pragma unroll
@@ -18,25 +19,35 @@ __device__ __forceinline__ void load_tile(u32 dst, const TensorMap& map, u32 bar
         tma_load(dst + p * Tile::kPanelSize, map, bar, p * Kt::kPanelElems, at.row, at.head, at.batch);
 }
 
+// One query tile's loads; n_blocks == 0 (no key visible to the tile): no loads, q_full is announced alone.
 template <class Kt, class Mask>
-__device__ __forceinline__ void produce(const Mask& mask, int n_blocks, u32 smem, u32 q_full,
-                                        const typename Kt::Ring& k_ring, const typename Kt::Ring& v_ring,
-                                        const TensorMap& q_map, const TensorMap& k_map, const TensorMap& v_map,
+__device__ __forceinline__ void produce(const WsCta<Kt>& cta, const Mask& mask, int n_blocks, const ForwardMaps& maps,
                                         const TileCoords& q_at, const TileCoords& k_origin) {
-    prefetch_tensor_map(q_map);
-    prefetch_tensor_map(k_map);
-    prefetch_tensor_map(v_map);
-    mbarrier_arrive_expect_tx(q_full, Kt::QTile::kBytes);
-    load_tile<Kt, typename Kt::QTile>(smem + Kt::kQOffset, q_map, q_full, q_at);
-    for (int i = 0; i < n_blocks; ++i) {
+    if (cta.tiles == 0) {
+        prefetch_tensor_map(maps.q);
+        prefetch_tensor_map(maps.k);
+        prefetch_tensor_map(maps.v);
+    }
+    const auto load_kv = [&](int i) {
+        const int slot = cta.ring_pos + i;
         const TileCoords kv_at{k_origin.row + mask.kv_block(n_blocks - 1 - i) * Kt::kBlockN, k_origin.head,
                                k_origin.batch};
-        const int stage_offset = Kt::Ring::stage(i) * Kt::kStageBytes;
-        load_tile<Kt, typename Kt::KTile>(smem + Kt::kKOffset + stage_offset, k_map,
-                                          k_ring.acquire(i, Kt::KTile::kBytes), kv_at);
-        load_tile<Kt, typename Kt::KTile>(smem + Kt::kVOffset + stage_offset, v_map,
-                                          v_ring.acquire(i, Kt::KTile::kBytes), kv_at);
+        const int stage_offset = Kt::Ring::stage(slot) * Kt::kStageBytes;
+        load_tile<Kt, typename Kt::KTile>(cta.smem + Kt::kKOffset + stage_offset, maps.k,
+                                          cta.k_ring.acquire(slot, Kt::KTile::kBytes), kv_at);
+        load_tile<Kt, typename Kt::KTile>(cta.smem + Kt::kVOffset + stage_offset, maps.v,
+                                          cta.v_ring.acquire(slot, Kt::KTile::kBytes), kv_at);
+    };
+    if (n_blocks > 0) load_kv(0);
+    // The previous tile's O has left the Q tile (round `tiles` of q_empty; the first passes at once).
+    mbarrier_wait(cta.q_empty, (static_cast<u32>(cta.tiles) & 1u) ^ 1u);
+    if (n_blocks > 0) {
+        mbarrier_arrive_expect_tx(cta.q_full, Kt::QTile::kBytes);
+        load_tile<Kt, typename Kt::QTile>(cta.smem + Kt::kQOffset, maps.q, cta.q_full, q_at);
+    } else {
+        mbarrier_arrive(cta.q_full);
     }
+    for (int i = 1; i < n_blocks; ++i) load_kv(i);
 }
 
 }  // namespace hopper

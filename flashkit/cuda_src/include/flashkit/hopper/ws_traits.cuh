@@ -6,7 +6,7 @@
 // consumer owns rows [16 w, 16 w + 16) of those, so the mma.sync fragment conventions (apply_mask,
 // OnlineSoftmax, pack_a_fragment) serve unchanged. Shared memory, each tile 1024 B aligned in
 // gmma::KMajorTile's layout (what TMA's 128 B swizzle writes, one 128 B panel per box):
-//   [ Q: kBlockM rows | K: kStages tiles of kBlockN rows | V: likewise | mbarriers ]
+//   [ Q: kBlockM rows | K: kStages tiles of kBlockN rows | V: likewise | mbarriers: q_full, q_empty, rings ]
 // Each consumer stages its O in its own Q rows for the TMA store.
 #pragma once
 
@@ -72,8 +72,9 @@ struct WsTraits {
     static constexpr int kKOffset = align(QTile::kBytes);
     static constexpr int kStageBytes = align(KTile::kBytes);
     static constexpr int kVOffset = kKOffset + kStages * kStageBytes;
-    static constexpr int kQBarOffset = kVOffset + kStages * kStageBytes;
-    static constexpr int kKRingOffset = kQBarOffset + kBarrierBytes;
+    static constexpr int kQBarOffset = kVOffset + kStages * kStageBytes;        // q_full
+    static constexpr int kQEmptyBarOffset = kQBarOffset + kBarrierBytes;       // q_empty
+    static constexpr int kKRingOffset = kQEmptyBarOffset + kBarrierBytes;
     static constexpr int kVRingOffset = kKRingOffset + Ring::kBytes;
     static constexpr int kSmemBytes = kVRingOffset + Ring::kBytes + gmma::kTileAlign;   // + alignment slack
 

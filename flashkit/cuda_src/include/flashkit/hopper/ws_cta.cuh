@@ -1,0 +1,58 @@
+// What one CTA of the warp-specialized Hopper forward keeps across the query tiles it handles (one tile,
+// or every tile the persistent scheduler gives it: tile_scheduler.cuh): its barriers, its stage rings and
+// two counters that the producer and every consumer advance identically, tile by tile.
+//   ring_pos  K/V tiles streamed so far: visit i of the current tile uses ring slot ring_pos + i
+//             (stage (ring_pos + i) % kStages), so the rings' phases carry on from tile to tile
+//   tiles     query tiles handled so far: the phase of q_full (Q landed, or an empty tile announced) and
+//             q_empty (each consumer's O has left the Q tile it was staged in: the producer may reload Q)
+#pragma once
+
+#include "flashkit/hopper/ws_traits.cuh"
+
+namespace flashkit {
+namespace hopper {
+
+struct ForwardMaps {
+    const TensorMap& q;
+    const TensorMap& k;
+    const TensorMap& v;
+    const TensorMap& o;
+};
+
+template <class Kt>
+struct WsCta {
+    typedef typename Kt::Ring Ring;
+    u32 smem;        // 1024 B aligned base of the layout in ws_traits.cuh
+    int tid;
+    int warpgroup;   // 0: producer; 1..kConsumers: consumer warpgroup - 1
+    Ring k_ring, v_ring;
+    u32 q_full, q_empty;
+    int ring_pos = 0;
+    int tiles = 0;
+
+    // Every thread: carve shared memory, set the barriers up (thread 0) and publish them. (The roles then
+    // move registers with setmaxnreg, each on its own branch: ws_forward.cuh.)
+    __device__ __forceinline__ explicit WsCta(u32 smem_)
+        : smem(smem_), tid(threadIdx.x), warpgroup(tid / gmma::kWarpgroupThreads), k_ring(smem_ + Kt::kKRingOffset),
+          v_ring(smem_ + Kt::kVRingOffset), q_full(smem_ + Kt::kQBarOffset), q_empty(smem_ + Kt::kQEmptyBarOffset) {
+        if (tid == 0) {
+            mbarrier_init(q_full, 1);
+            mbarrier_init(q_empty, Kt::kConsumers);   // one arrival per consumer warpgroup
+            k_ring.init(Kt::kConsumerThreads);
+            v_ring.init(Kt::kConsumerThreads);
+            fence_barrier_init();
+        }
+        __syncthreads();
+    }
+    __device__ __forceinline__ bool producer() const { return warpgroup == 0; }
+    __device__ __forceinline__ bool issuer() const { return tid == 0; }   // the producer thread that loads
+    __device__ __forceinline__ int consumer() const { return warpgroup - 1; }
+    // After a tile of n_blocks visits, on every role.
+    __device__ __forceinline__ void advance(int n_blocks) {
+        ring_pos += n_blocks;
+        ++tiles;
+    }
+};
+
+}  // namespace hopper
+}  // namespace flashkit
