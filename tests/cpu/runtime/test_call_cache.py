@@ -6,9 +6,6 @@ No GPU: CuPy arrays over fake device addresses, a fake H100, and kernels that re
 
 from __future__ import annotations
 
-import itertools
-
-import ml_dtypes
 import numpy as np
 import pytest
 
@@ -17,56 +14,19 @@ import flashkit.api as api
 import flashkit.kvcache as kvcache
 from flashkit.errors import InputError
 from flashkit.registry import discover_kernels
-from flashkit.runtime import build, call_cache, launch as launch_mod
+from flashkit.runtime import build, call_cache
 from flashkit.runtime.call_cache import CallCache
-from flashkit.runtime.device import DeviceInfo
 from flashkit.runtime.params import PARAMS_DTYPE, ParamTemplate, make_params
-from flashkit.runtime.tma import TENSOR_MAP_DTYPE
 
 cupy = pytest.importorskip("cupy")
 
-H100 = DeviceInfo(0, "Fake H100", (9, 0), 132, 227 * 1024, 13000, 13000)
-BF16 = ml_dtypes.bfloat16
-_ADDRESSES = itertools.count(1 << 32, 1 << 24)
-
-
-def fake(shape, dtype=BF16, offset: int = 0):
-    """A CuPy array over a fake device address (nothing reads it), 16-byte aligned unless offset says not."""
-    dtype = np.dtype(dtype)
-    nbytes = max(int(np.prod(shape)) * dtype.itemsize, 1) + offset
-    mem = cupy.cuda.UnownedMemory(next(_ADDRESSES), nbytes, None, device_id=0)
-    return cupy.ndarray(shape, dtype, memptr=cupy.cuda.MemoryPointer(mem, offset))
-
-
-class Recorder:
-    """A kernel entry that records (entry, grid, block, parameter bytes, tensor-map bytes) of each launch."""
-
-    launches: list = []
-
-    def __init__(self, name: str):
-        self.name = name
-
-    def __call__(self, grid, block, args, shared_mem=0):
-        Recorder.launches.append((self.name, grid, block, bytes(args[0]), tuple(bytes(a) for a in args[1:])))
+from .fake_device import BF16, Recorder, fake, install  # noqa: E402  (needs CuPy)
 
 
 @pytest.fixture
 def fake_gpu(monkeypatch):
-    """A fake H100 under the whole path: selection, build (recorders), tensor maps, allocation, workspaces."""
-    call_cache.invalidate()
-    Recorder.launches = []
-    for mod in (api, launch_mod, kvcache):
-        monkeypatch.setattr(mod, "device_info", lambda *a: H100)
-
-    def fake_build(spec, config, cc):
-        return build.LoadedKernel([Recorder(e) for e in spec.entries], 1024)
-    monkeypatch.setattr(api, "build_module", fake_build)
-    monkeypatch.setattr(launch_mod, "encode", lambda g: np.frombuffer(
-        np.array([g.address] + [0] * 15, dtype=np.uint64).tobytes(), dtype=TENSOR_MAP_DTYPE)[0])
-    monkeypatch.setattr(cupy, "empty", lambda shape, dtype=float: fake(shape if isinstance(shape, tuple) else (shape,), dtype))
-    monkeypatch.setattr(call_cache, "current_device", lambda: 0)
-    workspaces = {}
-    monkeypatch.setattr(call_cache, "workspace", lambda n: workspaces.setdefault(n, fake((n,), np.uint8)))
+    """A fake H100 under the whole path (tests/cpu/runtime/fake_device.py)."""
+    install(monkeypatch.setattr)
     yield
     call_cache.invalidate()
 
