@@ -20,15 +20,14 @@ from flashkit.runtime.params import PARAMS_DTYPE, ParamTemplate, make_params
 
 cupy = pytest.importorskip("cupy")
 
-from .fake_device import BF16, Recorder, fake, install  # noqa: E402  (needs CuPy)
+from .fake_device import BF16, Recorder, fake, installed  # noqa: E402  (needs CuPy)
 
 
 @pytest.fixture
 def fake_gpu(monkeypatch):
     """A fake H100 under the whole path (tests/cpu/runtime/fake_device.py)."""
-    install(monkeypatch.setattr)
-    yield
-    call_cache.invalidate()
+    with installed(monkeypatch.setattr):
+        yield
 
 
 @pytest.fixture
