@@ -104,12 +104,18 @@ def test_key_follows_the_device_and_the_kernel_path(fake_gpu, monkeypatch):
     assert key_of(q, k, v) is None
 
 
-def test_only_cupy_arrays_and_hashable_arguments_have_a_key(fake_gpu):
+def test_only_cupy_arrays_and_hashable_arguments_have_a_key(fake_gpu, counted):
     q, k, v = qkv()
     assert key_of(np.zeros((1, 128, 2, 64)), k, v) is None
-    assert key_of(q, k, v, softcap=[1.0]) is None
     assert key_of(q, k, v, window_size=3) is None
     assert key_of(q, k, v, out=np.zeros(3)) is None
+    unhashable = key_of(q, k, v, softcap=[1.0])           # looked up and kept as nothing: always the full path
+    call_cache.CALLS.put(unhashable, "entry")
+    assert call_cache.CALLS.get(unhashable) is None and len(call_cache.CALLS) == 0
+    for _ in range(2):
+        with pytest.raises(InputError, match="softcap"):
+            flashkit.attention(q, k, v, softcap=[1.0])
+    assert counted["validate"] == 2
 
 
 # ---- the cached path -----------------------------------------------------------------------------
