@@ -3,9 +3,10 @@
 (cache off: validate, select, build look-up, parameter block every call), and PyTorch SDPA, in one run.
 
 Per case: the median of perf_counter around each call (launches are asynchronous: a call returns once queued),
-with a synchronize every SYNC_EVERY calls so the queue never fills, and the mean over batches of
-(batch wall time - one call's GPU time, by CUDA events) / batch size. GPU time per call is printed beside it:
-the GPU is idle when it is well below the host time.
+with a synchronize every SYNC_EVERY calls so the queue never fills; the median over batches of
+(batch wall time - one call's GPU time, by CUDA events) / batch size; and the least thread CPU time per call of
+any batch (the per-call timers included; steady where other processes share the cores). GPU time per call is
+printed beside them: the GPU is idle when it is well below the host time.
 
 --fake runs flashkit's rows on the CPU tier's faked H100 (tests/cpu/runtime/fake_device.py: fake addresses,
 CuPy's real array construction, kernels that only count their launches): no GPU needed, for before/after
@@ -53,19 +54,20 @@ def host_us(fn, calls: int, sync, gpu_time=gpu_us) -> dict:
         fn()
     sync()
     gpu = gpu_time(fn)
-    per_call, batches = [], []
-    clock = time.perf_counter
+    per_call, batches, cpu = [], [], []
+    clock, cpu_clock = time.perf_counter, time.thread_time_ns
     for _ in range(calls // SYNC_EVERY):
-        t_batch = clock()
+        t_batch, c_batch = clock(), cpu_clock()
         for _ in range(SYNC_EVERY):
             t0 = clock()
             fn()
             per_call.append(clock() - t0)
+        cpu.append((cpu_clock() - c_batch) / 1e3 / SYNC_EVERY)   # before the synchronize (which may spin)
         sync()
         batches.append((clock() - t_batch) * 1e6)
     return {"host_median_us": statistics.median(per_call) * 1e6,
             "host_batch_us": (statistics.median(batches) - gpu) / SYNC_EVERY,
-            "gpu_us": gpu}
+            "host_cpu_us": min(cpu), "gpu_us": gpu}
 
 
 def cases(calls: int) -> list[dict]:
@@ -157,13 +159,14 @@ def main() -> None:
         device = cp.cuda.runtime.getDeviceProperties(cp.cuda.Device().id)["name"].decode()
         rows = cases(args.calls)
     print(f"device: {device}  cupy {cp.__version__}  python {sys.version.split()[0]}")
-    print(f"{'case':66s} {'path':10s} {'host med us':>11s} {'host batch us':>13s} {'gpu us':>7s}")
+    print(f"{'case':66s} {'path':10s} {'host med us':>11s} {'host batch us':>13s} {'host cpu us':>11s} "
+          f"{'gpu us':>7s}")
     for r in rows:
         for path in ("cached", "full_path", "torch"):
             if path in r:
                 m = r[path]
                 print(f"{r['case']:66s} {path:10s} {m['host_median_us']:11.1f} {m['host_batch_us']:13.1f} "
-                      f"{m['gpu_us']:7.1f}")
+                      f"{m['host_cpu_us']:11.1f} {m['gpu_us']:7.1f}")
         if "skipped" in r or "torch_version" in r:
             print(r)
     if args.json:
