@@ -74,22 +74,24 @@ def invalidate() -> None:
 
 def array_signature(x: Any) -> tuple | None:
     """What validation, selection and launch read of a CuPy array; None for anything else (the full path)."""
-    if type(x) is not (_NDARRAY or _ndarray_type()):
-        return None
-    data = x.data
-    return (x.shape, x.strides, x.dtype, data.ptr & ALIGN_MASK, data.device_id)
+    sigs = arrays_signature(x)
+    return None if sigs is None else sigs[0]
 
 
 def arrays_signature(*arrays: Any) -> tuple | None:
-    """array_signature of each argument (None for an absent one); None when one given is no CuPy array."""
+    """array_signature of each argument (None for an absent one); None when one given is no CuPy array.
+
+    One loop over all of a call's arrays (no call per array): this runs on every cached call."""
+    ndarray = _NDARRAY or _ndarray_type()
     sigs = []
     for x in arrays:
         if x is None:
             sigs.append(None)
-        elif (sig := array_signature(x)) is None:
-            return None
+        elif type(x) is ndarray:
+            data = x.data
+            sigs.append((x.shape, x.strides, x.dtype, data.ptr & ALIGN_MASK, data.device_id))
         else:
-            sigs.append(sig)
+            return None
     return tuple(sigs)
 
 

@@ -146,7 +146,8 @@ class PreparedLaunch:
         self.workspace_bytes = workspace_bytes
         self.maps = maps                      # (tensor index in q, k, v, o; MapGeometry with address 0)
         self._words = params.block()
-        self._block_arg = None                # the CPointer to _words (made at the first launch: CuPy is lazy)
+        from cupy.cuda.function import CPointer   # a kernel argument passed as the bytes at an address
+        self._block_arg = CPointer(self._words.ctypes.data)
         self._lock = threading.Lock()
         self._maps_at: dict[tuple, tuple] = {}
 
@@ -155,19 +156,13 @@ class PreparedLaunch:
         if workspace is None and self.workspace_bytes:
             cupy = cupy_module()
             workspace = cupy.empty(self.workspace_bytes, dtype=cupy.uint8)
-        ptrs = (q.data.ptr, k.data.ptr, v.data.ptr, out.data.ptr)
-        pointers = (*ptrs, lse.data.ptr if lse is not None else 0,
-                    workspace.data.ptr if workspace is not None else 0, *extra)
+        pointers = (q.data.ptr, k.data.ptr, v.data.ptr, out.data.ptr, lse.data.ptr if lse is not None else 0,
+                    workspace.data.ptr if workspace is not None else 0) + extra
         with self._lock:
             self.params.write(self._words, pointers)
-            args = (self._block_arg or self._make_block_arg(),) + (self._encoded(ptrs) if self.maps else ())
+            args = (self._block_arg, *self._encoded(pointers[:len(MAP_TENSORS)])) if self.maps else (self._block_arg,)
             for fn, grid in self.grids:
                 fn(grid, self.block, args, shared_mem=self.smem_bytes)
-
-    def _make_block_arg(self):
-        from cupy.cuda.function import CPointer   # a kernel argument passed as the bytes at an address
-        self._block_arg = CPointer(self._words.ctypes.data)
-        return self._block_arg
 
     def _encoded(self, ptrs: tuple[int, ...]) -> tuple:
         """The tensor maps at these addresses; a repeated address tuple (a memory pool hands the same blocks

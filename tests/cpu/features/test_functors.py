@@ -124,7 +124,8 @@ def test_functor_calls_bypass_the_signature_cache(monkeypatch):
     monkeypatch.setattr(api, "_forward_key", lambda *a: pytest.fail("a functor call formed a cache key"))
     monkeypatch.setattr(api, "describe", validating)
     q, k, v = qkv()
-    for kwargs in ({"mod": "relative_bias"}, {"mod_args": {"prefix": 3}}, {"mod": "prefix_lm", "mod_args": {"prefix": 3}}):
+    for kwargs in ({"mod": "relative_bias"}, {"mod_args": {"prefix": 3}},
+                   {"mod": "prefix_lm", "mod_args": {"prefix": 3}}):
         with pytest.raises(Validating):
             flashkit.attention(q, k, v, **kwargs)
 
