@@ -44,9 +44,9 @@ def attention(q: Any, k: Any, v: Any, *, causal: bool = False, softmax_scale: fl
     """
     causal, return_lse, fp8 = (check_flag(causal, "causal"), check_flag(return_lse, "return_lse"),
                                check_flag(fp8, "fp8"))
-    # A call with none of the per-call array arguments (fp8 scales, ALiBi slopes, a functor's arrays) may have
-    # been seen before: a cached key names only arguments that passed validation, so the checks below, which
-    # such a call passes trivially, can come after the look-up.
+    # A call with no fp8 and none of the per-call array arguments (fp8 scales, ALiBi slopes, a functor's arrays)
+    # may have been seen before: a cached key holds only arguments that passed validation, so the checks below,
+    # which such a call passes trivially, can come after the look-up.
     key = _forward_key(q, k, v, out, causal, softmax_scale, variant, return_lse, block_mask, out_dtype, window_size,
                        softcap, attention_chunk) if (
         q_scale is None and k_scale is None and v_scale is None and not fp8 and fp8_options is None

@@ -15,7 +15,7 @@ from .device import cupy_module, device_info
 from .kv_split import SMEM_RESERVED as SPLIT_SMEM_RESERVED
 from .kv_split import plan as split_plan
 from .params import ParamTemplate, make_params, merge_fields
-from .tma import MapGeometry, array_geometry, encode
+from .tma import array_geometry, encode
 
 LOG2E = 1.4426950408889634
 WARP_SIZE = 32
