@@ -16,8 +16,7 @@ from .registry import Request, Selection, discover_kernels, select_kernel
 from .registry.manifest import KernelSpec
 from .runtime.build import build_module, make_config
 from .runtime.device import cupy_module, device_count, device_info
-from .runtime.call_cache import (CALLS, CachedLaunch, array_signature, context_signature, finished_key,
-                                  scalar_signature)
+from .runtime.call_cache import CALLS, CachedLaunch, arrays_signature, context_signature, scalar_signature
 from .runtime.launch import LaunchInputs, PreparedLaunch, launch, prepare_launch  # noqa: F401 (launch: re-exported)
 from .runtime.params import merge_fields
 
@@ -45,6 +44,15 @@ def attention(q: Any, k: Any, v: Any, *, causal: bool = False, softmax_scale: fl
     """
     causal, return_lse, fp8 = (check_flag(causal, "causal"), check_flag(return_lse, "return_lse"),
                                check_flag(fp8, "fp8"))
+    # A call with no fp8 and none of the per-call array arguments (fp8 scales, ALiBi slopes, a functor's arrays)
+    # may have been seen before: a cached key holds only arguments that passed validation, so the checks below,
+    # which such a call passes trivially, can come after the look-up.
+    key = _forward_key(q, k, v, out, causal, softmax_scale, variant, return_lse, block_mask, out_dtype, window_size,
+                       softcap, attention_chunk) if (
+        q_scale is None and k_scale is None and v_scale is None and not fp8 and fp8_options is None
+        and alibi_slopes is None and mod is None and mod_args is None) else None
+    if key is not None and (cached := CALLS.get(key)) is not None:   # this signature validated and selected before
+        return cached(q, k, v, out)
     scales = (q_scale, k_scale, v_scale)
     prequantized = any(s is not None for s in scales)
     if prequantized and not all(s is not None for s in scales):
@@ -56,12 +64,6 @@ def attention(q: Any, k: Any, v: Any, *, causal: bool = False, softmax_scale: fl
         raise InputError("fp8_options: expected a dict (block, hadamard, seed) together with fp8=True")
     if variant is not None and not isinstance(variant, str):
         raise InputError(f"variant: expected a variant name (str), got {type(variant).__name__}")
-    key = None if (fp8 or prequantized or alibi_slopes is not None or fp8_options is not None
-                   or mod is not None or mod_args is not None) else _forward_key(   # functors: arrays in mod_args
-        q, k, v, out, causal, softmax_scale, variant, return_lse, block_mask, out_dtype, window_size, softcap,
-        attention_chunk)
-    if key is not None and (cached := CALLS.get(key)) is not None:   # this signature validated and selected before
-        return cached(q, k, v, out)
     q_meta = describe(q, "q")
     problem = validate_inputs(q_meta, describe(k, "k"), describe(v, "v"), softmax_scale, prequantized)
     mods = mods_of(problem, causal, window_size=window_size, softcap=softcap, alibi_slopes=alibi_slopes,
@@ -152,18 +154,15 @@ class _CachedForward(CachedLaunch):
         super().__init__(prepared, out_shape, out_storage, lse_shape)
         self.block_mask = block_mask
 
-    def __call__(self, q, k, v, out):
-        return self.launch(q, k, v, out)
+    __call__ = CachedLaunch.launch
 
 
 def _forward_key(q, k, v, out, causal, softmax_scale, variant, return_lse, block_mask, out_dtype, window_size,
                  softcap, attention_chunk) -> tuple | None:
-    """The signature of a plain, block-sparse or modified attention() call; None when it takes the full path."""
-    arrays = (array_signature(q), array_signature(k), array_signature(v))
-    if None in arrays:
-        return None
-    out_sig = None if out is None else array_signature(out)
-    if out is not None and out_sig is None:
+    """The signature of a plain, block-sparse or modified attention() call (one flat tuple: one hash, no nested
+    ones); None when it takes the full path. Scalars go in with their types (True == 1 == 1.0)."""
+    arrays = arrays_signature(q, k, v, out)
+    if arrays is None or arrays[0] is None:
         return None
     if window_size is None:
         window = None
@@ -171,10 +170,12 @@ def _forward_key(q, k, v, out, causal, softmax_scale, variant, return_lse, block
         window = (type(window_size), tuple(scalar_signature(w) for w in window_size))
     else:
         return None
-    key = ("attention", arrays, out_sig, causal, return_lse, scalar_signature(softmax_scale), variant,
-           None if block_mask is None else (type(block_mask), id(block_mask)), scalar_signature(out_dtype), window,
-           scalar_signature(softcap), scalar_signature(attention_chunk), context_signature())
-    return finished_key(key)
+    context = context_signature()
+    if context is None:
+        return None
+    return ("attention", arrays, causal, return_lse, type(softmax_scale), softmax_scale, variant,
+            None if block_mask is None else (type(block_mask), id(block_mask)), type(out_dtype), out_dtype, window,
+            type(softcap), softcap, type(attention_chunk), attention_chunk, context)
 
 
 def request_for(problem: Problem, cc: tuple[int, int] | None = None, **flags: bool) -> Request:

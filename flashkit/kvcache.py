@@ -19,8 +19,7 @@ from .features.kv_cache import (append_new, check_values, describe_seqlens, kern
                                 validate_kvcache)
 from .registry import discover_kernels, select_kernel
 from .runtime.device import cupy_module, device_info
-from .runtime.call_cache import (CALLS, CachedLaunch, array_signature, context_signature, finished_key,
-                                  scalar_signature)
+from .runtime.call_cache import CALLS, CachedLaunch, array_signature, arrays_signature, context_signature
 from .runtime.launch import LaunchInputs, PreparedLaunch
 
 
@@ -72,7 +71,7 @@ def attention_with_kvcache(q: Any, k_cache: Any, v_cache: Any, *, cache_seqlens:
                    variable=VARIABLE_FIELDS)
     if key is not None and qc is q and problem.softmax_scale > 0:   # no copy of q, no negation
         CALLS.put(key, _CachedKvCache(prepared, call, out_arr.shape, out_arr.dtype,
-                                      lse.shape if return_lse else None))
+                                      lse.shape if return_lse else None, seqlens_meta is None))
     return (out_arr, lse) if return_lse else out_arr
 
 
@@ -83,34 +82,39 @@ class _CachedKvCache(CachedLaunch):
     """A cached signature of attention_with_kvcache(): the value checks (when asked), the append, then the
     launch with this call's lengths and block table."""
 
-    def __init__(self, prepared: PreparedLaunch, call, out_shape: tuple, out_storage, lse_shape: tuple | None):
+    def __init__(self, prepared: PreparedLaunch, call, out_shape: tuple, out_storage, lse_shape: tuple | None,
+                 int_lengths: bool):
         super().__init__(prepared, out_shape, out_storage, lse_shape)
         self.call = call
+        self.int_lengths = int_lengths   # cache_seqlens an int (the key tells the two kinds apart)
 
     def __call__(self, q, k_cache, v_cache, cache_seqlens, block_table, k_new, v_new, out, check_indices: bool):
-        cupy = cupy_module()
-        seqlens = seqlens_array(cache_seqlens, self.call.problem.batch, cupy)
-        if check_indices:
-            check_values(self.call, seqlens, block_table, cupy)
-        lengths = append_new(self.call, k_cache, v_cache, k_new, v_new, seqlens, block_table, cupy)
+        lengths = cache_seqlens   # the decode loop's case: a CuPy int32 array, read by the kernel as it is
+        if check_indices or k_new is not None or self.int_lengths:
+            cupy = cupy_module()
+            seqlens = seqlens_array(cache_seqlens, self.call.problem.batch, cupy)
+            if check_indices:
+                check_values(self.call, seqlens, block_table, cupy)
+            lengths = append_new(self.call, k_cache, v_cache, k_new, v_new, seqlens, block_table, cupy)
         return self.launch(q, k_cache, v_cache, out,
                            (lengths.data.ptr, block_table.data.ptr if block_table is not None else 0))
 
 
 def _kvcache_key(q, k_cache, v_cache, cache_seqlens, block_table, k_new, v_new, out, causal, return_lse,
                  softmax_scale, variant) -> tuple | None:
-    """The signature of an attention_with_kvcache() call of CuPy arrays; None when it takes the full path."""
-    if isinstance(cache_seqlens, (int, np.integer)) and not isinstance(cache_seqlens, (bool, np.bool_)):
+    """The signature of an attention_with_kvcache() call of CuPy arrays (one flat tuple); None when it takes the
+    full path."""
+    if (seqlens := array_signature(cache_seqlens)) is None:
+        if not isinstance(cache_seqlens, (int, np.integer)) or isinstance(cache_seqlens, (bool, np.bool_)):
+            return None
         seqlens = ("int", type(cache_seqlens))   # the value is checked per call (check_values)
-    elif (seqlens := array_signature(cache_seqlens)) is None:
+    arrays = arrays_signature(q, k_cache, v_cache, block_table, k_new, v_new, out)
+    if arrays is None or arrays[0] is None or arrays[1] is None or arrays[2] is None:
         return None
-    optional = tuple(None if x is None else array_signature(x) for x in (block_table, k_new, v_new, out))
-    arrays = (array_signature(q), array_signature(k_cache), array_signature(v_cache))
-    if None in arrays or any(s is None and x is not None for s, x in zip(optional, (block_table, k_new, v_new, out))):
+    context = context_signature()
+    if context is None:
         return None
-    key = ("kvcache", arrays, seqlens, optional, causal, return_lse, scalar_signature(softmax_scale), variant,
-           context_signature())
-    return finished_key(key)
+    return ("kvcache", arrays, seqlens, causal, return_lse, type(softmax_scale), softmax_scale, variant, context)
 
 
 __all__ = ["attention_with_kvcache"]

@@ -98,6 +98,8 @@ def check_scale(softmax_scale: float | None, head_dim: int) -> float:
 
 
 def check_flag(value, name: str) -> bool:
+    if value is True or value is False:   # the common case first: every call checks its flags
+        return value
     if not isinstance(value, (bool, np.bool_)):
         raise InputError(f"{name}: expected True or False, got {value!r}")
     return bool(value)

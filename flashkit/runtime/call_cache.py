@@ -13,9 +13,12 @@ import os
 from collections import OrderedDict
 from typing import Any, Hashable
 
+import numpy as np
+
 MAX_ENTRIES = 256               # distinct signatures kept (least recently used dropped first)
 MAX_WORKSPACES = 8
 ALIGN_MASK = 15                 # the address's alignment class: the kernels' 16-byte vector loads
+LSE_DTYPE = np.dtype(np.float32)
 KERNEL_PATH_ENV = "FLASHKIT_KERNEL_PATH"
 
 
@@ -27,7 +30,11 @@ class CallCache:
         self._entries: OrderedDict[Hashable, Any] = OrderedDict()
 
     def get(self, key: Hashable) -> Any:
-        entry = self._entries.get(key)
+        """The entry of key, or None (also for an unhashable key: an argument no cached call can have had)."""
+        try:
+            entry = self._entries.get(key)
+        except TypeError:
+            return None
         if entry is not None:
             try:
                 self._entries.move_to_end(key)
@@ -36,7 +43,11 @@ class CallCache:
         return entry
 
     def put(self, key: Hashable, entry: Any) -> None:
-        self._entries[key] = entry
+        """Keep entry under key; an unhashable key keeps nothing (that call always takes the full path)."""
+        try:
+            self._entries[key] = entry
+        except TypeError:
+            return
         self._entries.move_to_end(key)
         while len(self._entries) > self.max_entries:
             self._entries.popitem(last=False)
@@ -63,11 +74,25 @@ def invalidate() -> None:
 
 def array_signature(x: Any) -> tuple | None:
     """What validation, selection and launch read of a CuPy array; None for anything else (the full path)."""
-    cupy = _cupy()
-    if cupy is None or type(x) is not cupy.ndarray:
-        return None
-    data = x.data
-    return (x.shape, x.strides, x.dtype, data.ptr & ALIGN_MASK, data.device_id)
+    sigs = arrays_signature(x)
+    return None if sigs is None else sigs[0]
+
+
+def arrays_signature(*arrays: Any) -> tuple | None:
+    """array_signature of each argument (None for an absent one); None when one given is no CuPy array.
+
+    One loop over all of a call's arrays (no call per array): this runs on every cached call."""
+    ndarray = _NDARRAY or _ndarray_type()
+    sigs = []
+    for x in arrays:
+        if x is None:
+            sigs.append(None)
+        elif type(x) is ndarray:
+            data = x.data
+            sigs.append((x.shape, x.strides, x.dtype, data.ptr & ALIGN_MASK, data.device_id))
+        else:
+            return None
+    return tuple(sigs)
 
 
 def scalar_signature(x: Any) -> tuple:
@@ -79,23 +104,23 @@ def context_signature() -> tuple | None:
     """The current device and the kernel search path: what the call's arrays do not say about selection
     (None where no device answers: the full path says why)."""
     device = current_device()
-    return None if device is None else (device, os.environ.get(KERNEL_PATH_ENV))
+    return None if device is None else (device, kernel_path())
 
 
-def finished_key(key: tuple) -> tuple | None:
-    """key when it can serve: its last item (context_signature()) known and every part hashable; else None."""
-    if key[-1] is None:
-        return None
+def kernel_path() -> Any:
+    """FLASHKIT_KERNEL_PATH as the environment holds it (encoded; None when unset), for keys only.
+
+    os.environ.get costs over a microsecond (it encodes the name and decodes the value every call); CPython's
+    os.environ keeps the encoded mapping in _data, where the pre-encoded name is one dictionary look-up."""
     try:
-        hash(key)
-    except TypeError:
-        return None
-    return key
+        return os.environ._data.get(_KERNEL_PATH_KEY)
+    except AttributeError:   # os.environ replaced by a plain mapping
+        return os.environ.get(KERNEL_PATH_ENV)
 
 
 def current_device() -> int | None:
     try:
-        return _cupy().cuda.runtime.getDevice()
+        return (_GET_DEVICE or _get_device_function())()
     except Exception:
         return None
 
@@ -129,15 +154,18 @@ class CachedLaunch:
     def launch(self, q: Any, k: Any, v: Any, out: Any, extra: tuple[int, ...] = ()):
         """Allocate the outputs (out unless given, the LSE when asked for), fill the parameter block, launch on
         the current stream with this stream's workspace; returns out, or (out, lse)."""
-        cupy = _cupy()
-        out_arr = cupy.empty(self.out_shape, dtype=self.out_storage) if out is None else out
-        lse = cupy.empty(self.lse_shape, dtype=cupy.float32) if self.lse_shape is not None else None
+        ndarray = _NDARRAY or _ndarray_type()   # cupy.empty without its Python wrapper
+        out_arr = ndarray(self.out_shape, self.out_storage) if out is None else out
+        lse = ndarray(self.lse_shape, LSE_DTYPE) if self.lse_shape is not None else None
         nbytes = self.prepared.workspace_bytes
         self.prepared(q, k, v, out_arr, lse, extra, workspace(nbytes) if nbytes else None)
         return (out_arr, lse) if lse is not None else out_arr
 
 
 _CUPY: list = []
+_NDARRAY: type | None = None     # cupy.ndarray, bound at first use (CuPy is imported lazily)
+_GET_DEVICE = None               # cupy.cuda.runtime.getDevice, bound likewise
+_KERNEL_PATH_KEY = os.environ.encodekey(KERNEL_PATH_ENV) if hasattr(os.environ, "encodekey") else KERNEL_PATH_ENV
 
 
 def _cupy():
@@ -148,3 +176,17 @@ def _cupy():
             return None
         _CUPY.append(cupy)
     return _CUPY[0]
+
+
+def _ndarray_type() -> type:
+    """cupy.ndarray (a class nothing is an instance of without CuPy), bound for later calls."""
+    global _NDARRAY
+    cupy = _cupy()
+    _NDARRAY = cupy.ndarray if cupy is not None else type("NoCupyArray", (), {})
+    return _NDARRAY
+
+
+def _get_device_function():
+    global _GET_DEVICE
+    _GET_DEVICE = _cupy().cuda.runtime.getDevice
+    return _GET_DEVICE

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import threading
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -14,7 +15,7 @@ from .device import cupy_module, device_info
 from .kv_split import SMEM_RESERVED as SPLIT_SMEM_RESERVED
 from .kv_split import plan as split_plan
 from .params import ParamTemplate, make_params, merge_fields
-from .tma import MapGeometry, array_geometry, encode
+from .tma import array_geometry, encode
 
 LOG2E = 1.4426950408889634
 WARP_SIZE = 32
@@ -128,28 +129,55 @@ POINTER_FIELDS = ("q", "k", "v", "o", "lse", "workspace")
 MAP_TENSORS = ("q", "k", "v", "o")
 
 
-@dataclass(frozen=True)
-class PreparedLaunch:
-    """One signature's launch: call it with the call's arrays (and the variable extras' pointers)."""
+MAX_MAP_ADDRESSES = 64           # address tuples whose encoded tensor maps a PreparedLaunch keeps at hand
 
-    params: ParamTemplate
-    grids: list                      # (function, grid) of each entry that runs, in launch order
-    block: tuple[int, int, int]
-    smem_bytes: int
-    workspace_bytes: int
-    maps: tuple                      # (tensor index in q, k, v, o; MapGeometry with address 0)
+
+class PreparedLaunch:
+    """One signature's launch: call it with the call's arrays (and the variable extras' pointers).
+
+    It owns one parameter block, rewritten in place per call (only the pointers change) and handed to the
+    kernels by address: CuPy's launch copies a CPointer's bytes as they are, where a NumPy structured scalar
+    costs it a conversion of about 2 us per entry. The driver copies kernel parameters when a launch is
+    queued, so the block is free again once the launches return; a lock keeps two threads from rewriting it
+    under each other's launch (CuPy releases the GIL inside it).
+    """
+
+    def __init__(self, params: ParamTemplate, grids: list, block: tuple[int, int, int], smem_bytes: int,
+                 workspace_bytes: int, maps: tuple):
+        self.params = params
+        self.grids = grids                    # (function, grid) of each entry that runs, in launch order
+        self.block = block
+        self.smem_bytes = smem_bytes
+        self.workspace_bytes = workspace_bytes
+        self.maps = maps                      # (tensor index in q, k, v, o; MapGeometry with address 0)
+        self._words = params.block()
+        from cupy.cuda.function import CPointer   # a kernel argument passed as the bytes at an address
+        self._block_arg = CPointer(self._words.ctypes.data)
+        self._lock = threading.Lock()
+        self._maps_at: dict[tuple, tuple] = {}
 
     def __call__(self, q, k, v, out, lse=None, extra: tuple[int, ...] = (), workspace=None) -> None:
         """Launch on the current stream; workspace (None: a fresh one) must hold workspace_bytes."""
         if workspace is None and self.workspace_bytes:
             cupy = cupy_module()
             workspace = cupy.empty(self.workspace_bytes, dtype=cupy.uint8)
-        ptrs = (q.data.ptr, k.data.ptr, v.data.ptr, out.data.ptr)
-        args = (self.params.fill(*ptrs, lse.data.ptr if lse is not None else 0,
-                                 workspace.data.ptr if workspace is not None else 0, *extra),
-                *[encode(MapGeometry(g.dtype, ptrs[i], g.dims, g.strides, g.box)) for i, g in self.maps])
-        for fn, grid in self.grids:
-            fn(grid, self.block, args, shared_mem=self.smem_bytes)
+        pointers = (q.data.ptr, k.data.ptr, v.data.ptr, out.data.ptr, lse.data.ptr if lse is not None else 0,
+                    workspace.data.ptr if workspace is not None else 0) + extra
+        with self._lock:
+            self.params.write(self._words, pointers)
+            args = (self._block_arg, *self._encoded(pointers[:len(MAP_TENSORS)])) if self.maps else (self._block_arg,)
+            for fn, grid in self.grids:
+                fn(grid, self.block, args, shared_mem=self.smem_bytes)
+
+    def _encoded(self, ptrs: tuple[int, ...]) -> tuple:
+        """The tensor maps at these addresses; a repeated address tuple (a memory pool hands the same blocks
+        back) costs a dictionary look-up instead of building and hashing a geometry per map."""
+        found = self._maps_at.get(ptrs)
+        if found is None:
+            if len(self._maps_at) >= MAX_MAP_ADDRESSES:
+                self._maps_at.clear()
+            found = self._maps_at[ptrs] = tuple(encode(replace(g, address=ptrs[i])) for i, g in self.maps)
+        return found
 
 
 def tensor_map_layouts(spec: KernelSpec, cfg: dict[str, int], p: Problem, io: LaunchInputs) -> tuple:

@@ -111,12 +111,23 @@ def test_build_key_follows_the_file_content(tmp_path, monkeypatch):
         discover_kernels(refresh=True)
 
 
-def test_functor_calls_bypass_the_signature_cache():
-    """mod_args hold device pointers: a cached parameter block must never freeze them."""
-    from flashkit.api import _forward_key  # noqa: F401  (the cache key builder stays for plain calls)
-    import inspect
-    src = inspect.getsource(flashkit.api.attention)
-    assert "or mod is not None or mod_args is not None) else _forward_key(" in src
+def test_functor_calls_bypass_the_signature_cache(monkeypatch):
+    """mod_args hold device pointers: a cached parameter block must never freeze them, so a functor call forms
+    no cache key and goes straight to validation."""
+    import flashkit.api as api
+
+    class Validating(Exception):
+        pass
+
+    def validating(*a, **k):
+        raise Validating
+    monkeypatch.setattr(api, "_forward_key", lambda *a: pytest.fail("a functor call formed a cache key"))
+    monkeypatch.setattr(api, "describe", validating)
+    q, k, v = qkv()
+    for kwargs in ({"mod": "relative_bias"}, {"mod_args": {"prefix": 3}},
+                   {"mod": "prefix_lm", "mod_args": {"prefix": 3}}):
+        with pytest.raises(Validating):
+            flashkit.attention(q, k, v, **kwargs)
 
 
 def test_selection_needs_a_kernel_that_builds_functors():

@@ -6,9 +6,6 @@ No GPU: CuPy arrays over fake device addresses, a fake H100, and kernels that re
 
 from __future__ import annotations
 
-import itertools
-
-import ml_dtypes
 import numpy as np
 import pytest
 
@@ -17,58 +14,20 @@ import flashkit.api as api
 import flashkit.kvcache as kvcache
 from flashkit.errors import InputError
 from flashkit.registry import discover_kernels
-from flashkit.runtime import build, call_cache, launch as launch_mod
+from flashkit.runtime import build, call_cache
 from flashkit.runtime.call_cache import CallCache
-from flashkit.runtime.device import DeviceInfo
-from flashkit.runtime.params import PARAMS_DTYPE, ParamTemplate, make_params
-from flashkit.runtime.tma import TENSOR_MAP_DTYPE
+from flashkit.runtime.params import PARAMS_DTYPE, ParamTemplate, make_params, pointer_runs
 
 cupy = pytest.importorskip("cupy")
 
-H100 = DeviceInfo(0, "Fake H100", (9, 0), 132, 227 * 1024, 13000, 13000)
-BF16 = ml_dtypes.bfloat16
-_ADDRESSES = itertools.count(1 << 32, 1 << 24)
-
-
-def fake(shape, dtype=BF16, offset: int = 0):
-    """A CuPy array over a fake device address (nothing reads it), 16-byte aligned unless offset says not."""
-    dtype = np.dtype(dtype)
-    nbytes = max(int(np.prod(shape)) * dtype.itemsize, 1) + offset
-    mem = cupy.cuda.UnownedMemory(next(_ADDRESSES), nbytes, None, device_id=0)
-    return cupy.ndarray(shape, dtype, memptr=cupy.cuda.MemoryPointer(mem, offset))
-
-
-class Recorder:
-    """A kernel entry that records (entry, grid, block, parameter bytes, tensor-map bytes) of each launch."""
-
-    launches: list = []
-
-    def __init__(self, name: str):
-        self.name = name
-
-    def __call__(self, grid, block, args, shared_mem=0):
-        Recorder.launches.append((self.name, grid, block, bytes(args[0]), tuple(bytes(a) for a in args[1:])))
+from .fake_device import BF16, Recorder, fake, installed  # noqa: E402  (needs CuPy)
 
 
 @pytest.fixture
 def fake_gpu(monkeypatch):
-    """A fake H100 under the whole path: selection, build (recorders), tensor maps, allocation, workspaces."""
-    call_cache.invalidate()
-    Recorder.launches = []
-    for mod in (api, launch_mod, kvcache):
-        monkeypatch.setattr(mod, "device_info", lambda *a: H100)
-
-    def fake_build(spec, config, cc):
-        return build.LoadedKernel([Recorder(e) for e in spec.entries], 1024)
-    monkeypatch.setattr(api, "build_module", fake_build)
-    monkeypatch.setattr(launch_mod, "encode", lambda g: np.frombuffer(
-        np.array([g.address] + [0] * 15, dtype=np.uint64).tobytes(), dtype=TENSOR_MAP_DTYPE)[0])
-    monkeypatch.setattr(cupy, "empty", lambda shape, dtype=float: fake(shape if isinstance(shape, tuple) else (shape,), dtype))
-    monkeypatch.setattr(call_cache, "current_device", lambda: 0)
-    workspaces = {}
-    monkeypatch.setattr(call_cache, "workspace", lambda n: workspaces.setdefault(n, fake((n,), np.uint8)))
-    yield
-    call_cache.invalidate()
+    """A fake H100 under the whole path (tests/cpu/runtime/fake_device.py)."""
+    with installed(monkeypatch.setattr):
+        yield
 
 
 @pytest.fixture
@@ -145,12 +104,18 @@ def test_key_follows_the_device_and_the_kernel_path(fake_gpu, monkeypatch):
     assert key_of(q, k, v) is None
 
 
-def test_only_cupy_arrays_and_hashable_arguments_have_a_key(fake_gpu):
+def test_only_cupy_arrays_and_hashable_arguments_have_a_key(fake_gpu, counted):
     q, k, v = qkv()
     assert key_of(np.zeros((1, 128, 2, 64)), k, v) is None
-    assert key_of(q, k, v, softcap=[1.0]) is None
     assert key_of(q, k, v, window_size=3) is None
     assert key_of(q, k, v, out=np.zeros(3)) is None
+    unhashable = key_of(q, k, v, softcap=[1.0])           # looked up and kept as nothing: always the full path
+    call_cache.CALLS.put(unhashable, "entry")
+    assert call_cache.CALLS.get(unhashable) is None and len(call_cache.CALLS) == 0
+    for _ in range(2):
+        with pytest.raises(InputError, match="softcap"):
+            flashkit.attention(q, k, v, softcap=[1.0])
+    assert counted["validate"] == 2
 
 
 # ---- the cached path -----------------------------------------------------------------------------
@@ -294,8 +259,84 @@ def test_param_template_fills_only_the_pointers():
                              ("q", "k", "v", "o", "lse", "workspace", "cache.seqlens", "cache.block_table"))
     block = template.fill(1, 2, 3, 4, 5, 6, 7, 8)
     assert block.dtype == PARAMS_DTYPE and bytes(block) == bytes(make_params(**fields)[()])
+    words = template.block()                                   # written in place: the launch path
+    template.write(words, (1, 2, 3, 4, 5, 6, 7, 8))
+    assert words.tobytes() == bytes(block)
+    template.write(words, (11, 12, 13, 14, 15, 16))             # fewer values: the rest keep the block's own
+    assert words.tobytes() == bytes(make_params(**{**fields, "q": 11, "k": 12, "v": 13, "o": 14, "lse": 15,
+                                                   "workspace": 16, "cache": {**fields["cache"], "seqlens": 98}})[()])
     with pytest.raises(KeyError, match="nope"):
         ParamTemplate(make_params(), ("nope",))
+
+
+def test_pointer_runs_group_adjacent_fields():
+    runs = pointer_runs((0, 8, 16, 40, 48, 200))
+    assert [(r[0].format, r[1], r[2], r[3]) for r in runs] == [("<3Q", 0, 0, 3), ("<2Q", 40, 3, 5), ("<1Q", 200, 5, 6)]
+
+
+def test_prepared_launch_passes_its_block_by_address_and_maps_per_address(fake_gpu):
+    """fa3 (tensor maps): each call's parameter bytes are the template's with this call's pointers, read by the
+    kernel at its launch; the maps carry this call's addresses, also when an address tuple repeats."""
+    shape = (1, 128, 2, 64)
+    calls = [(*qkv(shape), fake(shape)) for _ in range(3)]
+    for q, k, v, out in calls + calls[:1]:
+        flashkit.attention(q, k, v, out=out)
+    (entry,) = call_cache.CALLS._entries.values()
+    prepared = entry.prepared
+    assert prepared.maps and len(Recorder.launches) == 4
+    for (q, k, v, out), (_, _, _, params, maps) in zip(calls + calls[:1], Recorder.launches):
+        assert params == bytes(prepared.params.fill(q.data.ptr, k.data.ptr, v.data.ptr, out.data.ptr, 0, 0))
+        assert [int(np.frombuffer(m[:8], dtype=np.uint64)[0]) for m in maps] == \
+            [a.data.ptr for a in (q, k, v, out)][:len(maps)]
+    assert len(prepared._maps_at) == 3
+
+
+def test_the_map_memo_stays_bounded(fake_gpu, monkeypatch):
+    from flashkit.runtime import launch as launch_mod
+    monkeypatch.setattr(launch_mod, "MAX_MAP_ADDRESSES", 2)
+    shape = (1, 128, 2, 64)
+    k, v = fake(shape), fake(shape)
+    for _ in range(5):
+        flashkit.attention(fake(shape), k, v)
+    (entry,) = call_cache.CALLS._entries.values()
+    assert 1 <= len(entry.prepared._maps_at) <= 2
+
+
+def test_one_signature_from_many_threads_launches_each_call_its_own_pointers(fake_gpu):
+    """The shared parameter block is rewritten and launched under a lock: with threads switching as often as
+    the interpreter allows, every launch still carries the pointers of the call that made it."""
+    import sys
+    import threading
+    q0, k, v = qkv()
+    flashkit.attention(q0, k, v)
+    Recorder.launches = []
+    seen: dict[int, set] = {}
+
+    class ThreadRecorder(Recorder):
+        def __call__(self, grid, block, args, shared_mem=0):
+            super().__call__(grid, block, args, shared_mem)
+            seen.setdefault(threading.get_ident(), set()).add(Recorder.launches[-1][3][:8])
+
+    (entry,) = call_cache.CALLS._entries.values()
+    entry.prepared.grids = [(ThreadRecorder(fn.name), grid) for fn, grid in entry.prepared.grids]
+    mine: dict[int, bytes] = {}
+
+    def work():
+        q = fake(q0.shape)
+        mine[threading.get_ident()] = int(q.data.ptr).to_bytes(8, "little")
+        for _ in range(200):
+            flashkit.attention(q, k, v)
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
+    try:
+        threads = [threading.Thread(target=work) for _ in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    finally:
+        sys.setswitchinterval(interval)
+    assert seen == {ident: {ptr} for ident, ptr in mine.items()}
 
 
 def test_workspace_is_reused_per_stream_and_size(monkeypatch):
