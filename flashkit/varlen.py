@@ -34,6 +34,9 @@ def attention_varlen(q: Any, k: Any, v: Any, cu_seqlens_q: Any, cu_seqlens_k: An
     attention_chunk; softcap and alibi_slopes as in flashkit.attention. check_indices=False skips the check of
     the offsets' values (one synchronizing read of 2 (batch + 1) ints).
 
+    v may have a head dim of its own (head_dim_v <= D, as in flashkit.attention); out is then (total_q, heads,
+    head_dim_v).
+
     Returns out (total_q, heads, D) (and the float32 LSE, (heads, total_q), with return_lse=True).
     """
     causal, return_lse = check_flag(causal, "causal"), check_flag(return_lse, "return_lse")
@@ -54,7 +57,7 @@ def attention_varlen(q: Any, k: Any, v: Any, cu_seqlens_q: Any, cu_seqlens_k: An
     cu_q, cu_k = to_cupy(cu_seqlens_q, "cu_seqlens_q"), to_cupy(cu_seqlens_k, "cu_seqlens_k")
     if check_indices:
         check_values(call, cu_q, cu_k)
-    out_arr = _output(out, problem, problem.dtype, cupy, (call.total_q, problem.heads, problem.head_dim))
+    out_arr = _output(out, problem, problem.dtype, cupy, (call.total_q, problem.heads, problem.head_dim_v))
     lse = cupy.empty((problem.heads, call.total_q), dtype=cupy.float32) if return_lse else None
     if call.total_q == 0 or call.total_k == 0 or problem.seqlen_q == 0:   # nothing to attend: O = 0, LSE = -inf
         out_arr.fill(0)
