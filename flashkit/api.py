@@ -13,6 +13,7 @@ from .errors import CompileError, FallbackWarning, InputError
 from .features.mods import launch_fields as mod_launch_fields
 from .features.mods import mods_of
 from .registry import Request, Selection, discover_kernels, select_kernel
+from .registry.select import check_head_dim_v
 from .registry.manifest import KernelSpec
 from .runtime.build import build_module, make_config
 from .runtime.device import cupy_module, device_count, device_info
@@ -67,6 +68,7 @@ def attention(q: Any, k: Any, v: Any, *, causal: bool = False, softmax_scale: fl
         return cached(q, k, v, out)
     q_meta = describe(q, "q")
     problem = validate_inputs(q_meta, describe(k, "k"), describe(v, "v"), softmax_scale, prequantized)
+    check_head_dim_v(problem.head_dim, problem.head_dim_v, discover_kernels().specs)
     mods = mods_of(problem, causal, window_size=window_size, softcap=softcap, alibi_slopes=alibi_slopes,
                    attention_chunk=attention_chunk, device=q_meta.device)
     functor = None

@@ -61,9 +61,14 @@ def attention_backward(dout: Any, q: Any, k: Any, v: Any, out: Any, lse: Any, *,
 def check_same_head_dims(p: Problem) -> None:
     """The backward kernels take v of q's and k's head dim: head_dim_v != head_dim (MLA) is forward only."""
     if p.head_dim_v != p.head_dim:
-        raise UnsupportedError(f"v: head_dim_v={p.head_dim_v} differs from q's and k's head_dim={p.head_dim}; "
-                               "attention_backward does not support head_dim_v != head_dim (forward only, "
-                               "flashkit.attention)")
+        raise head_dim_v_unsupported(p.head_dim, p.head_dim_v)
+
+
+def head_dim_v_unsupported(head_dim: int, head_dim_v: int) -> UnsupportedError:
+    """The one-line refusal of a gradient through head_dim_v != head_dim (the adapters raise it before the forward)."""
+    return UnsupportedError(f"v: head_dim_v={head_dim_v} differs from q's and k's head_dim={head_dim}, which "
+                            "attention_backward does not support (head_dim_v != head_dim is forward only); run the "
+                            "forward under torch.no_grad() or flashkit.attention")
 
 
 def _check_like_q(m: ArrayMeta, q: ArrayMeta) -> None:

@@ -16,6 +16,7 @@ from .features.mods import launch_fields as mod_launch_fields
 from .features.mods import mods_of
 from .features.varlen import check_values, kernel_fields, validate_varlen
 from .registry import discover_kernels, select_kernel
+from .registry.select import check_head_dim_v
 from .runtime.device import cupy_module, device_info
 from .runtime.launch import LaunchInputs
 
@@ -47,6 +48,7 @@ def attention_varlen(q: Any, k: Any, v: Any, cu_seqlens_q: Any, cu_seqlens_k: An
     call = validate_varlen(q_meta, describe(k, "k"), describe(v, "v"), describe(cu_seqlens_q, "cu_seqlens_q"),
                            describe(cu_seqlens_k, "cu_seqlens_k"), max_seqlen_q, max_seqlen_k, softmax_scale)
     problem = call.problem
+    check_head_dim_v(problem.head_dim, problem.head_dim_v, discover_kernels().specs)
     mods = mods_of(problem, causal, window_size=window_size, softcap=softcap, alibi_slopes=alibi_slopes,
                    attention_chunk=attention_chunk, device=q_meta.device)
     req = request_for(problem, causal=causal, lse=return_lse, varlen=True, cc=device_info().cc,

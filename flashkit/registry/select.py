@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ..errors import UnsupportedError
+from ..errors import InputError, UnsupportedError
 from ..runtime.tma import binding_missing
 from .manifest import FEATURES, KernelSpec
 
@@ -33,7 +33,11 @@ class Request:
     varlen: bool = False     # attention_varlen: packed sequences of different lengths (cu_seqlens)
     score_mod: bool = False  # a drop-in functor's score_mod / mask_mod (attention(..., mod=...))
     mask_mod: bool = False
-    head_dim_v: int | None = None   # v's and the output's head dim; None: head_dim
+    head_dim_v: int | None = None   # v's and the output's head dim; None (head_dim given too: stored as None): head_dim
+
+    def __post_init__(self):
+        if self.head_dim_v == self.head_dim:   # one spelling of "v's head dim is q's": equal requests compare equal
+            object.__setattr__(self, "head_dim_v", None)
 
     @property
     def split_head_dim(self) -> bool:
@@ -108,6 +112,19 @@ def head_dim_v_reasons(spec: KernelSpec, req: Request) -> list[str]:
         return []
     return [f"head_dim_v={dv} not supported with head_dim={d}: supported head_dim_v <= head_dim, "
             f"{spec.head_dims.describe()}"]
+
+
+def check_head_dim_v(head_dim: int, head_dim_v: int, specs: dict[str, KernelSpec]) -> None:
+    """InputError (before any device is asked) when no variant takes v of head_dim_v under q / k of head_dim."""
+    if head_dim_v == head_dim:
+        return
+    takers = [s for _, s in sorted(specs.items()) if s.supports("head_dim_v")]
+    if any(head_dim in s.head_dims and not head_dim_v_reasons(s, Request(s.dtypes[0], head_dim, head_dim_v=head_dim_v))
+           for s in takers):
+        return
+    rule = "; ".join(f"{s.name} takes head_dim_v <= head_dim, {s.head_dims.describe()}" for s in takers)
+    raise InputError(f"v: head_dim_v={head_dim_v} (v's last dim) with head_dim={head_dim} is not supported by any "
+                     f"kernel ({rule or 'no variant declares head_dim_v'})")
 
 
 def limit_reasons(spec: KernelSpec, req: Request) -> list[str]:
