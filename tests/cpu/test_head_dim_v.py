@@ -14,6 +14,7 @@ import flashkit.backward as backward
 import flashkit.runtime.build as build
 import flashkit.runtime.launch as launch_mod
 from flashkit.call.arrays import describe
+from flashkit.call.dtypes import BY_NAME
 from flashkit.call.validate import Problem, validate_inputs
 from flashkit.cli import cli
 from flashkit.errors import InputError, UnsupportedError
@@ -25,7 +26,6 @@ from flashkit.runtime.params import make_params
 from flashkit.verify import checks_for
 from flashkit.verify.compile_matrix import spec_configs
 from flashkit.verify.reference import plain_attention, reference_attention
-from flashkit.call.dtypes import BY_NAME
 from .synth import cuda, input_error
 
 H100 = DeviceInfo(0, "Fake H100", (9, 0), 132, 227 * 1024, 13000, 13000)
@@ -79,8 +79,8 @@ def test_problem_carries_v_head_dim():
 
 
 @pytest.mark.parametrize("dv,detail", [
-    (256, "head_dim_v=256 (v's last dim) with head_dim=192 is not supported by any kernel (causal takes "
-          "head_dim_v <= head_dim, multiples of 8 from 8 to 256"),
+    (256, ("head_dim_v=256 (v's last dim) with head_dim=192 is not supported by any kernel (causal takes "
+           "head_dim_v <= head_dim, multiples of 8 from 8 to 256")),
     (100, "multiples of 8"), (4, "head_dim_v=4"),
 ])
 def test_unsupported_v_head_dim_is_one_input_error_before_the_device(no_device, dv, detail):
@@ -158,9 +158,9 @@ def test_reasons_give_exact_bounds():
     req = Request("bfloat16", 128, head_dim_v=192, cc=(8, 0))
     with pytest.raises(UnsupportedError) as e:
         select_kernel(req, specs)
-    assert e.value.reasons["fa2"] == ["head_dim_v=192 not supported with head_dim=128: supported head_dim_v <= "
-                                      "head_dim, multiples of 8 from 8 to 256 (compiled as 32, 64, 96, 128, 160, "
-                                      "192, 256)"]
+    assert e.value.reasons["fa2"] == [("head_dim_v=192 not supported with head_dim=128: supported head_dim_v <= "
+                                       "head_dim, multiples of 8 from 8 to 256 (compiled as 32, 64, 96, 128, 160, "
+                                       "192, 256)")]
 
 
 def test_request_spells_equal_head_dims_one_way():
@@ -275,7 +275,7 @@ def test_reference_handles_a_narrower_v(causal):
     assert out.shape == (2, 9, 4, 16) and lse.shape == (2, 4, 9)
     np.testing.assert_allclose(out, want, rtol=1e-12, atol=1e-12)
     np.testing.assert_allclose(lse, want_lse, rtol=1e-12)
-    plain, plain_lse = plain_attention(q, k, v, scale=24 ** -0.5, dtype=BY_NAME["float16"], causal=causal)
+    plain, _ = plain_attention(q, k, v, scale=24 ** -0.5, dtype=BY_NAME["float16"], causal=causal)
     assert plain.shape == out.shape and np.abs(plain - out).max() < 1e-2
 
 
