@@ -43,6 +43,11 @@ constexpr int kQInRegsBudget = 160;
 #ifndef FLASHKIT_HEAD_DIM_PADDED
 #define FLASHKIT_HEAD_DIM_PADDED 0   // the call's head dim is the class itself
 #endif
+#ifdef FLASHKIT_HEAD_DIM_V   // the runtime defines it only when v's head dim differs from q's and k's
+#define FLASHKIT_OWN_HEAD_DIM_V 1
+#else
+#define FLASHKIT_OWN_HEAD_DIM_V 0
+#endif
 #ifndef FLASHKIT_HEAD_DIM_V_PADDED
 #define FLASHKIT_HEAD_DIM_V_PADDED FLASHKIT_HEAD_DIM_PADDED   // V as Q and K unless the runtime says otherwise
 #endif
@@ -58,6 +63,8 @@ struct FwdTraits {
     enum : int { kHeadDimPadded = FLASHKIT_HEAD_DIM_PADDED != 0 };
     static constexpr int kHeadDimV = kHeadDimV_;   // V and O (the P V product, the epilogue)
     enum : int { kHeadDimVPadded = FLASHKIT_HEAD_DIM_V_PADDED != 0 };
+    // V's columns are Params::head_dim_v (else Params::head_dim: the same value, and the code of before).
+    enum : int { kOwnHeadDimV = FLASHKIT_OWN_HEAD_DIM_V };
     static constexpr int kBlockM = kBlockM_;
     static constexpr int kBlockN = kBlockN_;
     static constexpr int kWarps = kWarps_;

@@ -154,6 +154,9 @@ struct FwdMainloop {
         }
     }
 
+    // The call's columns of V and O: head_dim_v where v has a head dim of its own (traits.cuh).
+    __device__ __forceinline__ int v_cols() const { return Kt::kOwnHeadDimV ? p.head_dim_v : p.head_dim; }
+
     // Column (elements) of V's 16-wide step dp: Q's table where the rows are as wide.
     __device__ __forceinline__ int v_col(int dp) const {
         if constexpr (Kt::kVRowChunks == Kt::kRowChunks) {
@@ -174,7 +177,7 @@ struct FwdMainloop {
         const Element* gmem = base + batch * batch_stride + kv_head * head_stride + (k_row0 + n0) * row_stride;
         if constexpr (kIsV) {   // kBlockN x kHeadDimV
             load_tile_async<Kt::kBlockN, kDV, Kt::kThreads, Element, Kt::kHeadDimVPadded != 0>(
-                dst, gmem, row_stride, p.seqlen_k - n0, threadIdx.x, p.head_dim_v);
+                dst, gmem, row_stride, p.seqlen_k - n0, threadIdx.x, v_cols());
         } else {                // kBlockN x kHeadDim
             load_tile_async<Kt::kBlockN, kD, Kt::kThreads, Element, Kt::kHeadDimPadded != 0>(
                 dst, gmem, row_stride, p.seqlen_k - n0, threadIdx.x, p.head_dim);
@@ -253,7 +256,7 @@ __device__ __forceinline__ void fwd_block(const Params& p, const Mask& mask, int
     // The warp stages its kWarpRows x kHeadDimV slice of O inside its own rows of the Q tile.
     OutT* smem_warp = reinterpret_cast<OutT*>(smem_raw) + warp * Kt::kWarpRows * Kt::kHeadDim;
     store_output<EpilogueTraits<Kt, Kt::kHeadDimV>, Kt::kHeadDimVPadded != 0>(
-        loop.acc_o, lse, smem_warp, o_gmem, p.o_row_stride, lse_gmem, p.seqlen_q - warp_row0, lane, p.head_dim_v);
+        loop.acc_o, lse, smem_warp, o_gmem, p.o_row_stride, lse_gmem, p.seqlen_q - warp_row0, lane, loop.v_cols());
 }
 
 // A kernel's query block m_block of (head, batch): of batch `batch`, or with FLASHKIT_VARLEN of packed
