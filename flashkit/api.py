@@ -13,6 +13,7 @@ from .errors import CompileError, FallbackWarning, InputError
 from .features.mods import launch_fields as mod_launch_fields
 from .features.mods import mods_of
 from .registry import Request, Selection, discover_kernels, select_kernel
+from .registry.select import check_head_dim_v
 from .registry.manifest import KernelSpec
 from .runtime.build import build_module, make_config
 from .runtime.device import cupy_module, device_count, device_info
@@ -31,6 +32,9 @@ def attention(q: Any, k: Any, v: Any, *, causal: bool = False, softmax_scale: fl
               window_size: tuple[int, int] | None = None, softcap: float = 0.0, alibi_slopes: Any = None,
               attention_chunk: int = 0, mod: str | None = None, mod_args: dict | None = None):
     """softmax(scale * q k^T [masked]) v for (batch, seqlen, heads, head_dim) CUDA arrays.
+
+    v (and out) may have a head dim of its own, head_dim_v (DeepSeek's MLA: q, k 192, v 128); the output is
+    (batch, seqlen_q, heads, head_dim_v). The FA2 family (fa2, causal) runs it, for head_dim_v <= head_dim.
 
     window_size=(left, right), attention_chunk, softcap and alibi_slopes (float32 (heads,) or (batch, heads))
     follow flash-attn (flashkit.features.mods).
@@ -66,6 +70,7 @@ def attention(q: Any, k: Any, v: Any, *, causal: bool = False, softmax_scale: fl
         raise InputError(f"variant: expected a variant name (str), got {type(variant).__name__}")
     q_meta = describe(q, "q")
     problem = validate_inputs(q_meta, describe(k, "k"), describe(v, "v"), softmax_scale, prequantized)
+    check_head_dim_v(problem.head_dim, problem.head_dim_v, discover_kernels().specs)
     mods = mods_of(problem, causal, window_size=window_size, softcap=softcap, alibi_slopes=alibi_slopes,
                    attention_chunk=attention_chunk, device=q_meta.device)
     functor = None
@@ -128,7 +133,7 @@ def run(spec: KernelSpec, problem: Problem, causal: bool, io: LaunchInputs, bloc
         io = replace(io, q=q)
     cc = device_info().cc
     config = make_config(spec, problem.dtype, problem.head_dim, causal, cc, block_sparse, out_dtype, mods,
-                         functor.build_key if functor else None)
+                         functor.build_key if functor else None, problem.head_dim_v)
     if functor is None:
         prepared = prepare_launch(spec, build_module(spec, config, cc), config, problem, io, variable)
     else:
@@ -181,25 +186,31 @@ def _forward_key(q, k, v, out, causal, softmax_scale, variant, return_lse, block
 def request_for(problem: Problem, cc: tuple[int, int] | None = None, **flags: bool) -> Request:
     return Request(dtype=problem.dtype, head_dim=problem.head_dim, seqlen_q=problem.seqlen_q,
                    seqlen_k=problem.seqlen_k, heads=problem.heads, kv_heads=problem.kv_heads,
-                   batch=problem.batch, cc=cc, **flags)
+                   batch=problem.batch, cc=cc, head_dim_v=problem.head_dim_v, **flags)
 
 
 def explain(*, dtype: str = "bfloat16", head_dim: int = 128, seqlen_q: int = 1024, seqlen_k: int | None = None,
             heads: int = 16, kv_heads: int | None = None, batch: int = 1, causal: bool = False,
             block_sparse: bool = False, fp8: bool = False, lse: bool = False,
             cc: tuple[int, int] | None = None, variant: str | None = None, window: bool = False,
-            softcap: bool = False, alibi: bool = False, varlen: bool = False) -> Selection:
+            softcap: bool = False, alibi: bool = False, varlen: bool = False,
+            head_dim_v: int | None = None) -> Selection:
     """Which kernel a request would run, and why every other was rejected; launches nothing."""
     dt = dtype_by_name(dtype)
     req = Request(dtype=dt.name, head_dim=head_dim, seqlen_q=seqlen_q, seqlen_k=seqlen_k or seqlen_q,
                   heads=heads, kv_heads=kv_heads or heads, batch=batch, causal=causal,
                   block_sparse=block_sparse, fp8=fp8 or dt is FLOAT8_E4M3, lse=lse, cc=cc, window=window,
-                  softcap=softcap, alibi=alibi, varlen=varlen)
+                  softcap=softcap, alibi=alibi, varlen=varlen, head_dim_v=head_dim_v)
     sel = select_kernel(req, discover_kernels().specs, variant)
     compiled = sel.chosen.head_dims.class_of(head_dim)
     if compiled != head_dim:
         sel.notes.append(f"head_dim={head_dim} runs as head-dim class {compiled} (columns {head_dim}..{compiled - 1} "
                          "zero-filled, not stored)")
+    if req.split_head_dim:
+        compiled_v = sel.chosen.head_dims.class_of(head_dim_v)
+        sel.notes.append(f"head_dim_v={head_dim_v}: v and the output run as head-dim class {compiled_v} under "
+                         f"q / k's {compiled}" + (f" (columns {head_dim_v}..{compiled_v - 1} zero-filled, not stored)"
+                                                  if compiled_v != head_dim_v else ""))
     if "kv_splits" in sel.chosen.grids:   # the split-KV path: how many key chunks on this device
         from .runtime.kv_split import split_note
         info = device_info() if device_count() else None
@@ -225,8 +236,8 @@ def _output_dtype(problem: Problem, fp8: bool, out_dtype: str | None) -> str:
 
 
 def _output(out: Any, problem: Problem, dtype: str, cupy, shape: tuple[int, ...] | None = None):
-    """The caller's `out` checked (shape: (batch, seqlen_q, heads, head_dim) unless given), or a new array."""
-    shape = shape or (problem.batch, problem.seqlen_q, problem.heads, problem.head_dim)
+    """The caller's `out` checked (shape: (batch, seqlen_q, heads, head_dim_v) unless given), or a new array."""
+    shape = shape or (problem.batch, problem.seqlen_q, problem.heads, problem.head_dim_v)
     storage = BY_NAME[dtype].storage
     if out is None:
         return cupy.empty(shape, dtype=storage)

@@ -7,7 +7,7 @@ from typing import Any
 from .api import _aligned, request_for
 from .call.arrays import ArrayMeta, describe, to_cupy
 from .call.dtypes import BY_NAME
-from .errors import InputError
+from .errors import InputError, UnsupportedError
 from .registry import discover_kernels, select_kernel
 from .runtime.build import build_module, make_config
 from .runtime.device import cupy_module, device_info
@@ -32,6 +32,7 @@ def attention_backward(dout: Any, q: Any, k: Any, v: Any, out: Any, lse: Any, *,
         raise InputError(f"variant: expected a variant name (str), got {type(variant).__name__}")
     q_meta = describe(q, "q")
     problem = validate_inputs(q_meta, describe(k, "k"), describe(v, "v"), softmax_scale)
+    check_same_head_dims(problem)
     for x, name in ((dout, "dout"), (out, "out")):
         _check_like_q(describe(x, name), q_meta)
     _check_lse(describe(lse, "lse"), problem, q_meta)
@@ -55,6 +56,19 @@ def attention_backward(dout: Any, q: Any, k: Any, v: Any, out: Any, lse: Any, *,
     launch(spec, build_module(spec, config, cc), config, problem,
            LaunchInputs(qc, kc, vc, oc, lsec, extras={"bwd": bwd}))
     return dq, dk, dv
+
+
+def check_same_head_dims(p: Problem) -> None:
+    """The backward kernels take v of q's and k's head dim: head_dim_v != head_dim (MLA) is forward only."""
+    if p.head_dim_v != p.head_dim:
+        raise head_dim_v_unsupported(p.head_dim, p.head_dim_v)
+
+
+def head_dim_v_unsupported(head_dim: int, head_dim_v: int) -> UnsupportedError:
+    """The one-line refusal of a gradient through head_dim_v != head_dim (the adapters raise it before the forward)."""
+    return UnsupportedError(f"v: head_dim_v={head_dim_v} differs from q's and k's head_dim={head_dim}, which "
+                            "attention_backward does not support (head_dim_v != head_dim is forward only); run the "
+                            "forward under torch.no_grad() or flashkit.attention")
 
 
 def _check_like_q(m: ArrayMeta, q: ArrayMeta) -> None:

@@ -15,6 +15,7 @@ import torch
 
 from .api import attention as _attention
 from .backward import attention_backward as _attention_backward
+from .backward import head_dim_v_unsupported
 
 
 @contextlib.contextmanager
@@ -48,7 +49,7 @@ def attention_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: boo
 @attention_fwd.register_fake
 def _attention_fwd_fake(q, k, v, causal, softmax_scale, deterministic):
     b, sq, h, _ = q.shape
-    return torch.empty_like(q, memory_format=torch.contiguous_format), q.new_empty((b, h, sq), dtype=torch.float32)
+    return q.new_empty((b, sq, h, v.shape[-1])), q.new_empty((b, h, sq), dtype=torch.float32)   # out: v's head dim
 
 
 @torch.library.custom_op("flashkit::attention_bwd", mutates_args=(), device_types="cuda")
@@ -87,8 +88,17 @@ attention_fwd.register_autograd(_backward, setup_context=_setup_context)
 
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool = False,
               softmax_scale: float | None = None, deterministic: bool = False) -> torch.Tensor:
-    """softmax(scale q k^T [causal]) v for (batch, seqlen, heads, head_dim) CUDA tensors; differentiable."""
+    """softmax(scale q k^T [causal]) v for (batch, seqlen, heads, head_dim) CUDA tensors; differentiable.
+
+    v may have a head dim of its own (head_dim_v, forward only: a call that needs a gradient raises)."""
+    check_gradient_head_dims(q, k, v)
     return attention_fwd(q, k, v, causal, softmax_scale, deterministic)[0]
+
+
+def check_gradient_head_dims(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+    """UnsupportedError before the forward when a gradient would have to flow through head_dim_v != head_dim."""
+    if v.shape[-1] != q.shape[-1] and torch.is_grad_enabled() and any(x.requires_grad for x in (q, k, v)):
+        raise head_dim_v_unsupported(q.shape[-1], v.shape[-1])
 
 
 __all__ = ["attention", "attention_fwd", "attention_bwd"]

@@ -16,6 +16,7 @@ from .features.mods import launch_fields as mod_launch_fields
 from .features.mods import mods_of
 from .features.varlen import check_values, kernel_fields, validate_varlen
 from .registry import discover_kernels, select_kernel
+from .registry.select import check_head_dim_v
 from .runtime.device import cupy_module, device_info
 from .runtime.launch import LaunchInputs
 
@@ -34,6 +35,9 @@ def attention_varlen(q: Any, k: Any, v: Any, cu_seqlens_q: Any, cu_seqlens_k: An
     attention_chunk; softcap and alibi_slopes as in flashkit.attention. check_indices=False skips the check of
     the offsets' values (one synchronizing read of 2 (batch + 1) ints).
 
+    v may have a head dim of its own (head_dim_v <= D, as in flashkit.attention); out is then (total_q, heads,
+    head_dim_v).
+
     Returns out (total_q, heads, D) (and the float32 LSE, (heads, total_q), with return_lse=True).
     """
     causal, return_lse = check_flag(causal, "causal"), check_flag(return_lse, "return_lse")
@@ -44,6 +48,7 @@ def attention_varlen(q: Any, k: Any, v: Any, cu_seqlens_q: Any, cu_seqlens_k: An
     call = validate_varlen(q_meta, describe(k, "k"), describe(v, "v"), describe(cu_seqlens_q, "cu_seqlens_q"),
                            describe(cu_seqlens_k, "cu_seqlens_k"), max_seqlen_q, max_seqlen_k, softmax_scale)
     problem = call.problem
+    check_head_dim_v(problem.head_dim, problem.head_dim_v, discover_kernels().specs)
     mods = mods_of(problem, causal, window_size=window_size, softcap=softcap, alibi_slopes=alibi_slopes,
                    attention_chunk=attention_chunk, device=q_meta.device)
     req = request_for(problem, causal=causal, lse=return_lse, varlen=True, cc=device_info().cc,
@@ -54,7 +59,7 @@ def attention_varlen(q: Any, k: Any, v: Any, cu_seqlens_q: Any, cu_seqlens_k: An
     cu_q, cu_k = to_cupy(cu_seqlens_q, "cu_seqlens_q"), to_cupy(cu_seqlens_k, "cu_seqlens_k")
     if check_indices:
         check_values(call, cu_q, cu_k)
-    out_arr = _output(out, problem, problem.dtype, cupy, (call.total_q, problem.heads, problem.head_dim))
+    out_arr = _output(out, problem, problem.dtype, cupy, (call.total_q, problem.heads, problem.head_dim_v))
     lse = cupy.empty((problem.heads, call.total_q), dtype=cupy.float32) if return_lse else None
     if call.total_q == 0 or call.total_k == 0 or problem.seqlen_q == 0:   # nothing to attend: O = 0, LSE = -inf
         out_arr.fill(0)

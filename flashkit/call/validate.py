@@ -27,6 +27,11 @@ class Problem:
     head_dim: int
     dtype: str
     softmax_scale: float
+    head_dim_v: int = 0   # of v and the output (MLA: 128 under q / k's 192); 0 given: head_dim
+
+    def __post_init__(self):
+        if not self.head_dim_v:
+            object.__setattr__(self, "head_dim_v", self.head_dim)
 
 
 def check_on_gpu(m: ArrayMeta) -> None:
@@ -73,8 +78,9 @@ def validate_inputs(q: ArrayMeta, k: ArrayMeta, v: ArrayMeta, softmax_scale: flo
     if len(devices) > 1:
         raise InputError(f"q, k, v: must be on one device, got devices {sorted(devices)}")
     b, sq, h, d = q.shape
-    if k.shape != v.shape:
-        raise InputError(f"v: expected the shape of k {k.shape}, got {v.shape}")
+    if k.shape[:3] != v.shape[:3]:   # v's head dim (head_dim_v) may differ from k's: the kernels say which
+        raise InputError(f"v: expected the shape of k {k.shape} (its last dim, head_dim_v, may differ), "
+                         f"got {v.shape}")
     if k.shape[0] != b:
         raise InputError(f"k: batch must match q's ({b}), got {k.shape[0]}")
     if k.shape[3] != d:
@@ -83,7 +89,7 @@ def validate_inputs(q: ArrayMeta, k: ArrayMeta, v: ArrayMeta, softmax_scale: flo
     if h % hk:
         raise InputError(f"k: kv heads ({hk}) must divide q's heads ({h})")
     dtype = FLOAT8_E4M3.name if prequantized else dtype_of_storage(q.dtype).name
-    return Problem(b, sq, k.shape[1], h, hk, d, dtype, check_scale(softmax_scale, d))
+    return Problem(b, sq, k.shape[1], h, hk, d, dtype, check_scale(softmax_scale, d), v.shape[3])
 
 
 def check_scale(softmax_scale: float | None, head_dim: int) -> float:

@@ -12,6 +12,8 @@ from .common import device_cc_or_none, emit_json, one_line_errors, parse_arch
 @click.command("explain")
 @click.option("--dtype", default="bfloat16", show_default=True)
 @click.option("--head-dim", type=int, default=128, show_default=True)
+@click.option("--head-dim-v", type=int, default=None, help="v's head dim (MLA: 128 under --head-dim 192); "
+              "defaults to --head-dim.")
 @click.option("--seqlen-q", type=int, default=1024, show_default=True)
 @click.option("--seqlen-k", type=int, default=None, help="Defaults to --seqlen-q.")
 @click.option("--heads", type=int, default=16, show_default=True)
@@ -29,14 +31,14 @@ from .common import device_cc_or_none, emit_json, one_line_errors, parse_arch
 @click.option("--variant", default=None, help="Explain forcing this variant.")
 @click.option("--json", "as_json", is_flag=True)
 @one_line_errors
-def command(dtype, head_dim, seqlen_q, seqlen_k, heads, kv_heads, batch, causal, block_sparse, fp8, lse, window,
+def command(dtype, head_dim, head_dim_v, seqlen_q, seqlen_k, heads, kv_heads, batch, causal, block_sparse, fp8, lse, window,
             softcap, alibi, varlen, arch, variant, as_json) -> None:
     """Explain kernel selection for a request, without running anything."""
     cc = parse_arch(arch) if arch else device_cc_or_none()
     kwargs = dict(dtype=dtype, head_dim=head_dim, seqlen_q=seqlen_q, seqlen_k=seqlen_k, heads=heads,
                   kv_heads=kv_heads, batch=batch, causal=causal, block_sparse=block_sparse, fp8=fp8, lse=lse,
                   cc=cc, variant=variant, window=window, softcap=softcap, alibi=alibi,
-                  varlen=varlen)
+                  varlen=varlen, head_dim_v=head_dim_v)
     try:
         sel = api.explain(**kwargs)
     except UnsupportedError as e:

@@ -50,7 +50,8 @@ def dense(q: Any, k: Any, v: Any, *, causal: bool, softmax_scale: float | None, 
                                "cannot use it; run it under torch.no_grad() for inference")
     if not mods:   # the custom op: differentiable, and traceable under torch.compile
         import torch
-        from .. import torch as _registers_ops  # noqa: F401 (defines torch.ops.flashkit.*)
+        from .. import torch as fk_torch   # defines torch.ops.flashkit.*
+        fk_torch.check_gradient_head_dims(q, k, v)
         out, lse = torch.ops.flashkit.attention_fwd(q, k, v, causal, softmax_scale, deterministic)
         return (out, lse) if return_lse else out
     return _torch_call(attention, (q, k, v), causal=causal, softmax_scale=softmax_scale, return_lse=return_lse,

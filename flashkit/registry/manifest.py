@@ -16,7 +16,8 @@ MANIFEST_RE = re.compile(r"\A\s*/\*---\s*\n(.*?)\n\s*---\*/", re.S)
 NAME_RE = re.compile(r"^[a-z][a-z0-9_]*$")
 SYMBOL_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 FEATURES = ("causal", "block_sparse", "fp8", "backward", "lse", "gqa", "window", "softcap", "alibi", "kv_cache",
-            "varlen", "score_mod", "mask_mod")   # score_mod / mask_mod: builds a drop-in functor in (functor.cuh)
+            "varlen", "score_mod", "mask_mod",   # score_mod / mask_mod: builds a drop-in functor in (functor.cuh)
+            "head_dim_v")   # v / o of a head dim below q / k's, of the variant's head dims (FLASHKIT_HEAD_DIM_V)
 # Launch parameters that are switches (0 or 1) rather than positive sizes; like the others they reach the
 # kernel as FLASHKIT_<NAME> defines. persistent: the `tiles` grid runs one CTA an SM over every tile.
 LAUNCH_FLAGS = ("persistent",)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ..errors import UnsupportedError
+from ..errors import InputError, UnsupportedError
 from ..runtime.tma import binding_missing
 from .manifest import FEATURES, KernelSpec
 
@@ -33,6 +33,16 @@ class Request:
     varlen: bool = False     # attention_varlen: packed sequences of different lengths (cu_seqlens)
     score_mod: bool = False  # a drop-in functor's score_mod / mask_mod (attention(..., mod=...))
     mask_mod: bool = False
+    head_dim_v: int | None = None   # v's and the output's head dim; None (head_dim given too: stored as None): head_dim
+
+    def __post_init__(self):
+        if self.head_dim_v == self.head_dim:   # one spelling of "v's head dim is q's": equal requests compare equal
+            object.__setattr__(self, "head_dim_v", None)
+
+    @property
+    def split_head_dim(self) -> bool:
+        """v's head dim differs from q's and k's (the manifest feature head_dim_v)."""
+        return self.head_dim_v not in (None, self.head_dim)
 
     def summary(self) -> str:
         flags = [f for f in ("causal", "block_sparse", "fp8", "backward", "lse", "window", "softcap", "alibi",
@@ -40,7 +50,8 @@ class Request:
                  if getattr(self, f)]
         arch = f"sm_{self.cc[0]}{self.cc[1]}" if self.cc else "no device"
         gqa = f" kv_heads={self.kv_heads}" if self.kv_heads != self.heads else ""
-        return (f"dtype={self.dtype} head_dim={self.head_dim} batch={self.batch} heads={self.heads}{gqa} "
+        dv = f" head_dim_v={self.head_dim_v}" if self.split_head_dim else ""
+        return (f"dtype={self.dtype} head_dim={self.head_dim}{dv} batch={self.batch} heads={self.heads}{gqa} "
                 f"seqlen_q={self.seqlen_q} seqlen_k={self.seqlen_k}"
                 + (" " + " ".join(flags) if flags else "") + f" on {arch}")
 
@@ -52,12 +63,14 @@ FEATURE_WORDS = {
     "kv_cache": "KV caches (cache_seqlens, block_table)",
     "varlen": "variable-length batches (cu_seqlens)",
     "score_mod": "drop-in score_mod functors", "mask_mod": "drop-in mask_mod functors",
+    "head_dim_v": "head_dim_v != head_dim (v's head dim differing from q's and k's)",
 }
 
 
 def asked_features(req: Request) -> dict[str, bool]:
     """Every manifest feature (FEATURES), on or off in this request."""
-    return {f: req.kv_heads != req.heads if f == "gqa" else getattr(req, f) for f in FEATURES}
+    derived = {"gqa": req.kv_heads != req.heads, "head_dim_v": req.split_head_dim}
+    return {f: derived[f] if f in derived else getattr(req, f) for f in FEATURES}
 
 
 def reasons(spec: KernelSpec, req: Request) -> list[str]:
@@ -77,6 +90,8 @@ def reasons(spec: KernelSpec, req: Request) -> list[str]:
     for feat, wanted in asked.items():
         if wanted and not spec.supports(feat):
             out.append(f"{FEATURE_WORDS[feat]} not supported")
+    if asked["head_dim_v"] and spec.supports("head_dim_v"):
+        out += head_dim_v_reasons(spec, req)
     if spec.supports("backward") and not req.backward and "backward" not in spec.requires:
         out.append("a backward kernel: serves attention_backward only")
     out += limit_reasons(spec, req)
@@ -87,6 +102,29 @@ def reasons(spec: KernelSpec, req: Request) -> list[str]:
             state = "with" if needed else "without"
             out.append(f"only runs {state} {FEATURE_WORDS[feat]} ({feat}={needed})")
     return out
+
+
+def head_dim_v_reasons(spec: KernelSpec, req: Request) -> list[str]:
+    """A variant declaring head_dim_v takes v head dims among its head dims, at most head_dim (O is staged where Q
+    was; include/flashkit/traits.cuh)."""
+    dv, d = req.head_dim_v, req.head_dim
+    if dv in spec.head_dims and dv <= d:
+        return []
+    return [(f"head_dim_v={dv} not supported with head_dim={d}: supported head_dim_v <= head_dim, "
+             f"{spec.head_dims.describe()}")]
+
+
+def check_head_dim_v(head_dim: int, head_dim_v: int, specs: dict[str, KernelSpec]) -> None:
+    """InputError (before any device is asked) when no variant takes v of head_dim_v under q / k of head_dim."""
+    if head_dim_v == head_dim:
+        return
+    takers = [s for _, s in sorted(specs.items()) if s.supports("head_dim_v")]
+    if any(head_dim in s.head_dims and not head_dim_v_reasons(s, Request(s.dtypes[0], head_dim, head_dim_v=head_dim_v))
+           for s in takers):
+        return
+    rule = "; ".join(f"{s.name} takes head_dim_v <= head_dim, {s.head_dims.describe()}" for s in takers)
+    raise InputError(f"v: head_dim_v={head_dim_v} (v's last dim) with head_dim={head_dim} is not supported by any "
+                     f"kernel ({rule or 'no variant declares head_dim_v'})")
 
 
 def limit_reasons(spec: KernelSpec, req: Request) -> list[str]:

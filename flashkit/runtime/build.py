@@ -34,6 +34,8 @@ class BuildConfig:
     mods: tuple[str, ...] = ()   # built-in modifications compiled in: window, softcap, alibi (features/mods.py)
     functor: str | None = None   # a drop-in functor built in, "<path>@<sha256 of its text>" (features/functors.py)
     head_dim_padded: bool = False   # the call's head dim (Params.head_dim) is below head_dim
+    head_dim_v: int | None = None   # the compiled head dim of v and o (its class) where it differs from q / k's
+    head_dim_v_padded: bool = False   # the call's head_dim_v (Params.head_dim_v) is below head_dim_v
 
     @property
     def launch_dict(self) -> dict[str, int]:
@@ -47,6 +49,9 @@ class BuildConfig:
                  f"-DFLASHKIT_CAUSAL={int(self.causal)}",
                  f"-DFLASHKIT_BLOCK_SPARSE={int(self.block_sparse)}"]
         flags += ["-DFLASHKIT_HEAD_DIM_PADDED=1"] if self.head_dim_padded else []
+        if self.head_dim_v is not None:   # traits.cuh: V and O of their own class (default: Q / K's)
+            flags += [f"-DFLASHKIT_HEAD_DIM_V={self.head_dim_v}",
+                      f"-DFLASHKIT_HEAD_DIM_V_PADDED={int(self.head_dim_v_padded)}"]
         flags += [f"-DFLASHKIT_{m.upper()}=1" for m in self.mods]
         if self.functor:   # functor.cuh includes the file; its hash keys the cubin cache
             path, digest = self.functor.rsplit("@", 1)
@@ -55,7 +60,10 @@ class BuildConfig:
 
     def describe(self) -> str:
         parts = [self.dtype] + ([f"-> {self.out_dtype}"] if self.out_dtype not in (None, self.dtype) else [])
-        parts += [f"hd{self.head_dim}" + (" padded" if self.head_dim_padded else "")] + (["causal"] if self.causal else [])
+        parts += [f"hd{self.head_dim}" + (" padded" if self.head_dim_padded else "")]
+        if self.head_dim_v is not None:
+            parts += [f"hdv{self.head_dim_v}" + (" padded" if self.head_dim_v_padded else "")]
+        parts += ["causal"] if self.causal else []
         parts += (["block_sparse"] if self.block_sparse else []) + list(self.mods)
         parts += [f"functor={Path(self.functor.rsplit('@', 1)[0]).stem}"] if self.functor else []
         parts += [f"{k}={v}" for k, v in self.launch]
@@ -64,12 +72,15 @@ class BuildConfig:
 
 def make_config(spec: KernelSpec, dtype: str, head_dim: int, causal: bool, cc: tuple[int, int] | None,
                 block_sparse: bool = False, out_dtype: str | None = None, mods: tuple[str, ...] = (),
-                functor: str | None = None) -> BuildConfig:
-    """The specialization of a call of head dim `head_dim`: compiled for its class, padded when below it."""
+                functor: str | None = None, head_dim_v: int | None = None) -> BuildConfig:
+    """The specialization of a call of head dim `head_dim`: compiled for its class, padded when below it; with a
+    head_dim_v other than head_dim (v and o narrower than q and k), V and O compiled for head_dim_v's class."""
     launch = spec.launch_config(cc, head_dim, tuple(mods))
     compiled = spec.head_dims.class_of(head_dim)
+    v_class = None if head_dim_v in (None, head_dim) else spec.head_dims.class_of(head_dim_v)
     return BuildConfig(dtype, compiled, causal, tuple(sorted(launch.items())), out_dtype, block_sparse, tuple(mods),
-                       functor, head_dim_padded=compiled != head_dim)
+                       functor, head_dim_padded=compiled != head_dim, head_dim_v=v_class,
+                       head_dim_v_padded=v_class is not None and v_class != head_dim_v)
 
 
 @lru_cache(maxsize=None)

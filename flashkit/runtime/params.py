@@ -49,13 +49,14 @@ MODS_DTYPE = np.dtype([(n, np.uint64) for n in MODS_POINTERS] + [(n, np.int64) f
 VARLEN_POINTERS = ("cu_seqlens_q", "cu_seqlens_k")
 VARLEN_DTYPE = np.dtype([(n, np.uint64) for n in VARLEN_POINTERS], align=True)
 LSE_STRIDES = ("lse_batch_stride", "lse_head_stride")
+# Then the head dim of v and o (head_dim_v: MLA's 128 under 192), after every earlier field.
 
 # align=True lays the fields out as a C compiler does (natural alignment, padded to 8).
 PARAMS_DTYPE = np.dtype(
     [(n, np.uint64) for n in POINTERS] + [(n, np.int64) for n in STRIDES]
     + [(n, np.int32) for n in INTS] + [(n, np.float32) for n in FLOATS] + [("bwd", BWD_DTYPE)]
     + [("cache", CACHE_DTYPE)] + [("mods", MODS_DTYPE)] + [("varlen", VARLEN_DTYPE)]
-    + [(n, np.int64) for n in LSE_STRIDES], align=True)
+    + [(n, np.int64) for n in LSE_STRIDES] + [("head_dim_v", np.int32)], align=True)
 
 
 def flat_fields(dtype: np.dtype = PARAMS_DTYPE, prefix: str = "", base: int = 0):

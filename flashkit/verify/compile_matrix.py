@@ -11,6 +11,9 @@ from ..registry.manifest import KernelSpec
 from ..runtime.build import BuildConfig, compile_variant, make_config, store_cubin
 
 MODS = ("window", "softcap", "alibi")   # built-in modifications (features/mods.py), compiled together
+# (head_dim, head_dim_v) compiled for variants declaring head_dim_v: MLA's 192 / 128 (with each modification set),
+# and both head dims padded below their classes.
+HEAD_DIM_V_PAIRS = ((192, 128), (200, 136))
 
 
 def spec_configs(spec: KernelSpec, cc: tuple[int, int], dtypes=None, head_dims=None) -> list[BuildConfig]:
@@ -20,7 +23,8 @@ def spec_configs(spec: KernelSpec, cc: tuple[int, int], dtypes=None, head_dims=N
 
     A head dim below its class (a padded compile: the class's code plus column predicates) is compiled for the
     variant's first dtype only, unless dtypes are named: the dtypes differ in no register or shared-memory figure;
-    and without varlen (the packed-sequence offsets and the column predicates touch different code).
+    and without varlen (the packed-sequence offsets and the column predicates touch different code). A variant
+    declaring head_dim_v also compiles HEAD_DIM_V_PAIRS (whose head_dim was named, if any), in the same way.
     """
     causal_opts = spec.causal_options()
     sparse = spec.requires.get("block_sparse", False)
@@ -40,7 +44,23 @@ def spec_configs(spec: KernelSpec, cc: tuple[int, int], dtypes=None, head_dims=N
                 for od in out_dtypes:
                     out += [make_config(spec, dt, hd, c, cc, sparse, od, m) for m in mod_sets
                             if "varlen" not in m or spec.head_dims.class_of(hd) == hd]
+    if spec.supports("head_dim_v"):
+        out += head_dim_v_configs(spec, cc, causal_opts, mod_sets, dtypes, head_dims)
     return list(dict.fromkeys(out))   # head dims of one class and padding share a specialization
+
+
+def head_dim_v_configs(spec: KernelSpec, cc: tuple[int, int], causal_opts, mod_sets, dtypes=None,
+                       head_dims=None) -> list[BuildConfig]:
+    """HEAD_DIM_V_PAIRS' specializations: each causal option and modification set (varlen at class head dims)."""
+    out = []
+    for dt in [d for d in spec.dtypes if d in dtypes] if dtypes else spec.dtypes[:1]:
+        for hd, hdv in HEAD_DIM_V_PAIRS:
+            if (head_dims and hd not in head_dims) or hd not in spec.head_dims or hdv not in spec.head_dims:
+                continue
+            exact = spec.head_dims.class_of(hd) == hd
+            out += [make_config(spec, dt, hd, c, cc, False, None, m, head_dim_v=hdv)
+                    for c in causal_opts for m in mod_sets if "varlen" not in m or exact]
+    return out
 
 
 def plan_compiles(variants, ccs, dtypes=None, head_dims=None):

@@ -7,19 +7,22 @@ import itertools
 from ..call.dtypes import BY_NAME
 from ..registry.manifest import KernelSpec
 from ..runtime.device import cupy_module
-from .harness import DENSE, QUICK_SHAPES, SHAPES, Check, CheckResult, Shape, judge, random_qkv, register_family
+from .harness import (DENSE, QUICK_SHAPES, SHAPES, Check, CheckResult, Shape, head_dims_label, judge, random_qkv,
+                      register_family)
 from .reference import output_atol, plain_attention, reference_attention
 
 
-def dense_check(spec: KernelSpec, shape: Shape, head_dim: int, dtype: str, causal: bool) -> Check:
-    """One dense run against the float64 reference, bounded by the plain same-precision implementation."""
-    label = f"{shape.label()} d{head_dim} {dtype}" + (" causal" if causal else "")
+def dense_check(spec: KernelSpec, shape: Shape, head_dim: int, dtype: str, causal: bool,
+                head_dim_v: int | None = None) -> Check:
+    """One dense run against the float64 reference, bounded by the plain same-precision implementation (v of
+    head_dim_v columns where given)."""
+    label = f"{shape.label()} {head_dims_label(head_dim, head_dim_v)} {dtype}" + (" causal" if causal else "")
 
     def run(seed: int) -> CheckResult:
         from ..api import attention
         xp = cupy_module()
-        q, k, v = random_qkv(shape, head_dim, dtype, seed)
-        out = xp.full(q.shape, xp.nan, dtype=q.dtype)   # poisoned: an unwritten element stays NaN
+        q, k, v = random_qkv(shape, head_dim, dtype, seed, head_dim_v)
+        out = xp.full(q.shape[:3] + v.shape[3:], xp.nan, dtype=q.dtype)   # poisoned: an unwritten element stays NaN
         want_lse = spec.supports("lse")
         result = attention(q, k, v, causal=causal, variant=spec.name, return_lse=want_lse, out=out)
         out, lse = result if want_lse else (result, None)

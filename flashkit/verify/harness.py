@@ -95,15 +95,20 @@ def judge(variant: str, label: str, out, ref, plain, atol: float, lse=None, lse_
     return CheckResult(variant, label, err, bound, lse_err, lse_bound, passed, note)
 
 
-def random_qkv(shape: Shape, head_dim: int, dtype: str, seed: int):
-    """Fresh N(0, 1) inputs in the given dtype (never zeros)."""
+def random_qkv(shape: Shape, head_dim: int, dtype: str, seed: int, head_dim_v: int | None = None):
+    """Fresh N(0, 1) inputs in the given dtype (never zeros); v of head_dim_v columns where given."""
     xp = cupy_module()
     rng = xp.random.default_rng(seed)
     storage = BY_NAME[dtype].storage
     q = rng.standard_normal((shape.batch, shape.seqlen_q, shape.heads, head_dim), dtype=xp.float32)
     k = rng.standard_normal((shape.batch, shape.seqlen_k, shape.kv_heads, head_dim), dtype=xp.float32)
-    v = rng.standard_normal((shape.batch, shape.seqlen_k, shape.kv_heads, head_dim), dtype=xp.float32)
+    v = rng.standard_normal((shape.batch, shape.seqlen_k, shape.kv_heads, head_dim_v or head_dim), dtype=xp.float32)
     return q.astype(storage), k.astype(storage), v.astype(storage)
+
+
+def head_dims_label(head_dim: int, head_dim_v: int | None = None) -> str:
+    """'d128', or 'd192/v128' where v's head dim differs."""
+    return f"d{head_dim}" + (f"/v{head_dim_v}" if head_dim_v not in (None, head_dim) else "")
 
 
 # (spec, dtypes, head_dims, causal options, quick) -> the family's checks of one variant

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from ..call.dtypes import BY_NAME
 from ..registry.manifest import KernelSpec
 from ..runtime.device import cupy_module
-from .harness import SHAPES, Check, CheckResult, Shape, judge, random_qkv, register_extension
+from .harness import SHAPES, Check, CheckResult, Shape, head_dims_label, judge, random_qkv, register_extension
 from .reference import local_mask, output_atol, plain_attention, reference_attention
 
 ALIBI_BASE = 8.0   # the ALiBi paper's slopes: 2^(-8 (h + 1) / heads)
@@ -63,16 +63,17 @@ def alibi_slopes(case: ModCase, shape: Shape, seed: int, xp):
     return slopes[0] if case.alibi == "heads" else slopes
 
 
-def mod_check(spec: KernelSpec, shape: Shape, head_dim: int, dtype: str, case: ModCase) -> Check:
-    """One modified run against the float64 reference with the same modification."""
-    label = f"{shape.label()} d{head_dim} {dtype} {case.name}"
+def mod_check(spec: KernelSpec, shape: Shape, head_dim: int, dtype: str, case: ModCase,
+              head_dim_v: int | None = None) -> Check:
+    """One modified run against the float64 reference with the same modification (v of head_dim_v columns)."""
+    label = f"{shape.label()} {head_dims_label(head_dim, head_dim_v)} {dtype} {case.name}"
 
     def run(seed: int) -> CheckResult:
         from ..api import attention
         xp = cupy_module()
-        q, k, v = random_qkv(shape, head_dim, dtype, seed)
+        q, k, v = random_qkv(shape, head_dim, dtype, seed, head_dim_v)
         slopes = alibi_slopes(case, shape, seed, xp) if case.alibi else None
-        out = xp.full(q.shape, xp.nan, dtype=q.dtype)   # poisoned: an unwritten element stays NaN
+        out = xp.full(q.shape[:3] + v.shape[3:], xp.nan, dtype=q.dtype)   # poisoned: an unwritten element stays NaN
         want_lse = spec.supports("lse")
         result = attention(q, k, v, causal=case.causal, variant=spec.name, return_lse=want_lse, out=out,
                            window_size=case.window, softcap=case.softcap, alibi_slopes=slopes,

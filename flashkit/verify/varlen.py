@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from ..call.dtypes import BY_NAME
 from ..registry.manifest import KernelSpec
 from ..runtime.device import cupy_module
-from .harness import Check, CheckResult, judge, register_extension
+from .harness import Check, CheckResult, head_dims_label, judge, register_extension
 from .reference import local_mask, output_atol, plain_attention, reference_attention
 
 
@@ -52,8 +52,9 @@ def _offsets(lens, xp):
     return xp.asarray([0] + list(itertools.accumulate(lens)), dtype=xp.int32)
 
 
-def varlen_check(spec: KernelSpec, case: VarlenCase, head_dim: int, dtype: str, causal: bool) -> Check:
-    label = f"{case.label()} d{head_dim} {dtype}" + (" causal" if causal else "")
+def varlen_check(spec: KernelSpec, case: VarlenCase, head_dim: int, dtype: str, causal: bool,
+                 head_dim_v: int | None = None) -> Check:
+    label = f"{case.label()} {head_dims_label(head_dim, head_dim_v)} {dtype}" + (" causal" if causal else "")
 
     def run(seed: int) -> CheckResult:
         from ..varlen import attention_varlen
@@ -62,11 +63,11 @@ def varlen_check(spec: KernelSpec, case: VarlenCase, head_dim: int, dtype: str, 
         storage = BY_NAME[dtype].storage
         tq, tk = sum(case.lens_q), sum(case.keys)
         q = rng.standard_normal((tq, case.heads, head_dim), dtype=xp.float32).astype(storage)
-        k, v = (rng.standard_normal((tk, case.kv_heads, head_dim), dtype=xp.float32).astype(storage)
-                for _ in range(2))
+        k, v = (rng.standard_normal((tk, case.kv_heads, d), dtype=xp.float32).astype(storage)
+                for d in (head_dim, head_dim_v or head_dim))
         slopes = (0.5 * rng.random((len(case.lens_q), case.heads))).astype(xp.float32) if case.alibi else None
         cu_q, cu_k = _offsets(case.lens_q, xp), _offsets(case.keys, xp)
-        out = xp.full(q.shape, xp.nan, dtype=q.dtype)   # poisoned: an unwritten element stays NaN
+        out = xp.full(q.shape[:2] + v.shape[2:], xp.nan, dtype=q.dtype)   # poisoned: unwritten stays NaN
         out, lse = attention_varlen(q, k, v, cu_q, cu_k, max(case.lens_q), max(case.keys), causal=causal,
                                     return_lse=True, out=out, variant=spec.name, window_size=case.window,
                                     alibi_slopes=slopes)

@@ -9,14 +9,15 @@
 namespace flashkit {
 
 // What store_output reads of a kernel whose input type differs from its 16-bit output (fp8,
-// or any kernel staging O where its inputs were): store_output<EpilogueTraits<Kt>>.
-template <class Kt>
+// or any kernel staging O where its inputs were): store_output<EpilogueTraits<Kt>>. kOutDim is the
+// width of O (the FA2 family's Kt::kHeadDimV, which may be below the Q / K head dim).
+template <class Kt, int kOutDim = Kt::kHeadDim>
 struct EpilogueTraits {
     typedef typename Kt::OutT Element;
     typedef typename Kt::OutT OutT;
     static constexpr int kMTiles = Kt::kMTiles;
-    static constexpr int kDTiles = Kt::kDTiles;
-    static constexpr int kHeadDim = Kt::kHeadDim;
+    static constexpr int kDTiles = kOutDim == Kt::kHeadDim ? Kt::kDTiles : kOutDim / kMmaN;
+    static constexpr int kHeadDim = kOutDim;
     static constexpr int kWarpRows = Kt::kWarpRows;
 };
 

@@ -120,6 +120,9 @@ struct Params {
     // The LSE of (batch, head, row) is lse[batch * lse_batch_stride + head * lse_head_stride + row]:
     // (batch, heads, seqlen_q) dense, (heads, total_q) varlen.
     index_t lse_batch_stride, lse_head_stride;
+    // The head dim of v and o (MLA: 128 under q / k's 192); head_dim where they are the same. Read by
+    // the FA2 family (traits.cuh's kHeadDimV), appended last so every earlier offset is unchanged.
+    int head_dim_v;
 };
 
 }  // namespace flashkit

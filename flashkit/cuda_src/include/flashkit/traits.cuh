@@ -4,8 +4,14 @@
 // [w * kWarpRows, (w + 1) * kWarpRows), i.e. kMTiles tiles of 16 rows (the m of mma.m16n8k16),
 // and never exchanges data with another warp. K and V stream through shared memory in tiles
 // of kBlockN keys. Shared memory (dynamic), each tile in the swizzled layout of tile.cuh:
-//   [ Q: kBlockM x kHeadDim | K: kBlockN x kHeadDim | V: kBlockN x kHeadDim ]
-// The Q region is reused to stage O in the epilogue.
+//   [ Q: kBlockM x kHeadDim | K: kBlockN x kHeadDim | V: kBlockN x kHeadDimV ]
+// The Q region is reused to stage O (kBlockM x kHeadDimV) in the epilogue.
+//
+// kHeadDimV (FLASHKIT_HEAD_DIM_V, default FLASHKIT_HEAD_DIM) is the head dim of V and O, which may be
+// below that of Q and K (DeepSeek's MLA: 192 / 128): S = Q K^T runs over kHeadDim, O += P V, the O
+// accumulator, the V tiles and the epilogue over kHeadDimV. Like kHeadDim it is a class; with
+// kHeadDimVPadded the call's head_dim_v (Params::head_dim_v) is below it (zero-filled V columns, O
+// columns beyond it not stored).
 //
 // kHeadDim is the compiled head-dim CLASS (a multiple of 32: 32, 64, 96, ...). With kHeadDimPadded
 // the call's head dim (Params::head_dim, a multiple of 8) is below it: the loads zero-fill the
@@ -37,8 +43,17 @@ constexpr int kQInRegsBudget = 160;
 #ifndef FLASHKIT_HEAD_DIM_PADDED
 #define FLASHKIT_HEAD_DIM_PADDED 0   // the call's head dim is the class itself
 #endif
+#ifdef FLASHKIT_HEAD_DIM_V   // the runtime defines it only when v's head dim differs from q's and k's
+#define FLASHKIT_OWN_HEAD_DIM_V 1
+#else
+#define FLASHKIT_OWN_HEAD_DIM_V 0
+#endif
+#ifndef FLASHKIT_HEAD_DIM_V_PADDED
+#define FLASHKIT_HEAD_DIM_V_PADDED FLASHKIT_HEAD_DIM_PADDED   // V as Q and K unless the runtime says otherwise
+#endif
 
-template <int kHeadDim_, int kBlockM_, int kBlockN_, int kWarps_, typename Element_, typename OutT_>
+template <int kHeadDim_, int kBlockM_, int kBlockN_, int kWarps_, typename Element_, typename OutT_,
+          int kHeadDimV_ = kHeadDim_>
 struct FwdTraits {
     typedef Element_ Element;
     typedef OutT_ OutT;
@@ -46,6 +61,10 @@ struct FwdTraits {
     // The compile's FLASHKIT_HEAD_DIM_PADDED (as FLASHKIT_Q_IN_REGS below). An enumerator, not a static
     // member: the class's cubins stay byte-identical to those built before head-dim classes existed.
     enum : int { kHeadDimPadded = FLASHKIT_HEAD_DIM_PADDED != 0 };
+    static constexpr int kHeadDimV = kHeadDimV_;   // V and O (the P V product, the epilogue)
+    enum : int { kHeadDimVPadded = FLASHKIT_HEAD_DIM_V_PADDED != 0 };
+    // V's columns are Params::head_dim_v (else Params::head_dim: the same value, and the code of before).
+    enum : int { kOwnHeadDimV = FLASHKIT_OWN_HEAD_DIM_V };
     static constexpr int kBlockM = kBlockM_;
     static constexpr int kBlockN = kBlockN_;
     static constexpr int kWarps = kWarps_;
@@ -54,20 +73,22 @@ struct FwdTraits {
     static constexpr int kWarpRows = kBlockM / kWarps;   // query rows per warp
     static constexpr int kMTiles = kWarpRows / kMmaM;    // 16-row tiles per warp
     static constexpr int kNTiles = kBlockN / kMmaN;      // 8-key column tiles of S
-    static constexpr int kDTiles = kHeadDim / kMmaN;     // 8-wide column tiles of O
+    static constexpr int kDTiles = kHeadDimV / kMmaN;    // 8-wide column tiles of O
     static constexpr int kQKSteps = kHeadDim / kMmaK;    // k-steps of S = Q K^T
     static constexpr int kPVSteps = kBlockN / kMmaK;     // k-steps of O += P V
 
     static constexpr int kElemBytes = sizeof(Element);
     static constexpr int kChunkElems = kChunkBytes / kElemBytes;   // elements per 16 B
-    static constexpr int kRowChunks = kHeadDim / kChunkElems;      // 16 B chunks per tile row
+    static constexpr int kRowChunks = kHeadDim / kChunkElems;      // 16 B chunks per Q / K tile row
+    static constexpr int kVRowChunks = kHeadDimV / kChunkElems;    // 16 B chunks per V / O tile row
 
     static constexpr int kQElems = kBlockM * kHeadDim;
-    static constexpr int kKVElems = kBlockN * kHeadDim;
-    static constexpr int kSmemBytes = (kQElems + 2 * kKVElems) * kElemBytes;
+    static constexpr int kKElems = kBlockN * kHeadDim;
+    static constexpr int kVElems = kBlockN * kHeadDimV;
+    static constexpr int kSmemBytes = (kQElems + kKElems + kVElems) * kElemBytes;
 
     // Accumulator registers per thread: O (fp32), S (fp32), and Q as packed 16-bit pairs.
-    static constexpr int kORegs = kWarpRows * kHeadDim / kWarpSize;
+    static constexpr int kORegs = kWarpRows * kHeadDimV / kWarpSize;
     static constexpr int kSRegs = kWarpRows * kBlockN / kWarpSize;
     static constexpr int kQRegs = kWarpRows * kHeadDim / (2 * kWarpSize);
 #ifdef FLASHKIT_Q_IN_REGS
@@ -81,15 +102,21 @@ struct FwdTraits {
     static_assert(kBlockN % (2 * kMmaK) == 0, "ldmatrix.x4 loads two 8-key tiles of K at once");
     static_assert(kHeadDim % (2 * kMmaK) == 0,
                   "head-dim class: a multiple of 32 (swizzled rows of 8-chunk groups and a 4-chunk tail)");
-    static_assert((kBlockN * kRowChunks) % kThreads == 0, "K/V tile loads split evenly");
+    static_assert(kHeadDimV % (2 * kMmaK) == 0 && kHeadDimV <= kHeadDim,
+                  "head_dim_v class: a multiple of 32, at most the head-dim class (O is staged in the Q tile)");
+    static_assert((kBlockN * kRowChunks) % kThreads == 0, "K tile loads split evenly");
+    static_assert((kBlockN * kVRowChunks) % kThreads == 0, "V tile loads split evenly");
     static_assert((kBlockM * kRowChunks) % kThreads == 0, "Q tile loads split evenly");
 };
 
 #if defined(FLASHKIT_HEAD_DIM) && defined(FLASHKIT_BLOCK_M) && defined(FLASHKIT_BLOCK_N) && \
     defined(FLASHKIT_WARPS) && defined(FLASHKIT_DTYPE) && defined(FLASHKIT_OUT_DTYPE)
+#ifndef FLASHKIT_HEAD_DIM_V
+#define FLASHKIT_HEAD_DIM_V FLASHKIT_HEAD_DIM   // V's head dim is Q's and K's
+#endif
 // The traits of this compile, from the -D defines of the kernel contract.
 typedef FwdTraits<FLASHKIT_HEAD_DIM, FLASHKIT_BLOCK_M, FLASHKIT_BLOCK_N, FLASHKIT_WARPS, Element,
-                  OutT>
+                  OutT, FLASHKIT_HEAD_DIM_V>
     KernelTraits;
 #endif
 

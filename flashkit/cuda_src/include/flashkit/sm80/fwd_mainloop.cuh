@@ -11,7 +11,9 @@
 //   V_j streams in under S = Q K_j^T; K_{j+1} streams in under softmax and O += P V_j.
 // Epilogue: O /= l, LSE, store (epilogue.cuh).
 // Head dims: compiled for the class Kt::kHeadDim; with Kt::kHeadDimPadded the loads zero-fill the
-// columns >= p.head_dim and the epilogue stores only those below it (traits.cuh).
+// columns >= p.head_dim and the epilogue stores only those below it (traits.cuh). V and O have their
+// own class Kt::kHeadDimV (<= Kt::kHeadDim; MLA's 192 / 128), padded to p.head_dim_v the same way:
+// S = Q K^T runs over kHeadDim columns, O += P V and the epilogue over kHeadDimV.
 #pragma once
 
 #include "flashkit/epilogue.cuh"
@@ -28,9 +30,12 @@ template <class Kt, class Mask, class ScoreMod = NoScoreMod>
 struct FwdMainloop {
     typedef typename Kt::Element Element;
     static constexpr int kD = Kt::kHeadDim;
-    static constexpr int kRowBytes = kD * Kt::kElemBytes;   // one smem tile row
+    static constexpr int kDV = Kt::kHeadDimV;
+    static constexpr int kRowBytes = kD * Kt::kElemBytes;     // one Q / K smem tile row
+    static constexpr int kVRowBytes = kDV * Kt::kElemBytes;   // one V smem tile row
     static constexpr int kMTiles = Kt::kMTiles;
     typedef typename LdsmColumnsOf<Kt::kRowChunks>::type Columns;
+    typedef typename LdsmColumnsOf<Kt::kVRowChunks>::type VColumns;
 
     // Scalars stay in the kernel's parameter block (constant bank), not in registers: the
     // main loop runs at the 255-register limit.
@@ -43,6 +48,7 @@ struct FwdMainloop {
     u32 q_lane, k_lane, v_lane;   // this lane's ldmatrix row address in the Q / K / V tiles
     Columns cols_hi16;            // column table, 8-column half = lane / 16 (Q A, V B operands)
     Columns cols_hi8;             // column table, 8-column half = (lane / 8) % 2 (K B operand)
+    VColumns cols_v;              // V's column table (V rows narrower than Q's), half = lane / 16
 
     u32 q_frag[kMTiles][Kt::kQKSteps][4];   // Q as A fragments (used when Kt::kQInRegs)
     float acc_o[kMTiles][Kt::kDTiles][4];   // O accumulator, mma C layout
@@ -57,9 +63,10 @@ struct FwdMainloop {
           k_row0(origin.k_row),
           kv_head(head / (p_.heads / p_.kv_heads)),   // GQA / MQA
           cols_hi16(tid % kWarpSize, (tid % kWarpSize) / 16),
-          cols_hi8(tid % kWarpSize, (tid % kWarpSize) / 8 % 2) {
+          cols_hi8(tid % kWarpSize, (tid % kWarpSize) / 8 % 2),
+          cols_v(tid % kWarpSize, (tid % kWarpSize) / 16) {
         sK = sQ + Kt::kQElems * Kt::kElemBytes;
-        sV = sK + Kt::kKVElems * Kt::kElemBytes;
+        sV = sK + Kt::kKElems * Kt::kElemBytes;
         const int warp = tid / kWarpSize;
         const int lane = tid % kWarpSize;
         const int r8 = lane % 8;   // row within an 8x8 matrix of ldmatrix
@@ -70,7 +77,7 @@ struct FwdMainloop {
         k_lane = sK + ((lane / 16) * kMmaN + r8) * kRowBytes;
         // V (B operand of P V, .trans): lanes 8-15 / 24-31 address keys 8-15, lanes 16+ the
         // second 8-column half (cols_hi16).
-        v_lane = sV + (((lane / 8) % 2) * kMmaN + r8) * kRowBytes;
+        v_lane = sV + (((lane / 8) % 2) * kMmaN + r8) * kVRowBytes;
 #pragma unroll
         for (int mi = 0; mi < kMTiles; ++mi)
 #pragma unroll
@@ -137,14 +144,25 @@ struct FwdMainloop {
 #pragma unroll
             for (int dp = 0; dp < Kt::kDTiles / 2; ++dp) {
                 u32 b[4];   // b0, b1 of O column tile 2 dp, then of 2 dp + 1
-                ldsm_x4_trans(b, v_lane + kk * kMmaK * kRowBytes +
-                                     cols_hi16.col(dp) * Kt::kElemBytes);
+                ldsm_x4_trans(b, v_lane + kk * kMmaK * kVRowBytes + v_col(dp) * Kt::kElemBytes);
 #pragma unroll
                 for (int mi = 0; mi < kMTiles; ++mi) {
                     mma_16816<Element>(acc_o[mi][2 * dp], a[mi], b[0], b[1]);
                     mma_16816<Element>(acc_o[mi][2 * dp + 1], a[mi], b[2], b[3]);
                 }
             }
+        }
+    }
+
+    // The call's columns of V and O: head_dim_v where v has a head dim of its own (traits.cuh).
+    __device__ __forceinline__ int v_cols() const { return Kt::kOwnHeadDimV ? p.head_dim_v : p.head_dim; }
+
+    // Column (elements) of V's 16-wide step dp: Q's table where the rows are as wide.
+    __device__ __forceinline__ int v_col(int dp) const {
+        if constexpr (Kt::kVRowChunks == Kt::kRowChunks) {
+            return cols_hi16.col(dp);
+        } else {
+            return cols_v.col(dp);
         }
     }
 
@@ -157,8 +175,13 @@ struct FwdMainloop {
         const index_t head_stride = kIsV ? p.v_head_stride : p.k_head_stride;
         const index_t row_stride = kIsV ? p.v_row_stride : p.k_row_stride;
         const Element* gmem = base + batch * batch_stride + kv_head * head_stride + (k_row0 + n0) * row_stride;
-        load_tile_async<Kt::kBlockN, kD, Kt::kThreads, Element, Kt::kHeadDimPadded != 0>(dst, gmem, row_stride,
-                                                                         p.seqlen_k - n0, threadIdx.x, p.head_dim);
+        if constexpr (kIsV) {   // kBlockN x kHeadDimV
+            load_tile_async<Kt::kBlockN, kDV, Kt::kThreads, Element, Kt::kHeadDimVPadded != 0>(
+                dst, gmem, row_stride, p.seqlen_k - n0, threadIdx.x, v_cols());
+        } else {                // kBlockN x kHeadDim
+            load_tile_async<Kt::kBlockN, kD, Kt::kThreads, Element, Kt::kHeadDimPadded != 0>(
+                dst, gmem, row_stride, p.seqlen_k - n0, threadIdx.x, p.head_dim);
+        }
         cp_async_commit();
     }
 
@@ -230,9 +253,10 @@ __device__ __forceinline__ void fwd_block(const Params& p, const Mask& mask, int
                           ? nullptr
                           : p.lse + origin.batch * p.lse_batch_stride + head * p.lse_head_stride +
                                 origin.q_row + warp_row0;
+    // The warp stages its kWarpRows x kHeadDimV slice of O inside its own rows of the Q tile.
     OutT* smem_warp = reinterpret_cast<OutT*>(smem_raw) + warp * Kt::kWarpRows * Kt::kHeadDim;
-    store_output<Kt, Kt::kHeadDimPadded != 0>(loop.acc_o, lse, smem_warp, o_gmem, p.o_row_stride, lse_gmem,
-                                         p.seqlen_q - warp_row0, lane, p.head_dim);
+    store_output<EpilogueTraits<Kt, Kt::kHeadDimV>, Kt::kHeadDimVPadded != 0>(
+        loop.acc_o, lse, smem_warp, o_gmem, p.o_row_stride, lse_gmem, p.seqlen_q - warp_row0, lane, loop.v_cols());
 }
 
 // A kernel's query block m_block of (head, batch): of batch `batch`, or with FLASHKIT_VARLEN of packed

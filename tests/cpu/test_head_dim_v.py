@@ -1,0 +1,296 @@
+"""head_dim_v (v and the output narrower than q and k; DeepSeek's MLA: 192 / 128) without a GPU: validation before
+the device, selection and its reasons, explain, the backward's refusal, the build's defines and cache keys, the
+float64 reference, verify's checks, and the NVRTC compile of the new specializations (no spills)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+import flashkit
+import flashkit.api as api
+import flashkit.backward as backward
+import flashkit.runtime.build as build
+import flashkit.runtime.launch as launch_mod
+from flashkit.call.arrays import describe
+from flashkit.call.dtypes import BY_NAME
+from flashkit.call.validate import Problem, validate_inputs
+from flashkit.cli import cli
+from flashkit.errors import InputError, UnsupportedError
+from flashkit.registry import Request, discover_kernels, select_kernel
+from flashkit.registry.select import check_head_dim_v
+from flashkit.runtime.build import cache_key, compile_variant, make_config
+from flashkit.runtime.device import DeviceInfo
+from flashkit.runtime.params import make_params
+from flashkit.verify import checks_for
+from flashkit.verify.compile_matrix import spec_configs
+from flashkit.verify.reference import plain_attention, reference_attention
+from .synth import cuda, input_error
+
+H100 = DeviceInfo(0, "Fake H100", (9, 0), 132, 227 * 1024, 13000, 13000)
+A100 = DeviceInfo(0, "Fake A100", (8, 0), 108, 163 * 1024, 12000, 12000)
+B, SQ, SK, H, HK = 2, 17, 33, 8, 2
+TAKERS = {"fa2", "causal"}
+
+
+def mla(d=192, dv=128, typestr="<f2", kv_heads=HK):
+    return cuda((B, SQ, H, d), typestr), cuda((B, SK, kv_heads, d), typestr), cuda((B, SK, kv_heads, dv), typestr)
+
+
+class Stop(Exception):
+    pass
+
+
+@pytest.fixture
+def no_device(monkeypatch):
+    """Reaching the device, the compiler or a launch fails the test."""
+    def forbid(*a, **k):
+        raise AssertionError("validation must finish before the device, the compiler or a launch is touched")
+    for name in ("device_info", "build_module", "launch", "run", "to_cupy", "cupy_module"):
+        monkeypatch.setattr(api, name, forbid)
+    for module, name in ((build, "build_module"), (build, "compile_variant"), (launch_mod, "launch")):
+        monkeypatch.setattr(module, name, forbid)
+
+
+def selected(monkeypatch, device, *arrays, **kw):
+    """The Selection attention() makes for the arrays on a fake device (stopped before anything is built)."""
+    seen = []
+    real = api.select_kernel
+
+    def spy(req, specs, variant=None):
+        seen.append(real(req, specs, variant))
+        raise Stop
+    monkeypatch.setattr(api, "device_info", lambda *a: device)
+    monkeypatch.setattr(api, "select_kernel", spy)
+    with pytest.raises(Stop):
+        flashkit.attention(*arrays, **kw)
+    return seen[0]
+
+
+# --- validation -------------------------------------------------------------------------------------------
+
+def test_problem_carries_v_head_dim():
+    q, k, v = mla()
+    p = validate_inputs(describe(q, "q"), describe(k, "k"), describe(v, "v"))
+    assert (p.head_dim, p.head_dim_v, p.softmax_scale) == (192, 128, pytest.approx(192 ** -0.5))   # scale: q's
+    same = Problem(B, SQ, SK, H, HK, 64, "float16", 0.125)
+    assert same.head_dim_v == 64 and same == Problem(B, SQ, SK, H, HK, 64, "float16", 0.125, 64)
+
+
+@pytest.mark.parametrize("dv,detail", [
+    (256, ("head_dim_v=256 (v's last dim) with head_dim=192 is not supported by any kernel (causal takes "
+           "head_dim_v <= head_dim, multiples of 8 from 8 to 256")),
+    (100, "multiples of 8"), (4, "head_dim_v=4"),
+])
+def test_unsupported_v_head_dim_is_one_input_error_before_the_device(no_device, dv, detail):
+    msg = input_error(flashkit.attention, *mla(dv=dv))
+    assert msg.startswith("v: ") and detail in msg, msg
+
+
+def test_v_of_other_batch_seqlen_or_heads_is_still_refused(no_device):
+    q, k, _ = mla()
+    for shape in ((B, SK + 1, HK, 128), (B, SK, HK + 1, 128), (B + 1, SK, HK, 128)):
+        assert "v: expected the shape of k" in input_error(flashkit.attention, q, k, cuda(shape))
+
+
+def test_check_head_dim_v_names_each_taker():
+    specs = discover_kernels().specs
+    check_head_dim_v(192, 128, specs)
+    check_head_dim_v(64, 64, {})   # equal head dims need no taker
+    with pytest.raises(InputError, match=r"^v: head_dim_v=128 .*no variant declares head_dim_v"):
+        check_head_dim_v(192, 128, {n: s for n, s in specs.items() if n not in TAKERS})
+
+
+def test_varlen_refuses_an_unsupported_v_head_dim_before_the_device(no_device):
+    q, k, v = cuda((40, H, 64)), cuda((50, HK, 64)), cuda((50, HK, 72))
+    cu = cuda((3,), "<i4")
+    msg = input_error(flashkit.attention_varlen, q, k, v, cu, cu, 20, 30)
+    assert msg.startswith("v: head_dim_v=72") and "head_dim=64" in msg
+
+
+# --- selection and explain --------------------------------------------------------------------------------
+
+def test_only_the_fa2_family_declares_head_dim_v():
+    specs = discover_kernels().specs
+    assert {n for n, s in specs.items() if s.supports("head_dim_v")} == TAKERS
+    for name in ("fa3", "hopper", "fp8", "fp8_hopper", "block_sparse", "block_sparse_hopper", "decode", "standard",
+                 "fa1", "fa2_bwd"):
+        assert not specs[name].supports("head_dim_v"), name
+
+
+@pytest.mark.parametrize("device", [H100, A100], ids=["sm90", "sm80"])
+@pytest.mark.parametrize("causal,chosen", [(False, "fa2"), (True, "causal")])
+def test_mla_call_selects_the_fa2_family(monkeypatch, device, causal, chosen):
+    sel = selected(monkeypatch, device, *mla(), causal=causal, return_lse=True)
+    assert sel.chosen.name == chosen
+    assert sel.request.head_dim_v == 128 and "head_dim_v=128" in sel.request.summary()
+    assert "head_dim_v != head_dim (v's head dim differing from q's and k's) not supported" in sel.rejected["standard"]
+    if device is H100:   # fa3 would win at 192 / 192: here it is rejected, and says why
+        assert any("head_dim_v != head_dim" in r for r in sel.rejected["fa3"])
+
+
+def test_equal_head_dims_select_as_before(monkeypatch):
+    sel = selected(monkeypatch, H100, *mla(dv=192))
+    before = select_kernel(Request("float16", 192, SQ, SK, H, HK, B, cc=(9, 0)), discover_kernels().specs)
+    assert sel.request.head_dim_v is None and sel.chosen.name == before.chosen.name
+
+
+def test_forcing_a_kernel_without_head_dim_v_is_one_unsupported_error(monkeypatch):
+    monkeypatch.setattr(api, "device_info", lambda *a: H100)
+    for variant in ("fa3", "standard", "hopper"):
+        with pytest.raises(UnsupportedError) as e:
+            flashkit.attention(*mla(), variant=variant)
+        msg = str(e.value)
+        assert "\n" not in msg and f"variant {variant!r} cannot run" in msg and "head_dim_v != head_dim" in msg, msg
+
+
+def test_block_mask_and_fp8_calls_find_no_kernel():
+    specs = discover_kernels().specs
+    for flags in ({"block_sparse": True}, {"fp8": True, "dtype": "float8_e4m3"}):
+        req = Request(**{"dtype": "bfloat16", "head_dim": 192, "head_dim_v": 128, "cc": (9, 0), **flags})
+        with pytest.raises(UnsupportedError, match="head_dim_v=128"):
+            select_kernel(req, specs)
+
+
+def test_reasons_give_exact_bounds():
+    specs = discover_kernels().specs
+    req = Request("bfloat16", 128, head_dim_v=192, cc=(8, 0))
+    with pytest.raises(UnsupportedError) as e:
+        select_kernel(req, specs)
+    assert e.value.reasons["fa2"] == [("head_dim_v=192 not supported with head_dim=128: supported head_dim_v <= "
+                                       "head_dim, multiples of 8 from 8 to 256 (compiled as 32, 64, 96, 128, 160, "
+                                       "192, 256)")]
+
+
+def test_request_spells_equal_head_dims_one_way():
+    assert Request("bfloat16", 128, head_dim_v=128) == Request("bfloat16", 128)
+    assert not Request("bfloat16", 128, head_dim_v=128).split_head_dim
+
+
+def test_explain_api_and_cli():
+    sel = flashkit.explain(head_dim=192, head_dim_v=128, cc=(9, 0))
+    assert sel.chosen.name == "fa2"
+    assert any("head_dim_v=128: v and the output run as head-dim class 128 under q / k's 192" in n for n in sel.notes)
+    res = CliRunner().invoke(cli, ["explain", "--arch", "sm_90", "--head-dim", "192", "--head-dim-v", "128",
+                                   "--causal"])
+    assert res.exit_code == 0, res.output
+    assert "selected: causal" in res.output and "fa3: " in res.output and "head_dim_v != head_dim" in res.output
+    padded = flashkit.explain(head_dim=200, head_dim_v=136, cc=(8, 0))
+    assert any("class 160 under q / k's 256 (columns 136..159 zero-filled, not stored)" in n for n in padded.notes)
+
+
+def test_explain_cli_without_a_kernel_exits_1():
+    res = CliRunner().invoke(cli, ["explain", "--arch", "sm_90", "--head-dim", "64", "--head-dim-v", "128"])
+    assert res.exit_code == 1 and "no kernel fits" in res.output and "head_dim_v=128" in res.output
+
+
+# --- the backward refuses -----------------------------------------------------------------------------------
+
+def test_attention_backward_refuses_before_anything_runs(monkeypatch):
+    def forbid(*a, **k):
+        raise AssertionError("compile or launch was called")
+    for module, name in ((backward, "build_module"), (backward, "launch"), (backward, "device_info")):
+        monkeypatch.setattr(module, name, forbid)
+    q, k, v = mla()
+    out, dout, lse = cuda((B, SQ, H, 128)), cuda((B, SQ, H, 128)), cuda((B, H, SQ), "<f4")
+    with pytest.raises(UnsupportedError) as e:
+        flashkit.attention_backward(dout, q, k, v, out, lse)
+    msg = str(e.value)
+    assert "\n" not in msg and msg.startswith("v: head_dim_v=128 differs from q's and k's head_dim=192")
+    assert "attention_backward does not support" in msg
+
+
+# --- build, parameters, cache -------------------------------------------------------------------------------
+
+def test_build_config_defines_and_cache_keys():
+    fa2 = discover_kernels().get("fa2")
+    same = make_config(fa2, "bfloat16", 192, False, (9, 0))
+    assert make_config(fa2, "bfloat16", 192, False, (9, 0), head_dim_v=192) == same
+    assert not any("HEAD_DIM_V" in f for f in same.defines())
+    mla_cfg = make_config(fa2, "bfloat16", 192, False, (9, 0), head_dim_v=128)
+    assert {"-DFLASHKIT_HEAD_DIM=192", "-DFLASHKIT_HEAD_DIM_V=128", "-DFLASHKIT_HEAD_DIM_V_PADDED=0"} <= \
+        set(mla_cfg.defines())
+    assert "hd192 hdv128" in mla_cfg.describe()
+    padded = make_config(fa2, "bfloat16", 200, True, (8, 0), head_dim_v=136)
+    assert (padded.head_dim, padded.head_dim_padded, padded.head_dim_v, padded.head_dim_v_padded) == (256, True, 160, True)
+    keys = {cache_key(fa2, c, "sm_90") for c in (same, mla_cfg, make_config(fa2, "bfloat16", 192, False, (9, 0),
+                                                                            head_dim_v=120))}
+    assert len(keys) == 3   # head_dim_v (and its padding) are part of the cubin's key
+
+
+def test_params_carry_head_dim_v():
+    block = make_params(head_dim=192, head_dim_v=128)
+    assert int(block["head_dim"]) == 192 and int(block["head_dim_v"]) == 128
+
+
+def test_compile_matrix_plans_the_pairs():
+    for name in TAKERS:
+        configs = [c for c in spec_configs(discover_kernels().get(name), (8, 0)) if c.head_dim_v]
+        assert {(c.head_dim, c.head_dim_v) for c in configs} == {(192, 128), (256, 160)}
+        assert {c.causal for c in configs} == ({False, True} if name == "fa2" else {True})
+        assert any("varlen" in c.mods for c in configs) and any("window" in c.mods for c in configs)
+
+
+@pytest.mark.parametrize("target", ["sm_80", "sm_90"])
+@pytest.mark.parametrize("name,causal", [("fa2", False), ("fa2", True), ("causal", True)])
+def test_mla_specializations_compile_without_spills(name, causal, target):
+    spec = discover_kernels().get(name)
+    cc = (int(target[3]), int(target[4]))
+    config = make_config(spec, "bfloat16", 192, causal, cc, head_dim_v=128)
+    reports = compile_variant(spec, config, spec.target(cc)).reports()
+    assert {r.entry for r in reports} >= set(spec.entries)
+    for r in reports:
+        assert r.spill_stores == r.spill_loads == r.stack_bytes == 0, (config.describe(), r)
+
+
+# --- the reference ------------------------------------------------------------------------------------------
+
+def _naive(q, k, v, scale, causal):
+    """Per (batch, head) loops in float64: the textbook definition with v of its own width."""
+    b, sq, h, _ = q.shape
+    sk, hk, dv = k.shape[1], k.shape[2], v.shape[3]
+    out, lse = np.zeros((b, sq, h, dv)), np.zeros((b, h, sq))
+    for bi in range(b):
+        for hi in range(h):
+            kh = hi // (h // hk)
+            s = scale * q[bi, :, hi].astype(np.float64) @ k[bi, :, kh].astype(np.float64).T
+            if causal:
+                s = np.where(np.arange(sk)[None] <= np.arange(sq)[:, None] + sk - sq, s, -np.inf)
+            m = s.max(axis=1, keepdims=True)
+            p = np.exp(s - m)
+            lse[bi, hi] = (m + np.log(p.sum(axis=1, keepdims=True)))[:, 0]
+            out[bi, :, hi] = (p / p.sum(axis=1, keepdims=True)) @ v[bi, :, kh].astype(np.float64)
+    return out, lse
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_reference_handles_a_narrower_v(causal):
+    rng = np.random.default_rng(0)
+    q = rng.standard_normal((2, 9, 4, 24)).astype(np.float16)
+    k = rng.standard_normal((2, 13, 2, 24)).astype(np.float16)
+    v = rng.standard_normal((2, 13, 2, 16)).astype(np.float16)
+    out, lse = reference_attention(q, k, v, scale=24 ** -0.5, causal=causal)
+    want, want_lse = _naive(q, k, v, 24 ** -0.5, causal)
+    assert out.shape == (2, 9, 4, 16) and lse.shape == (2, 4, 9)
+    np.testing.assert_allclose(out, want, rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(lse, want_lse, rtol=1e-12)
+    plain, _ = plain_attention(q, k, v, scale=24 ** -0.5, dtype=BY_NAME["float16"], causal=causal)
+    assert plain.shape == out.shape and np.abs(plain - out).max() < 1e-2
+
+
+# --- verify -------------------------------------------------------------------------------------------------
+
+def test_verify_checks_mla_on_the_takers_only():
+    specs = discover_kernels().specs
+    fa2 = [c.label for c in checks_for(specs["fa2"]) if "/v" in c.label]
+    assert any(lbl.endswith("d192/v128 bfloat16 causal") for lbl in fa2)
+    assert any("h16/2 d192/v128" in lbl for lbl in fa2)                   # GQA 8:1
+    assert any("sq127 sk1000" in lbl and "d192/v128" in lbl for lbl in fa2)   # seqlen_q != seqlen_k, odd lengths
+    assert any(lbl.startswith("varlen ") and "d192/v128" in lbl for lbl in fa2)
+    assert any("window" in lbl and "d192/v128" in lbl for lbl in fa2)
+    assert any("d200/v136" in lbl for lbl in fa2) and any("d40/v8" in lbl for lbl in fa2)
+    assert all("causal" in c.label for c in checks_for(specs["causal"]) if "/v" in c.label)
+    for name in ("fa3", "standard", "block_sparse", "decode"):
+        assert not [c for c in checks_for(specs[name]) if "/v" in c.label], name
+    assert not [c for c in checks_for(specs["fa2"], head_dims=[64]) if "/v" in c.label]

@@ -1,0 +1,133 @@
+"""head_dim_v on a GPU (v and the output narrower than q and k; DeepSeek's MLA: 192 / 128): fa2 and causal against
+the float64 reference under DESIGN.md's rule (fresh random inputs, NaN-poisoned outputs, the LSE too), the default
+selection (the FA2 family on every arch, sm_90 included), column slices neither read nor written past head_dim_v,
+the cached hot path, and the refusal of a gradient."""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+
+from flashkit.call.dtypes import BY_NAME
+from flashkit.registry import discover_kernels
+from flashkit.verify.harness import Shape, judge, random_qkv
+from flashkit.verify.head_dim_v import head_dim_v_checks
+from flashkit.verify.reference import output_atol, plain_attention, reference_attention
+
+from .gpu_checks import run_check
+
+pytestmark = pytest.mark.gpu
+
+VARIANTS = ("fa2", "causal")
+
+
+def _params():
+    out = []
+    for name in VARIANTS:
+        spec = discover_kernels().get(name)
+        checks = head_dim_v_checks(spec, list(spec.dtypes), list(spec.head_dims.examples()), spec.causal_options(),
+                                   False)
+        out += [pytest.param(name, c, id=f"{name}: {c.label}") for c in checks]
+    return out
+
+
+PARAMS = _params()
+
+
+def test_every_variant_has_mla_checks():
+    for name in VARIANTS:
+        labels = [c.label for n, c in (p.values for p in PARAMS) if n == name]
+        assert any("d192/v128" in lbl for lbl in labels), name
+
+
+@pytest.mark.parametrize("name,check", PARAMS)
+def test_head_dim_v_against_the_reference(name, check):
+    run_check(name, check)
+
+
+def _compare(out, lse, q, k, v, causal, dtype, label):
+    d = q.shape[-1]
+    ref, lse_ref = reference_attention(q, k, v, scale=d ** -0.5, causal=causal)
+    plain, lse_plain = plain_attention(q, k, v, scale=d ** -0.5, dtype=BY_NAME[dtype], causal=causal)
+    atol = output_atol(ref, BY_NAME[dtype], max(k.shape[1], d))
+    res = judge("default", label, out, ref, plain, atol, lse, lse_ref, lse_plain, head_dim=d)
+    assert res.passed, (f"{label}: err {res.max_error:.3g} > bound {res.bound:.3g}; lse err {res.lse_error} > "
+                        f"{res.lse_bound}; {res.note}")
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_default_selection_runs_mla_on_the_fa2_family(causal, dtype):
+    """No variant named: the call selects fa2 / causal (sm_90 too: the Hopper kernels do not take head_dim_v yet),
+    with no fallback warning, an output of v's head dim, and the reference's values."""
+    import cupy as cp
+
+    import flashkit
+    from flashkit.runtime.device import device_info
+    shape = Shape(2, 300, 257, 16, 2)
+    q, k, v = random_qkv(shape, 192, dtype, 7 + causal, head_dim_v=128)
+    sel = flashkit.explain(dtype=dtype, head_dim=192, head_dim_v=128, seqlen_q=300, seqlen_k=257, heads=16,
+                           kv_heads=2, batch=2, causal=causal, lse=True, cc=device_info().cc)
+    assert sel.chosen.name == ("causal" if causal else "fa2")
+    out = cp.full((2, 300, 16, 128), cp.nan, dtype=q.dtype)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        res, lse = flashkit.attention(q, k, v, causal=causal, return_lse=True, out=out)
+    assert res is out and res.shape == (2, 300, 16, 128)
+    _compare(res, lse, q, k, v, causal, dtype, f"default {dtype} causal={causal}")
+    again, lse2 = flashkit.attention(q, k, v, causal=causal, return_lse=True)   # the cached signature's path
+    assert again.shape == (2, 300, 16, 128)
+    _compare(again, lse2, q, k, v, causal, dtype, f"cached {dtype} causal={causal}")
+
+
+@pytest.mark.parametrize("d,dv,width", [(192, 128, 192), (192, 120, 136), (200, 136, 200), (64, 40, 64)])
+@pytest.mark.parametrize("causal", [False, True])
+def test_columns_past_head_dim_v_are_neither_read_nor_written(d, dv, width, causal):
+    """v and out are column slices of NaN-filled wider buffers: the kernel must zero-fill (not load) v's columns past
+    head_dim_v, and leave out's untouched."""
+    import cupy as cp
+    import ml_dtypes
+
+    import flashkit
+    rng = cp.random.default_rng(d + dv)
+    q = rng.standard_normal((2, 130, 4, d), dtype=cp.float32).astype(ml_dtypes.bfloat16)
+    k = rng.standard_normal((2, 201, 2, d), dtype=cp.float32).astype(ml_dtypes.bfloat16)
+    v_buf = cp.full((2, 201, 2, width), cp.nan, dtype=cp.float32)
+    v_buf[..., :dv] = rng.standard_normal((2, 201, 2, dv), dtype=cp.float32)
+    v = v_buf.astype(ml_dtypes.bfloat16)[..., :dv]
+    out_buf = cp.full((2, 130, 4, width), cp.nan, dtype=cp.float32).astype(ml_dtypes.bfloat16)
+    out = out_buf[..., :dv]
+    res, lse = flashkit.attention(q, k, v, causal=causal, out=out, return_lse=True)
+    assert res is out
+    if width > dv:
+        assert bool(cp.isnan(out_buf[..., dv:].astype(cp.float32)).all()), "columns past head_dim_v were written"
+    _compare(res, lse, q, k, cp.ascontiguousarray(v), causal, "bfloat16", f"slices d{d}/v{dv} causal={causal}")
+
+
+def test_backward_is_refused_on_the_device():
+    import cupy as cp
+
+    import flashkit
+    from flashkit.errors import UnsupportedError
+    q, k, v = random_qkv(Shape(1, 64, 64, 2, 2), 192, "bfloat16", 3, head_dim_v=128)
+    out, lse = flashkit.attention(q, k, v, return_lse=True)
+    with pytest.raises(UnsupportedError, match="head_dim_v=128 differs"):
+        flashkit.attention_backward(cp.ones_like(out), q, k, v, out, lse)
+
+
+def test_torch_adapter_runs_the_forward_and_refuses_a_gradient():
+    torch = pytest.importorskip("torch")
+    import flashkit.torch as fk_torch
+    from flashkit.errors import UnsupportedError
+    q = torch.randn(2, 100, 8, 192, device="cuda", dtype=torch.bfloat16)
+    k = torch.randn(2, 90, 2, 192, device="cuda", dtype=torch.bfloat16)
+    v = torch.randn(2, 90, 2, 128, device="cuda", dtype=torch.bfloat16)
+    with torch.no_grad():
+        out = fk_torch.attention(q, k, v, causal=True)
+    assert out.shape == (2, 100, 8, 128)
+    ref, _ = reference_attention(q.float().cpu().numpy(), k.float().cpu().numpy(), v.float().cpu().numpy(),
+                                 scale=192 ** -0.5, causal=True)
+    assert float(abs(out.float().cpu().numpy() - ref).max()) < 0.05
+    with pytest.raises(UnsupportedError, match="head_dim_v=128"):
+        fk_torch.attention(q.requires_grad_(), k, v)
