@@ -46,14 +46,12 @@ static_assert(FLASHKIT_WARPS * flashkit::kWarpSize == Traits::kThreads, "warps: 
 
 FLASHKIT_EXPORT_SMEM_BYTES(Traits::kSmemBytes);
 
-extern "C" __global__ void __launch_bounds__(Traits::kThreads, 1)
-    flashkit_fa3_fwd(const flashkit::Params params, const __grid_constant__ flashkit::hopper::TensorMap q_map,
-                     const __grid_constant__ flashkit::hopper::TensorMap k_map,
-                     const __grid_constant__ flashkit::hopper::TensorMap v_map,
-                     const __grid_constant__ flashkit::hopper::TensorMap o_map) {
-    // Causal blocks further down see more keys: each head's heaviest block first.
-    const flashkit::hopper::SnakeScheduler<Traits::kBlockM, FLASHKIT_CAUSAL != 0> scheduler(params);
-    flashkit::hopper::ws_forward_tiles<Traits, flashkit::FwdScoreMod>({q_map, k_map, v_map, o_map}, [&](auto&& visit) {
+// The CTA's tiles (causal: each head's heaviest block first), each with its sequence's view and its mask.
+struct Fa3Tiles {
+    const flashkit::Params& params;
+    template <class Visit>
+    __device__ __forceinline__ void operator()(const Visit& visit) const {
+        const flashkit::hopper::SnakeScheduler<Traits::kBlockM, FLASHKIT_CAUSAL != 0> scheduler(params);
         scheduler.for_each_tile([&](const flashkit::hopper::TileIndex& t) {
             flashkit::for_sequence<FLASHKIT_VARLEN != 0, Traits::kBlockM>(
                 params, t.batch, t.m_block, [&](const flashkit::Params& p, const flashkit::SeqOrigin& origin) {
@@ -61,5 +59,13 @@ extern "C" __global__ void __launch_bounds__(Traits::kThreads, 1)
                           t.batch, origin);
                 });
         });
-    });
+    }
+};
+
+extern "C" __global__ void __launch_bounds__(Traits::kThreads, 1)
+    flashkit_fa3_fwd(const flashkit::Params params, const __grid_constant__ flashkit::hopper::TensorMap q_map,
+                     const __grid_constant__ flashkit::hopper::TensorMap k_map,
+                     const __grid_constant__ flashkit::hopper::TensorMap v_map,
+                     const __grid_constant__ flashkit::hopper::TensorMap o_map) {
+    flashkit::hopper::ws_forward_tiles<Traits, flashkit::FwdScoreMod>({q_map, k_map, v_map, o_map}, Fa3Tiles{params});
 }

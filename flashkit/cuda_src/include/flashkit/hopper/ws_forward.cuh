@@ -65,30 +65,60 @@ __device__ __forceinline__ void consume_tile(WsCta<Kt>& cta, const Params& p, co
     cta.advance(n_blocks);
 }
 
+// A role's work on one tile, as the variant's tile loop calls it: visit(p, mask, m_block, head, batch, origin).
+// (Function objects, not generic lambdas: NVRTC 13.0 takes an `auto` lambda parameter for host code.)
+template <class Kt>
+struct ProduceTile {
+    WsCta<Kt>& cta;
+    const ForwardMaps& maps;
+    template <class Mask>
+    __device__ __forceinline__ void operator()(const Params& p, const Mask& mask, int m_block, int head, int batch,
+                                               const SeqOrigin& origin) const {
+        produce_tile<Kt>(cta, p, maps, mask, m_block, head, batch, origin);
+    }
+};
+template <class Kt, class ScoreMod>
+struct ConsumeTile {
+    WsCta<Kt>& cta;
+    const ForwardMaps& maps;
+    template <class Mask>
+    __device__ __forceinline__ void operator()(const Params& p, const Mask& mask, int m_block, int head, int batch,
+                                               const SeqOrigin& origin) const {
+        consume_tile<Kt, ScoreMod>(cta, p, maps, mask, m_block, head, batch, origin);
+    }
+};
+
 // The forward of every tile `tiles` names: tiles(visit) calls visit(p, mask, m_block, head, batch, origin)
 // for each of the CTA's tiles, in the same order on every call (the variant's scheduler and masks).
 template <class Kt, class ScoreMod, class TileLoop>
-__device__ __forceinline__ void ws_forward_tiles(const ForwardMaps& maps, TileLoop&& tiles) {
+__device__ __forceinline__ void ws_forward_tiles(const ForwardMaps& maps, const TileLoop& tiles) {
     WsCta<Kt> cta(ws_smem_base());
     if (cta.producer()) {
         release_registers<Kt::kProducerRegs>();
-        if (!cta.issuer()) return;
-        tiles([&](const Params& p, const auto& mask, int m_block, int head, int batch, const SeqOrigin& origin) {
-            produce_tile<Kt>(cta, p, maps, mask, m_block, head, batch, origin);
-        });
+        if (cta.issuer()) tiles(ProduceTile<Kt>{cta, maps});
         return;
     }
     claim_registers<Kt::kConsumerRegs>();
-    tiles([&](const Params& p, const auto& mask, int m_block, int head, int batch, const SeqOrigin& origin) {
-        consume_tile<Kt, ScoreMod>(cta, p, maps, mask, m_block, head, batch, origin);
-    });
+    tiles(ConsumeTile<Kt, ScoreMod>{cta, maps});
 }
 
-// One tile a CTA (the q_blocks grid).
+// The tile loop of a CTA that handles one tile (the q_blocks grid).
+template <class Mask>
+struct OneTile {
+    const Params& p;
+    const Mask& mask;
+    int m_block, head, batch;
+    SeqOrigin origin;
+    template <class Visit>
+    __device__ __forceinline__ void operator()(const Visit& visit) const {
+        visit(p, mask, m_block, head, batch, origin);
+    }
+};
+
 template <class Kt, class ScoreMod = NoScoreMod, class Mask>
 __device__ __forceinline__ void ws_forward(const Params& p, const ForwardMaps& maps, const Mask& mask, int m_block,
                                            int head, int batch, const SeqOrigin& origin) {
-    ws_forward_tiles<Kt, ScoreMod>(maps, [&](auto&& visit) { visit(p, mask, m_block, head, batch, origin); });
+    ws_forward_tiles<Kt, ScoreMod>(maps, OneTile<Mask>{p, mask, m_block, head, batch, origin});
 }
 
 }  // namespace hopper
