@@ -34,8 +34,9 @@ workspace: none
 #include "flashkit/hopper/tile_scheduler.cuh"
 #include "flashkit/hopper/ws_forward.cuh"
 
+// Persistent: O staged in a tile of its own, so that the next tile's Q loads under this tile's last P V.
 typedef flashkit::hopper::WsTraits<flashkit::Element, FLASHKIT_HEAD_DIM, FLASHKIT_BLOCK_M, FLASHKIT_BLOCK_N,
-                                   FLASHKIT_STAGES>
+                                   FLASHKIT_STAGES, FLASHKIT_PERSISTENT != 0>
     Traits;
 typedef flashkit::LocalOr<FLASHKIT_WINDOW, Traits::kBlockM, Traits::kBlockN,
                           flashkit::DenseMask<FLASHKIT_CAUSAL, Traits::kBlockM, Traits::kBlockN>::type>::type BaseMask;

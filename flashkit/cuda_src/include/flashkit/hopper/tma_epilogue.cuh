@@ -1,12 +1,14 @@
 // Epilogue of a consumer warpgroup of the warp-specialized Hopper forward: O (already divided by
-// l) -> output type -> its own 64 rows of the Q tile (no longer read: its last S product has
-// completed), in the swizzled panel layout TMA's 128 B swizzle reads; then one thread stores the
-// rows with TMA, which clips rows past seqlen_q. The LSE goes straight from registers.
+// l) -> output type -> its own 64 rows of the O staging tile (Kt::kOOffset: a tile of its own, or the Q
+// tile, no longer read once the consumer's last S product has completed), in the swizzled panel layout
+// TMA's 128 B swizzle reads; then one thread stores the rows with TMA, which clips rows past seqlen_q.
+// The LSE goes straight from registers.
 // A packed varlen sequence (varlen.cuh) ends inside the tensor TMA sees, so the 64-row group holding its
 // last row is stored by the warpgroup's threads instead, 16 B chunks of the rows < seqlen_q only.
-// When store_output_tma returns to the warpgroup's thread 0, nothing reads the staged rows any more (the
-// TMA store has read them, or every thread has passed the barrier after its own reads): the caller may
-// hand the Q tile back to the producer (q_empty).
+// With a tile of its own (kOwnOTile) the store is left to drain under the next tile: the next epilogue
+// (and the kernel's end, drain_output_stores) waits for it to have read the rows. Else, when
+// store_output_tma returns to the warpgroup's thread 0, nothing reads the staged rows any more: the
+// caller may hand the Q tile back to the producer (q_empty).
 #pragma once
 
 #include "flashkit/hopper/ws_traits.cuh"
@@ -48,6 +50,11 @@ __device__ __forceinline__ void store_output_tma(const float (&o)[1][Kt::kDTiles
     const int g = lane / kQuadLanes;
     const int t = lane % kQuadLanes;
     const int group_row0 = consumer * gmma::kWarpgroupRows;   // tile row of this consumer's first row
+    const u32 o_tile = smem + Kt::kOOffset;
+    if constexpr (Kt::kOwnOTile) {   // the previous tile's store may still be reading these rows
+        if (tid_in_group == 0) tma_store_wait_read();
+        named_sync(kEpilogueBarrierBase + consumer, gmma::kWarpgroupThreads);
+    }
     float* lse_gmem = p.lse == nullptr
                           ? nullptr
                           : p.lse + origin.batch * p.lse_batch_stride + q_at.head * p.lse_head_stride +
@@ -57,7 +64,7 @@ __device__ __forceinline__ void store_output_tma(const float (&o)[1][Kt::kDTiles
         const int row = group_row0 + warp * Kt::kWarpRows + h * kFragRowHalf + g;
 #pragma unroll
         for (int nd = 0; nd < Kt::kDTiles; ++nd) {   // column tile nd: 8 elements = one 16 B chunk
-            const u32 addr = smem + Kt::kQOffset + QTile::chunk_offset(row, nd) + t * kFragCols * sizeof(OutT);
+            const u32 addr = o_tile + QTile::chunk_offset(row, nd) + t * kFragCols * sizeof(OutT);
             asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(addr), "r"(pack_float2<OutT>(o[0][nd][2 * h], o[0][nd][2 * h + 1]))
                          : "memory");
         }
@@ -67,18 +74,24 @@ __device__ __forceinline__ void store_output_tma(const float (&o)[1][Kt::kDTiles
     named_sync(kEpilogueBarrierBase + consumer, gmma::kWarpgroupThreads);
     const int rows_left = p.seqlen_q - (q_at.row + group_row0);   // rows of the group inside the sequence
     if (FLASHKIT_VARLEN && rows_left < gmma::kWarpgroupRows) {
-        store_rows<Kt>(smem + Kt::kQOffset, group_row0, rows_left, p, q_at, origin, tid_in_group);
+        store_rows<Kt>(o_tile, group_row0, rows_left, p, q_at, origin, tid_in_group);
         named_sync(kEpilogueBarrierBase + consumer, gmma::kWarpgroupThreads);   // every read of the rows done
         return;
     }
     if (tid_in_group == 0 && rows_left > 0) {
 #pragma unroll
         for (int pnl = 0; pnl < Kt::kPanels; ++pnl)
-            tma_store(o_map, smem + Kt::kQOffset + pnl * QTile::kPanelSize + group_row0 * QTile::kPanelBytes,
+            tma_store(o_map, o_tile + pnl * QTile::kPanelSize + group_row0 * QTile::kPanelBytes,
                       pnl * Kt::kPanelElems, origin.q_row + q_at.row + group_row0, q_at.head, origin.batch);
         tma_store_commit();
-        tma_store_wait_read();
+        if constexpr (!Kt::kOwnOTile) tma_store_wait_read();
     }
+}
+
+// At a consumer's end (kOwnOTile): the last store has read its rows before the CTA's shared memory goes.
+template <class Kt>
+__device__ __forceinline__ void drain_output_stores(int tid_in_group) {
+    if (Kt::kOwnOTile && tid_in_group == 0) tma_store_wait_read();
 }
 
 }  // namespace hopper

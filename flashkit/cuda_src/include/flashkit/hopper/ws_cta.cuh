@@ -4,7 +4,8 @@
 //   ring_pos  K/V tiles streamed so far: visit i of the current tile uses ring slot ring_pos + i
 //             (stage (ring_pos + i) % kStages), so the rings' phases carry on from tile to tile
 //   tiles     query tiles handled so far: the phase of q_full (Q landed, or an empty tile announced) and
-//             q_empty (each consumer's O has left the Q tile it was staged in: the producer may reload Q)
+//             q_empty (the producer may reload Q: with an O tile of its own, every consumer thread's last S
+//             product has read Q; else each consumer's O has left the Q rows it was staged in)
 #pragma once
 
 #include "flashkit/hopper/ws_traits.cuh"
@@ -37,7 +38,8 @@ struct WsCta {
           v_ring(smem_ + Kt::kVRingOffset), q_full(smem_ + Kt::kQBarOffset), q_empty(smem_ + Kt::kQEmptyBarOffset) {
         if (tid == 0) {
             mbarrier_init(q_full, 1);
-            mbarrier_init(q_empty, Kt::kConsumers);   // one arrival per consumer warpgroup
+            // Every consumer thread after its last S (kOwnOTile), or each consumer's thread 0 after its store.
+            mbarrier_init(q_empty, Kt::kOwnOTile ? Kt::kConsumerThreads : Kt::kConsumers);
             k_ring.init(Kt::kConsumerThreads);
             v_ring.init(Kt::kConsumerThreads);
             fence_barrier_init();

@@ -52,16 +52,18 @@ __device__ __forceinline__ void consume_tile(WsCta<Kt>& cta, const Params& p, co
     const int lane = cta.tid % kWarpSize;
     WsMainloop<Kt, Mask, ScoreMod> loop(mask, p, head, batch, cta.smem, consumer);
     mbarrier_wait(cta.q_full, static_cast<u32>(cta.tiles) & 1u);   // Q landed (or an empty tile announced)
-    if (n_blocks > 0) {
+    if (n_blocks > 0) {   // (with kOwnOTile, hands Q back after its last S)
         const int row0 = q_at.row + consumer * gmma::kWarpgroupRows + tid_in_group / kWarpSize * Kt::kWarpRows +
                          lane / kQuadLanes;
         const PingPong<Kt::kConsumers> turn(consumer);
         consumer_mainloop<Kt>(loop, turn, cta, n_blocks, row0, kFragCols * (lane % kQuadLanes));
+    } else if constexpr (Kt::kOwnOTile) {
+        mbarrier_arrive(cta.q_empty);
     }
     float lse[1][2];
     loop.softmax.finalize(loop.acc_o, p.softmax_scale_log2, lse);
     store_output_tma<Kt>(loop.acc_o, lse, cta.smem, consumer, maps.o, p, q_at, origin, tid_in_group);
-    if (tid_in_group == 0) mbarrier_arrive(cta.q_empty);   // this consumer's rows of the Q tile are free
+    if (!Kt::kOwnOTile && tid_in_group == 0) mbarrier_arrive(cta.q_empty);   // its O has left the Q rows
     cta.advance(n_blocks);
 }
 
@@ -100,6 +102,7 @@ __device__ __forceinline__ void ws_forward_tiles(const ForwardMaps& maps, const 
     }
     claim_registers<Kt::kConsumerRegs>();
     tiles(ConsumeTile<Kt, ScoreMod>{cta, maps});
+    drain_output_stores<Kt>(cta.tid % gmma::kWarpgroupThreads);
 }
 
 // The tile loop of a CTA that handles one tile (the q_blocks grid).

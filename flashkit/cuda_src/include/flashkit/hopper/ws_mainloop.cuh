@@ -164,6 +164,7 @@ __device__ __forceinline__ void consumer_mainloop(Loop& loop, const Turn& turn, 
     for (; i < n_blocks && i < n_masked; ++i)
         consumer_step<true>(loop, turn, k_ring, v_ring, i, pos + i, n_blocks, row0, col_lane);
     for (; i < n_blocks; ++i) consumer_step<false>(loop, turn, k_ring, v_ring, i, pos + i, n_blocks, row0, col_lane);
+    if constexpr (Kt::kOwnOTile) mbarrier_arrive(cta.q_empty);   // every S has read Q: the next tile's may load
     const int last = pos + n_blocks - 1;
     v_ring.wait_full(last);
     turn.wait_turn();

@@ -6,8 +6,11 @@
 // consumer owns rows [16 w, 16 w + 16) of those, so the mma.sync fragment conventions (apply_mask,
 // OnlineSoftmax, pack_a_fragment) serve unchanged. Shared memory, each tile 1024 B aligned in
 // gmma::KMajorTile's layout (what TMA's 128 B swizzle writes, one 128 B panel per box):
-//   [ Q: kBlockM rows | K: kStages tiles of kBlockN rows | V: likewise | mbarriers: q_full, q_empty, rings ]
-// Each consumer stages its O in its own Q rows for the TMA store.
+//   [ Q: kBlockM rows | K: kStages tiles of kBlockN rows | V: likewise | (O: kBlockM rows) | mbarriers:
+//     q_full, q_empty, the rings ]
+// Each consumer stages its O for the TMA store in its own rows of the O tile: a tile of its own after the
+// V stages when kOwnOTile (the persistent kernels: Q is handed back for the next tile as soon as the last
+// S product has read it, and the O store drains under the next tile's main loop), else the Q tile.
 #pragma once
 
 #include "flashkit/hopper/pipeline.cuh"
@@ -31,7 +34,7 @@ struct TileCoords {
     int batch;
 };
 
-template <typename Element_, int kHeadDim_, int kBlockM_, int kBlockN_, int kStages_>
+template <typename Element_, int kHeadDim_, int kBlockM_, int kBlockN_, int kStages_, bool kOwnOTile_ = false>
 struct WsTraits {
     typedef Element_ Element;
     typedef Element_ OutT;
@@ -40,6 +43,7 @@ struct WsTraits {
     static constexpr int kBlockM = kBlockM_;
     static constexpr int kBlockN = kBlockN_;
     static constexpr int kStages = kStages_;
+    static constexpr bool kOwnOTile = kOwnOTile_;
 
     static constexpr int kConsumers = kBlockM / gmma::kWarpgroupRows;
     static constexpr int kConsumerThreads = kConsumers * gmma::kWarpgroupThreads;
@@ -72,7 +76,8 @@ struct WsTraits {
     static constexpr int kKOffset = align(QTile::kBytes);
     static constexpr int kStageBytes = align(KTile::kBytes);
     static constexpr int kVOffset = kKOffset + kStages * kStageBytes;
-    static constexpr int kQBarOffset = kVOffset + kStages * kStageBytes;        // q_full
+    static constexpr int kOOffset = kOwnOTile ? kVOffset + kStages * kStageBytes : kQOffset;   // O staging
+    static constexpr int kQBarOffset = kVOffset + kStages * kStageBytes + (kOwnOTile ? align(QTile::kBytes) : 0);
     static constexpr int kQEmptyBarOffset = kQBarOffset + kBarrierBytes;       // q_empty
     static constexpr int kKRingOffset = kQEmptyBarOffset + kBarrierBytes;
     static constexpr int kVRingOffset = kKRingOffset + Ring::kBytes;
