@@ -7,7 +7,7 @@ dtypes: [float16, bfloat16]
 head_dims: [64, 96, 128, 192, 256]
 features: {causal: true, block_sparse: false, fp8: false, backward: false, lse: true, gqa: true,
            window: true, softcap: true, alibi: true, varlen: true,
-           score_mod: true, mask_mod: true}
+           score_mod: true, mask_mod: true, head_dim_v: true}
 priority: 80
 launch: {grid: tiles, persistent: 1, block_m: 128, block_n: 128, warps: 12, stages: 2}   # 1 producer + block_m / 64 consumers
 # Tile shapes from a measured sweep (BENCHMARKS.md); a score modification at hd64 needs the 240
@@ -34,8 +34,9 @@ workspace: none
 #include "flashkit/hopper/tile_scheduler.cuh"
 #include "flashkit/hopper/ws_forward.cuh"
 
+// V and O of FLASHKIT_HEAD_DIM_V (traits.cuh: FLASHKIT_HEAD_DIM unless the call's head_dim_v differs).
 typedef flashkit::hopper::WsTraits<flashkit::Element, FLASHKIT_HEAD_DIM, FLASHKIT_BLOCK_M, FLASHKIT_BLOCK_N,
-                                   FLASHKIT_STAGES>
+                                   FLASHKIT_STAGES, FLASHKIT_HEAD_DIM_V>
     Traits;
 typedef flashkit::LocalOr<FLASHKIT_WINDOW, Traits::kBlockM, Traits::kBlockN,
                           flashkit::DenseMask<FLASHKIT_CAUSAL, Traits::kBlockM, Traits::kBlockN>::type>::type BaseMask;

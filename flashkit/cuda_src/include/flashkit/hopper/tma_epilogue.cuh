@@ -1,7 +1,7 @@
 // Epilogue of a consumer warpgroup of the warp-specialized Hopper forward: O (already divided by
-// l) -> output type -> its own 64 rows of the Q tile (no longer read: its last S product has
-// completed), in the swizzled panel layout TMA's 128 B swizzle reads; then one thread stores the
-// rows with TMA, which clips rows past seqlen_q. The LSE goes straight from registers.
+// l; kHeadDimV columns) -> output type -> its own 64 rows of the Q tile (no longer read: its last S
+// product has completed), in the swizzled panel layout TMA's 128 B swizzle reads (O's kVPanels panels,
+// the first of the Q tile's); then one thread stores the rows with TMA, which clips rows past seqlen_q. The LSE goes straight from registers.
 // A packed varlen sequence (varlen.cuh) ends inside the tensor TMA sees, so the 64-row group holding its
 // last row is stored by the warpgroup's threads instead, 16 B chunks of the rows < seqlen_q only.
 // When store_output_tma returns to the warpgroup's thread 0, nothing reads the staged rows any more (the
@@ -22,7 +22,7 @@ __device__ __forceinline__ void store_rows(u32 tile, int group_row0, int rows, c
                                            const SeqOrigin& origin, int tid_in_group) {
     typedef typename Kt::OutT OutT;
     constexpr int kChunkElems = kChunkBytes / sizeof(OutT);
-    constexpr int kRowChunks = Kt::kHeadDim / kChunkElems;
+    constexpr int kRowChunks = Kt::kHeadDimV / kChunkElems;   // an O row
     OutT* o = static_cast<OutT*>(p.o) + origin.batch * p.o_batch_stride + q_at.head * p.o_head_stride +
               static_cast<index_t>(origin.q_row + q_at.row + group_row0) * p.o_row_stride;
     for (int c = tid_in_group; c < rows * kRowChunks; c += gmma::kWarpgroupThreads) {
@@ -73,7 +73,7 @@ __device__ __forceinline__ void store_output_tma(const float (&o)[1][Kt::kDTiles
     }
     if (tid_in_group == 0 && rows_left > 0) {
 #pragma unroll
-        for (int pnl = 0; pnl < Kt::kPanels; ++pnl)
+        for (int pnl = 0; pnl < Kt::kVPanels; ++pnl)
             tma_store(o_map, smem + Kt::kQOffset + pnl * QTile::kPanelSize + group_row0 * QTile::kPanelBytes,
                       pnl * Kt::kPanelElems, origin.q_row + q_at.row + group_row0, q_at.head, origin.batch);
         tma_store_commit();
