@@ -30,6 +30,7 @@ workspace: none
 // attention_chunk), the score modification (softcap / ALiBi, score_mod.cuh) and the tile order
 // (causal: heaviest blocks first); with FLASHKIT_VARLEN each batch entry is a packed sequence (varlen.cuh).
 // With `persistent` (FLASHKIT_PERSISTENT) one CTA an SM walks its share of the tiles (tile_scheduler.cuh).
+// With FLASHKIT_HEAD_DIM_V (head_dim_v), V and O have a head dim of their own, below Q's and K's (ws_traits.cuh).
 #include "flashkit/functor.cuh"
 #include "flashkit/hopper/tile_scheduler.cuh"
 #include "flashkit/hopper/ws_forward.cuh"
