@@ -1,7 +1,8 @@
 // Epilogue of a consumer warpgroup of the warp-specialized Hopper forward: O (already divided by
 // l; kHeadDimV columns) -> output type -> its own 64 rows of the Q tile (no longer read: its last S
 // product has completed), in the swizzled panel layout TMA's 128 B swizzle reads (O's kVPanels panels,
-// the first of the Q tile's); then one thread stores the rows with TMA, which clips rows past seqlen_q. The LSE goes straight from registers.
+// the first of the Q tile's); then one thread stores the rows with TMA, which clips rows past seqlen_q
+// (and columns past head_dim_v). The LSE goes straight from registers.
 // A packed varlen sequence (varlen.cuh) ends inside the tensor TMA sees, so the 64-row group holding its
 // last row is stored by the warpgroup's threads instead, 16 B chunks of the rows < seqlen_q only.
 // When store_output_tma returns to the warpgroup's thread 0, nothing reads the staged rows any more (the
