@@ -34,7 +34,8 @@ def attention(q: Any, k: Any, v: Any, *, causal: bool = False, softmax_scale: fl
     """softmax(scale * q k^T [masked]) v for (batch, seqlen, heads, head_dim) CUDA arrays.
 
     v (and out) may have a head dim of its own, head_dim_v (DeepSeek's MLA: q, k 192, v 128); the output is
-    (batch, seqlen_q, heads, head_dim_v). The FA2 family (fa2, causal) runs it, for head_dim_v <= head_dim.
+    (batch, seqlen_q, heads, head_dim_v). The FA2 family (fa2, causal) runs it, for head_dim_v <= head_dim; fa3 on
+    sm_90 where both are among its head dims (192 / 128, 128 / 64, ...).
 
     window_size=(left, right), attention_chunk, softcap and alibi_slopes (float32 (heads,) or (batch, heads))
     follow flash-attn (flashkit.features.mods).

@@ -7,7 +7,7 @@ dtypes: [float16, bfloat16]
 head_dims: [64, 96, 128, 192, 256]
 features: {causal: true, block_sparse: false, fp8: false, backward: false, lse: true, gqa: true,
            window: true, softcap: true, alibi: true, varlen: true,
-           score_mod: true, mask_mod: true}
+           score_mod: true, mask_mod: true, head_dim_v: true}
 priority: 80
 launch: {grid: tiles, persistent: 1, block_m: 128, block_n: 128, warps: 12, stages: 2}   # 1 producer + block_m / 64 consumers
 # Tile shapes from a measured sweep (BENCHMARKS.md); a score modification at hd64 needs the 240
@@ -30,13 +30,15 @@ workspace: none
 // attention_chunk), the score modification (softcap / ALiBi, score_mod.cuh) and the tile order
 // (causal: heaviest blocks first); with FLASHKIT_VARLEN each batch entry is a packed sequence (varlen.cuh).
 // With `persistent` (FLASHKIT_PERSISTENT) one CTA an SM walks its share of the tiles (tile_scheduler.cuh).
+// With FLASHKIT_HEAD_DIM_V (head_dim_v), V and O have a head dim of their own, below Q's and K's (ws_traits.cuh).
 #include "flashkit/functor.cuh"
 #include "flashkit/hopper/tile_scheduler.cuh"
 #include "flashkit/hopper/ws_forward.cuh"
 
+// V and O of FLASHKIT_HEAD_DIM_V (traits.cuh: FLASHKIT_HEAD_DIM unless the call's head_dim_v differs).
 // Persistent: O staged in a tile of its own, so that the next tile's Q loads under this tile's last P V.
 typedef flashkit::hopper::WsTraits<flashkit::Element, FLASHKIT_HEAD_DIM, FLASHKIT_BLOCK_M, FLASHKIT_BLOCK_N,
-                                   FLASHKIT_STAGES, FLASHKIT_PERSISTENT != 0>
+                                   FLASHKIT_STAGES, FLASHKIT_HEAD_DIM_V, FLASHKIT_PERSISTENT != 0>
     Traits;
 typedef flashkit::LocalOr<FLASHKIT_WINDOW, Traits::kBlockM, Traits::kBlockN,
                           flashkit::DenseMask<FLASHKIT_CAUSAL, Traits::kBlockM, Traits::kBlockN>::type>::type BaseMask;

@@ -114,7 +114,7 @@ def prepare_launch(spec: KernelSpec, loaded: LoadedKernel, config: BuildConfig, 
         **stride_fields("o", io.out),
         batch=p.batch, heads=p.heads, kv_heads=p.kv_heads, seqlen_q=p.seqlen_q, seqlen_k=p.seqlen_k,
         head_dim=p.head_dim, softmax_scale=p.softmax_scale, softmax_scale_log2=p.softmax_scale * LOG2E,
-        head_dim_v=p.head_dim_v,   # v's and o's head dim (the FA2 family's V / O class; traits.cuh)
+        head_dim_v=p.head_dim_v,   # v's and o's head dim (the FA2 family's padded V / O class; traits.cuh)
         **lse_strides(p))
     fields.update(extras)   # extras may override (varlen's LSE strides; a score_mod functor's softmax: log2(e))
     params = make_params(**fields)

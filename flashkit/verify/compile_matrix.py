@@ -11,9 +11,11 @@ from ..registry.manifest import KernelSpec
 from ..runtime.build import BuildConfig, compile_variant, make_config, store_cubin
 
 MODS = ("window", "softcap", "alibi")   # built-in modifications (features/mods.py), compiled together
-# (head_dim, head_dim_v) compiled for variants declaring head_dim_v: MLA's 192 / 128 (with each modification set),
-# and both head dims padded below their classes.
+# (head_dim, head_dim_v) compiled for variants declaring head_dim_v: MLA's 192 / 128 and both head dims padded below
+# their classes, with each modification set; and V / O tiles of fewer 128 B panels than Q / K's (the Hopper core's
+# V tiles, P V's N and O's TMA store), without modifications (they touch S only).
 HEAD_DIM_V_PAIRS = ((192, 128), (200, 136))
+HEAD_DIM_V_GEOMETRY_PAIRS = ((96, 64), (128, 64), (256, 192))
 
 
 def spec_configs(spec: KernelSpec, cc: tuple[int, int], dtypes=None, head_dims=None) -> list[BuildConfig]:
@@ -24,7 +26,8 @@ def spec_configs(spec: KernelSpec, cc: tuple[int, int], dtypes=None, head_dims=N
     A head dim below its class (a padded compile: the class's code plus column predicates) is compiled for the
     variant's first dtype only, unless dtypes are named: the dtypes differ in no register or shared-memory figure;
     and without varlen (the packed-sequence offsets and the column predicates touch different code). A variant
-    declaring head_dim_v also compiles HEAD_DIM_V_PAIRS (whose head_dim was named, if any), in the same way.
+    declaring head_dim_v also compiles HEAD_DIM_V_PAIRS and HEAD_DIM_V_GEOMETRY_PAIRS (whose head_dim was named, if
+    any), in the same way.
     """
     causal_opts = spec.causal_options()
     sparse = spec.requires.get("block_sparse", False)
@@ -51,15 +54,17 @@ def spec_configs(spec: KernelSpec, cc: tuple[int, int], dtypes=None, head_dims=N
 
 def head_dim_v_configs(spec: KernelSpec, cc: tuple[int, int], causal_opts, mod_sets, dtypes=None,
                        head_dims=None) -> list[BuildConfig]:
-    """HEAD_DIM_V_PAIRS' specializations: each causal option and modification set (varlen at class head dims)."""
+    """HEAD_DIM_V_PAIRS' specializations: each causal option and modification set (varlen at class head dims);
+    HEAD_DIM_V_GEOMETRY_PAIRS': each causal option, unmodified."""
     out = []
+    pairs = [(pair, mod_sets) for pair in HEAD_DIM_V_PAIRS] + [(pair, [()]) for pair in HEAD_DIM_V_GEOMETRY_PAIRS]
     for dt in [d for d in spec.dtypes if d in dtypes] if dtypes else spec.dtypes[:1]:
-        for hd, hdv in HEAD_DIM_V_PAIRS:
+        for (hd, hdv), sets in pairs:
             if (head_dims and hd not in head_dims) or hd not in spec.head_dims or hdv not in spec.head_dims:
                 continue
             exact = spec.head_dims.class_of(hd) == hd
             out += [make_config(spec, dt, hd, c, cc, False, None, m, head_dim_v=hdv)
-                    for c in causal_opts for m in mod_sets if "varlen" not in m or exact]
+                    for c in causal_opts for m in sets if "varlen" not in m or exact]
     return out
 
 

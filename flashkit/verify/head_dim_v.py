@@ -1,6 +1,6 @@
 """Verification of a v head dim below q's and k's (head_dim_v; DeepSeek's MLA: 192 / 128).
 
-An extension of the harness: every variant whose manifest declares `head_dim_v` gets, on top of its family's
+An extension of the harness: every variant whose manifest declares `head_dim_v` (fa2, causal, fa3) gets, on top of its family's
 checks, the dense shape matrix at 192 / 128 (causal and not, GQA and MQA, seqlen_q != seqlen_k both ways, odd
 lengths), a few other pairs of head-dim classes and padded head dims on the quick shapes, one modified case
 (window, softcap, ALiBi) and one varlen case where the variant declares them. The reference is the same
@@ -20,8 +20,9 @@ from .varlen import CASES as VARLEN_CASES
 from .varlen import varlen_check
 
 MLA = (192, 128)   # (head_dim, head_dim_v): the pair every variant declaring head_dim_v runs on the full matrix
-# Other pairs, on the quick shapes: classes apart, V one class below, both padded, V far below Q / K.
-OTHER_PAIRS = ((128, 64), (256, 192), (200, 136), (136, 72), (40, 8))
+# Other pairs, on the quick shapes: classes apart, V one class below, V of one 128 B panel under Q / K's two (the
+# second half-filled: the Hopper core's hd96), both padded, V far below Q / K.
+OTHER_PAIRS = ((128, 64), (256, 192), (96, 64), (200, 136), (136, 72), (40, 8))
 MOD_CASE = "causal window(128,0)+softcap(3)+alibi"
 VARLEN_CASE = "cross"
 

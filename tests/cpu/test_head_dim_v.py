@@ -19,7 +19,7 @@ from flashkit.call.validate import Problem, validate_inputs
 from flashkit.cli import cli
 from flashkit.errors import InputError, UnsupportedError
 from flashkit.registry import Request, discover_kernels, select_kernel
-from flashkit.registry.select import check_head_dim_v
+from flashkit.registry.select import check_head_dim_v, reasons
 from flashkit.runtime.build import cache_key, compile_variant, make_config
 from flashkit.runtime.device import DeviceInfo
 from flashkit.runtime.params import make_params
@@ -31,7 +31,8 @@ from .synth import cuda, input_error
 H100 = DeviceInfo(0, "Fake H100", (9, 0), 132, 227 * 1024, 13000, 13000)
 A100 = DeviceInfo(0, "Fake A100", (8, 0), 108, 163 * 1024, 12000, 12000)
 B, SQ, SK, H, HK = 2, 17, 33, 8, 2
-TAKERS = {"fa2", "causal"}
+TAKERS = {"fa2", "causal", "fa3"}
+FA3_V_DIMS = "64, 96, 128, 192, 256"   # fa3 takes head_dim_v <= head_dim among its head dims
 
 
 def mla(d=192, dv=128, typestr="<f2", kv_heads=HK):
@@ -111,23 +112,41 @@ def test_varlen_refuses_an_unsupported_v_head_dim_before_the_device(no_device):
 
 # --- selection and explain --------------------------------------------------------------------------------
 
-def test_only_the_fa2_family_declares_head_dim_v():
+def test_the_fa2_family_and_fa3_declare_head_dim_v():
     specs = discover_kernels().specs
     assert {n for n, s in specs.items() if s.supports("head_dim_v")} == TAKERS
-    for name in ("fa3", "hopper", "fp8", "fp8_hopper", "block_sparse", "block_sparse_hopper", "decode", "standard",
+    for name in ("hopper", "fp8", "fp8_hopper", "block_sparse", "block_sparse_hopper", "decode", "standard",
                  "fa1", "fa2_bwd"):
         assert not specs[name].supports("head_dim_v"), name
 
 
-@pytest.mark.parametrize("device", [H100, A100], ids=["sm90", "sm80"])
-@pytest.mark.parametrize("causal,chosen", [(False, "fa2"), (True, "causal")])
-def test_mla_call_selects_the_fa2_family(monkeypatch, device, causal, chosen):
+@pytest.mark.parametrize("device,causal,chosen", [(H100, False, "fa3"), (H100, True, "fa3"), (A100, False, "fa2"),
+                                                  (A100, True, "causal")], ids=["sm90", "sm90-causal", "sm80",
+                                                                                "sm80-causal"])
+def test_mla_call_selects_fa3_on_sm90_and_the_fa2_family_elsewhere(monkeypatch, device, causal, chosen):
     sel = selected(monkeypatch, device, *mla(), causal=causal, return_lse=True)
     assert sel.chosen.name == chosen
     assert sel.request.head_dim_v == 128 and "head_dim_v=128" in sel.request.summary()
     assert "head_dim_v != head_dim (v's head dim differing from q's and k's) not supported" in sel.rejected["standard"]
-    if device is H100:   # fa3 would win at 192 / 192: here it is rejected, and says why
-        assert any("head_dim_v != head_dim" in r for r in sel.rejected["fa3"])
+    assert not [r for name in TAKERS for r in sel.rejected.get(name, []) if "head_dim_v" in r]
+
+
+@pytest.mark.parametrize("d,dv", [(192, 128), (96, 64), (128, 64), (128, 96), (256, 128), (256, 192), (256, 64)])
+def test_fa3_takes_every_smaller_head_dim_of_its_own(monkeypatch, d, dv):
+    sel = selected(monkeypatch, H100, *mla(d, dv), causal=True)
+    assert sel.chosen.name == "fa3"
+
+
+@pytest.mark.parametrize("d,dv", [(192, 120), (200, 136), (136, 72), (128, 192), (96, 40)])
+def test_fa3_refuses_other_pairs_and_the_fa2_family_runs_them(d, dv):
+    """fa3 compiles exact head dims only: a pair outside its list goes to the FA2 family (or nowhere), never to fa3."""
+    req = Request("bfloat16", d, head_dim_v=dv, cc=(9, 0))
+    sel = flashkit.explain(dtype="bfloat16", head_dim=d, head_dim_v=dv, cc=(9, 0)) if dv <= d else None
+    if sel is not None:
+        assert sel.chosen.name == "fa2"
+    with pytest.raises(UnsupportedError) as e:
+        select_kernel(req, discover_kernels().specs, variant="fa3")
+    assert "head_dim_v" in str(e.value) or f"head_dim={d}" in str(e.value)
 
 
 def test_equal_head_dims_select_as_before(monkeypatch):
@@ -138,7 +157,7 @@ def test_equal_head_dims_select_as_before(monkeypatch):
 
 def test_forcing_a_kernel_without_head_dim_v_is_one_unsupported_error(monkeypatch):
     monkeypatch.setattr(api, "device_info", lambda *a: H100)
-    for variant in ("fa3", "standard", "hopper"):
+    for variant in ("standard", "hopper"):
         with pytest.raises(UnsupportedError) as e:
             flashkit.attention(*mla(), variant=variant)
         msg = str(e.value)
@@ -161,6 +180,9 @@ def test_reasons_give_exact_bounds():
     assert e.value.reasons["fa2"] == [("head_dim_v=192 not supported with head_dim=128: supported head_dim_v <= "
                                        "head_dim, multiples of 8 from 8 to 256 (compiled as 32, 64, 96, 128, 160, "
                                        "192, 256)")]
+    on_h100 = Request("bfloat16", 192, head_dim_v=120, cc=(9, 0))
+    assert reasons(discover_kernels().get("fa3"), on_h100) == [
+        f"head_dim_v=120 not supported with head_dim=192: supported head_dim_v <= head_dim, {FA3_V_DIMS}"]
 
 
 def test_request_spells_equal_head_dims_one_way():
@@ -169,13 +191,19 @@ def test_request_spells_equal_head_dims_one_way():
 
 
 def test_explain_api_and_cli():
-    sel = flashkit.explain(head_dim=192, head_dim_v=128, cc=(9, 0))
-    assert sel.chosen.name == "fa2"
-    assert any("head_dim_v=128: v and the output run as head-dim class 128 under q / k's 192" in n for n in sel.notes)
+    for cc, chosen in (((9, 0), "fa3"), ((8, 0), "fa2")):
+        sel = flashkit.explain(head_dim=192, head_dim_v=128, cc=cc)
+        assert sel.chosen.name == chosen
+        assert any("head_dim_v=128: v and the output run as head-dim class 128 under q / k's 192" in n
+                   for n in sel.notes)
     res = CliRunner().invoke(cli, ["explain", "--arch", "sm_90", "--head-dim", "192", "--head-dim-v", "128",
                                    "--causal"])
     assert res.exit_code == 0, res.output
-    assert "selected: causal" in res.output and "fa3: " in res.output and "head_dim_v != head_dim" in res.output
+    assert "selected: fa3" in res.output and "standard: " in res.output and "head_dim_v != head_dim" in res.output
+    res = CliRunner().invoke(cli, ["explain", "--arch", "sm_90", "--head-dim", "192", "--head-dim-v", "120",
+                                   "--causal"])
+    assert res.exit_code == 0, res.output
+    assert "selected: causal" in res.output and "head_dim_v=120 not supported with head_dim=192" in res.output
     padded = flashkit.explain(head_dim=200, head_dim_v=136, cc=(8, 0))
     assert any("class 160 under q / k's 256 (columns 136..159 zero-filled, not stored)" in n for n in padded.notes)
 
@@ -225,15 +253,25 @@ def test_params_carry_head_dim_v():
 
 
 def test_compile_matrix_plans_the_pairs():
+    geometry = {(96, 64), (128, 64), (256, 192)}   # V / O of fewer panels than Q / K, unmodified
     for name in TAKERS:
-        configs = [c for c in spec_configs(discover_kernels().get(name), (8, 0)) if c.head_dim_v]
-        assert {(c.head_dim, c.head_dim_v) for c in configs} == {(192, 128), (256, 160)}
-        assert {c.causal for c in configs} == ({False, True} if name == "fa2" else {True})
+        spec = discover_kernels().get(name)
+        cc = (9, 0) if name == "fa3" else (8, 0)
+        configs = [c for c in spec_configs(spec, cc) if c.head_dim_v]
+        mla_pairs = {(192, 128)} if name == "fa3" else {(192, 128), (256, 160)}   # fa3: no padded head dims
+        assert {(c.head_dim, c.head_dim_v) for c in configs} == mla_pairs | geometry
+        assert {c.causal for c in configs} == ({True} if name == "causal" else {False, True})
         assert any("varlen" in c.mods for c in configs) and any("window" in c.mods for c in configs)
+        assert not [c for c in configs if c.mods and (c.head_dim, c.head_dim_v) in geometry]
+    fa3 = discover_kernels().get("fa3")
+    equal = make_config(fa3, "bfloat16", 192, False, (9, 0), head_dim_v=192)
+    assert equal == make_config(fa3, "bfloat16", 192, False, (9, 0)) and not any("HEAD_DIM_V" in f
+                                                                                  for f in equal.defines())
 
 
-@pytest.mark.parametrize("target", ["sm_80", "sm_90"])
-@pytest.mark.parametrize("name,causal", [("fa2", False), ("fa2", True), ("causal", True)])
+@pytest.mark.parametrize("name,causal,target", [(n, c, t) for t in ("sm_80", "sm_90")
+                                                 for n, c in (("fa2", False), ("fa2", True), ("causal", True))]
+                         + [("fa3", False, "sm_90"), ("fa3", True, "sm_90")])
 def test_mla_specializations_compile_without_spills(name, causal, target):
     spec = discover_kernels().get(name)
     cc = (int(target[3]), int(target[4]))
@@ -291,6 +329,11 @@ def test_verify_checks_mla_on_the_takers_only():
     assert any("window" in lbl and "d192/v128" in lbl for lbl in fa2)
     assert any("d200/v136" in lbl for lbl in fa2) and any("d40/v8" in lbl for lbl in fa2)
     assert all("causal" in c.label for c in checks_for(specs["causal"]) if "/v" in c.label)
-    for name in ("fa3", "standard", "block_sparse", "decode"):
+    fa3 = [c.label for c in checks_for(specs["fa3"]) if "/v" in c.label]
+    assert any(lbl.endswith("d192/v128 bfloat16 causal") for lbl in fa3) and any("d128/v64" in lbl for lbl in fa3)
+    assert any(lbl.startswith("varlen ") and "d192/v128" in lbl for lbl in fa3)
+    assert any("window" in lbl and "d192/v128" in lbl for lbl in fa3)
+    assert not any("d200/v136" in lbl or "d40/v8" in lbl for lbl in fa3)   # pairs outside fa3's head dims
+    for name in ("standard", "block_sparse", "decode"):
         assert not [c for c in checks_for(specs[name]) if "/v" in c.label], name
     assert not [c for c in checks_for(specs["fa2"], head_dims=[64]) if "/v" in c.label]

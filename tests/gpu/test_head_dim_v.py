@@ -1,7 +1,8 @@
-"""head_dim_v on a GPU (v and the output narrower than q and k; DeepSeek's MLA: 192 / 128): fa2 and causal against
-the float64 reference under DESIGN.md's rule (fresh random inputs, NaN-poisoned outputs, the LSE too), the default
-selection (the FA2 family on every arch, sm_90 included), column slices neither read nor written past head_dim_v,
-the cached hot path, and the refusal of a gradient."""
+"""head_dim_v on a GPU (v and the output narrower than q and k; DeepSeek's MLA: 192 / 128): fa2, causal and fa3 (sm_90)
+against the float64 reference under DESIGN.md's rule (fresh random inputs, NaN-poisoned outputs, the LSE too), fa3 on
+every pair of its head dims at tile boundaries and over several tiles a CTA, the default selection (fa3 on sm_90, the
+FA2 family elsewhere), column slices neither read nor written past head_dim_v, the cached hot path, and the refusal
+of a gradient."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import pytest
 
 from flashkit.call.dtypes import BY_NAME
 from flashkit.registry import discover_kernels
+from flashkit.verify.dense import dense_check
 from flashkit.verify.harness import Shape, judge, random_qkv
 from flashkit.verify.head_dim_v import head_dim_v_checks
 from flashkit.verify.reference import output_atol, plain_attention, reference_attention
@@ -19,7 +21,16 @@ from .gpu_checks import run_check
 
 pytestmark = pytest.mark.gpu
 
-VARIANTS = ("fa2", "causal")
+VARIANTS = ("fa2", "causal", "fa3")
+FA3_HEAD_DIMS = (64, 96, 128, 192, 256)
+FA3_PAIRS = tuple((d, dv) for d in FA3_HEAD_DIMS for dv in FA3_HEAD_DIMS if dv < d)
+# fa3's tiles: 128 query rows; 128 keys (hd96, hd128) or 64 (hd192, hd256). Lengths at those bounds and one past,
+# GQA and MQA, seqlen_q != seqlen_k both ways, one query row.
+FA3_BOUNDARY_SHAPES = (Shape(1, 127, 129, 4, 2), Shape(2, 128, 64, 4, 4), Shape(1, 129, 65, 8, 1),
+                       Shape(1, 255, 127, 2, 2), Shape(1, 257, 128, 4, 1), Shape(1, 64, 63, 2, 2),
+                       Shape(3, 1, 257, 4, 2))
+# More tiles than an H100 has SMs (132): the persistent scheduler hands each CTA several (Q reloaded, rings carried).
+FA3_MANY_TILES = Shape(4, 1000, 1000, 16, 2)
 
 
 def _params():
@@ -33,6 +44,37 @@ def _params():
 
 
 PARAMS = _params()
+
+
+def _on_sm90():
+    from flashkit.runtime.device import device_info
+    if device_info().cc != (9, 0):
+        pytest.skip("fa3 runs on sm_90 only")
+
+
+def _fa3_params():
+    spec = discover_kernels().get("fa3")
+    checks = [dense_check(spec, s, d, "bfloat16", c, dv) for d, dv in FA3_PAIRS for c in (False, True)
+              for s in FA3_BOUNDARY_SHAPES]
+    checks += [dense_check(spec, FA3_MANY_TILES, d, t, c, dv) for d, dv in ((192, 128), (128, 64))
+               for t in ("bfloat16", "float16") for c in (False, True)]
+    return [pytest.param(c, id=c.label) for c in checks]
+
+
+@pytest.mark.parametrize("check", _fa3_params())
+def test_fa3_every_pair_at_tile_boundaries(check):
+    _on_sm90()
+    run_check("fa3", check)
+
+
+@pytest.mark.parametrize("d,dv", FA3_PAIRS)
+def test_fa3_is_selected_for_each_pair_on_sm90(d, dv):
+    import flashkit
+    from flashkit.runtime.device import device_info
+    _on_sm90()
+    for causal in (False, True):
+        sel = flashkit.explain(dtype="bfloat16", head_dim=d, head_dim_v=dv, causal=causal, cc=device_info().cc)
+        assert sel.chosen.name == "fa3", (d, dv, causal)
 
 
 def test_every_variant_has_mla_checks():
@@ -58,9 +100,9 @@ def _compare(out, lse, q, k, v, causal, dtype, label):
 
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
-def test_default_selection_runs_mla_on_the_fa2_family(causal, dtype):
-    """No variant named: the call selects fa2 / causal (sm_90 too: the Hopper kernels do not take head_dim_v yet),
-    with no fallback warning, an output of v's head dim, and the reference's values."""
+def test_default_selection_runs_mla_on_fa3_or_the_fa2_family(causal, dtype):
+    """No variant named: the call selects fa3 on sm_90, fa2 / causal elsewhere, with no fallback warning, an output of
+    v's head dim, and the reference's values."""
     import cupy as cp
 
     import flashkit
@@ -69,7 +111,8 @@ def test_default_selection_runs_mla_on_the_fa2_family(causal, dtype):
     q, k, v = random_qkv(shape, 192, dtype, 7 + causal, head_dim_v=128)
     sel = flashkit.explain(dtype=dtype, head_dim=192, head_dim_v=128, seqlen_q=300, seqlen_k=257, heads=16,
                            kv_heads=2, batch=2, causal=causal, lse=True, cc=device_info().cc)
-    assert sel.chosen.name == ("causal" if causal else "fa2")
+    on_hopper = device_info().cc == (9, 0)
+    assert sel.chosen.name == ("fa3" if on_hopper else "causal" if causal else "fa2")
     out = cp.full((2, 300, 16, 128), cp.nan, dtype=q.dtype)
     with warnings.catch_warnings():
         warnings.simplefilter("error")
@@ -81,7 +124,8 @@ def test_default_selection_runs_mla_on_the_fa2_family(causal, dtype):
     _compare(again, lse2, q, k, v, causal, dtype, f"cached {dtype} causal={causal}")
 
 
-@pytest.mark.parametrize("d,dv,width", [(192, 128, 192), (192, 120, 136), (200, 136, 200), (64, 40, 64)])
+@pytest.mark.parametrize("d,dv,width", [(192, 128, 192), (192, 120, 136), (200, 136, 200), (64, 40, 64),
+                                        (128, 64, 96), (256, 192, 256)])   # 192/128, 128/64, 256/192: fa3 on sm_90
 @pytest.mark.parametrize("causal", [False, True])
 def test_columns_past_head_dim_v_are_neither_read_nor_written(d, dv, width, causal):
     """v and out are column slices of NaN-filled wider buffers: the kernel must zero-fill (not load) v's columns past

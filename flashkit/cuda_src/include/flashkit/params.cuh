@@ -121,7 +121,8 @@ struct Params {
     // (batch, heads, seqlen_q) dense, (heads, total_q) varlen.
     index_t lse_batch_stride, lse_head_stride;
     // The head dim of v and o (MLA: 128 under q / k's 192); head_dim where they are the same. Read by
-    // the FA2 family (traits.cuh's kHeadDimV), appended last so every earlier offset is unchanged.
+    // the FA2 family (traits.cuh's kHeadDimV; fa3 compiles exact head dims and needs it not), appended last so
+    // every earlier offset is unchanged.
     int head_dim_v;
 };
 

@@ -47,6 +47,9 @@ constexpr int kQInRegsBudget = 160;
 #define FLASHKIT_OWN_HEAD_DIM_V 1
 #else
 #define FLASHKIT_OWN_HEAD_DIM_V 0
+#ifdef FLASHKIT_HEAD_DIM
+#define FLASHKIT_HEAD_DIM_V FLASHKIT_HEAD_DIM   // V's head dim is Q's and K's (every family: sm80 and Hopper)
+#endif
 #endif
 #ifndef FLASHKIT_HEAD_DIM_V_PADDED
 #define FLASHKIT_HEAD_DIM_V_PADDED FLASHKIT_HEAD_DIM_PADDED   // V as Q and K unless the runtime says otherwise
@@ -111,9 +114,6 @@ struct FwdTraits {
 
 #if defined(FLASHKIT_HEAD_DIM) && defined(FLASHKIT_BLOCK_M) && defined(FLASHKIT_BLOCK_N) && \
     defined(FLASHKIT_WARPS) && defined(FLASHKIT_DTYPE) && defined(FLASHKIT_OUT_DTYPE)
-#ifndef FLASHKIT_HEAD_DIM_V
-#define FLASHKIT_HEAD_DIM_V FLASHKIT_HEAD_DIM   // V's head dim is Q's and K's
-#endif
 // The traits of this compile, from the -D defines of the kernel contract.
 typedef FwdTraits<FLASHKIT_HEAD_DIM, FLASHKIT_BLOCK_M, FLASHKIT_BLOCK_N, FLASHKIT_WARPS, Element,
                   OutT, FLASHKIT_HEAD_DIM_V>

@@ -1,8 +1,9 @@
 // Epilogue of a consumer warpgroup of the warp-specialized Hopper forward: O (already divided by
-// l) -> output type -> its own 64 rows of the O staging tile (Kt::kOOffset: a tile of its own, or the Q
-// tile, no longer read once the consumer's last S product has completed), in the swizzled panel layout
-// TMA's 128 B swizzle reads; then one thread stores the rows with TMA, which clips rows past seqlen_q.
-// The LSE goes straight from registers.
+// l; kHeadDimV columns) -> output type -> its own 64 rows of the O staging tile (Kt::kOOffset: a tile of its
+// own, or the Q tile, no longer read once the consumer's last S product has completed), in the swizzled panel
+// layout TMA's 128 B swizzle reads (O's kVPanels panels, the first of the tile's); then one thread stores the
+// rows with TMA, which clips rows past seqlen_q (and columns past head_dim_v). The LSE goes straight from
+// registers.
 // A packed varlen sequence (varlen.cuh) ends inside the tensor TMA sees, so the 64-row group holding its
 // last row is stored by the warpgroup's threads instead, 16 B chunks of the rows < seqlen_q only.
 // With a tile of its own (kOwnOTile) the store is left to drain under the next tile: the next epilogue
@@ -24,7 +25,7 @@ __device__ __forceinline__ void store_rows(u32 tile, int group_row0, int rows, c
                                            const SeqOrigin& origin, int tid_in_group) {
     typedef typename Kt::OutT OutT;
     constexpr int kChunkElems = kChunkBytes / sizeof(OutT);
-    constexpr int kRowChunks = Kt::kHeadDim / kChunkElems;
+    constexpr int kRowChunks = Kt::kHeadDimV / kChunkElems;   // an O row
     OutT* o = static_cast<OutT*>(p.o) + origin.batch * p.o_batch_stride + q_at.head * p.o_head_stride +
               static_cast<index_t>(origin.q_row + q_at.row + group_row0) * p.o_row_stride;
     for (int c = tid_in_group; c < rows * kRowChunks; c += gmma::kWarpgroupThreads) {
@@ -80,7 +81,7 @@ __device__ __forceinline__ void store_output_tma(const float (&o)[1][Kt::kDTiles
     }
     if (tid_in_group == 0 && rows_left > 0) {
 #pragma unroll
-        for (int pnl = 0; pnl < Kt::kPanels; ++pnl)
+        for (int pnl = 0; pnl < Kt::kVPanels; ++pnl)
             tma_store(o_map, o_tile + pnl * QTile::kPanelSize + group_row0 * QTile::kPanelBytes,
                       pnl * Kt::kPanelElems, origin.q_row + q_at.row + group_row0, q_at.head, origin.batch);
         tma_store_commit();

@@ -4,7 +4,7 @@
 //   S_i = mod(S_i)             softcap / ALiBi (score_mod.cuh; NoScoreMod: nothing)
 //   S_i = -inf where masked    only on the tiles the mask says cross a boundary
 //   {m, l}, P_i = exp2(S_i c - m c)   OnlineSoftmax (c = softmax_scale log2 e); O owes alpha
-//   O += P_i V_i               wgmma m64 n{kHeadDim} k16, P from registers (A), V_i read MN-major
+//   O += P_i V_i               wgmma m64 n{kHeadDimV} k16, P from registers (A), V_i read MN-major
 // Order, with i - 1's P V still owed:
 //   wait turn (ping-pong); issue S_i, then O += P_{i-1} V_{i-1}; pass the turn
 //   wait S_i; hand K_i back; softmax of S_i     (under P_{i-1} V_{i-1} and the other warpgroup's products)
@@ -50,6 +50,7 @@ struct WsMainloop {
     typedef typename Kt::Element Element;
     typedef typename Kt::QTile QTile;
     typedef typename Kt::KTile KTile;
+    typedef typename Kt::VTile VTile;
     typedef typename Kt::Ring Ring;
     static constexpr int kBN = Kt::kBlockN;
 
@@ -59,7 +60,7 @@ struct WsMainloop {
     u32 k_tiles, v_tiles;
     int q_row0;          // first Q tile row of this consumer
     float scale_log2;
-    float acc_o[1][Kt::kDTiles][4];
+    float acc_o[1][Kt::kDTiles][4];    // O: kHeadDimV columns
     float s[1][Kt::kNTiles][4];        // S_i, then its P (floats)
     u32 p_frag[Kt::kPVSteps][4];       // 16-bit P of the tile being multiplied (wgmma A operand)
     float alpha[1][2];                 // what O owes before its next product
@@ -78,7 +79,7 @@ struct WsMainloop {
 
     // S_i = Q K_i^T from ring slot `slot` (asynchronous; the first k-step overwrites s).
     __device__ __forceinline__ void issue_scores(int slot) {
-        const u32 k_tile = k_tiles + Ring::stage(slot) * Kt::kStageBytes;
+        const u32 k_tile = k_tiles + Ring::stage(slot) * Kt::kKStageBytes;
         gmma::fence();
 #pragma unroll
         for (int kk = 0; kk < Kt::kQKSteps; ++kk)
@@ -90,12 +91,12 @@ struct WsMainloop {
     // O += P V_i from ring slot `slot` (asynchronous; p_frag stays untouched until it completes). k-step
     // kk: keys kStepKeys kk .. + kStepKeys - 1, rows of the V tile.
     __device__ __forceinline__ void issue_pv(int slot) {
-        const u32 v_tile = v_tiles + Ring::stage(slot) * Kt::kStageBytes;
+        const u32 v_tile = v_tiles + Ring::stage(slot) * Kt::kVStageBytes;
         gmma::fence();
 #pragma unroll
         for (int kk = 0; kk < Kt::kPVSteps; ++kk)
-            gmma::MmaBT<Element, Kt::kHeadDim>::rs(acc_o[0], p_frag[kk],
-                                                   KTile::desc_mn_major(v_tile, kk * Kt::kStepKeys), 1);
+            gmma::MmaBT<Element, Kt::kHeadDimV>::rs(acc_o[0], p_frag[kk],
+                                                    VTile::desc_mn_major(v_tile, kk * Kt::kStepKeys), 1);
         gmma::commit();
     }
 

@@ -15,7 +15,7 @@ namespace hopper {
 template <class Kt, class Tile>
 __device__ __forceinline__ void load_tile(u32 dst, const TensorMap& map, u32 bar, const TileCoords& at) {
 #pragma unroll
-    for (int p = 0; p < Kt::kPanels; ++p)
+    for (int p = 0; p < Tile::kPanels; ++p)
         tma_load(dst + p * Tile::kPanelSize, map, bar, p * Kt::kPanelElems, at.row, at.head, at.batch);
 }
 
@@ -32,14 +32,14 @@ __device__ __forceinline__ void produce(const WsCta<Kt>& cta, const Mask& mask, 
         const int slot = cta.ring_pos + i;
         const TileCoords kv_at{k_origin.row + mask.kv_block(n_blocks - 1 - i) * Kt::kBlockN, k_origin.head,
                                k_origin.batch};
-        const int stage_offset = Kt::Ring::stage(slot) * Kt::kStageBytes;
-        load_tile<Kt, typename Kt::KTile>(cta.smem + Kt::kKOffset + stage_offset, maps.k,
+        const int stage = Kt::Ring::stage(slot);
+        load_tile<Kt, typename Kt::KTile>(cta.smem + Kt::kKOffset + stage * Kt::kKStageBytes, maps.k,
                                           cta.k_ring.acquire(slot, Kt::KTile::kBytes), kv_at);
-        load_tile<Kt, typename Kt::KTile>(cta.smem + Kt::kVOffset + stage_offset, maps.v,
-                                          cta.v_ring.acquire(slot, Kt::KTile::kBytes), kv_at);
+        load_tile<Kt, typename Kt::VTile>(cta.smem + Kt::kVOffset + stage * Kt::kVStageBytes, maps.v,
+                                          cta.v_ring.acquire(slot, Kt::VTile::kBytes), kv_at);
     };
     if (n_blocks > 0) load_kv(0);
-    // The previous tile's O has left the Q tile (round `tiles` of q_empty; the first passes at once).
+    // Q is free again (round `tiles` of q_empty, ws_cta.cuh; the first passes at once).
     mbarrier_wait(cta.q_empty, (static_cast<u32>(cta.tiles) & 1u) ^ 1u);
     if (n_blocks > 0) {
         mbarrier_arrive_expect_tx(cta.q_full, Kt::QTile::kBytes);

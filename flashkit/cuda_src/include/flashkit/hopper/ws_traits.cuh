@@ -10,7 +10,13 @@
 //     q_full, q_empty, the rings ]
 // Each consumer stages its O for the TMA store in its own rows of the O tile: a tile of its own after the
 // V stages when kOwnOTile (the persistent kernels: Q is handed back for the next tile as soon as the last
-// S product has read it, and the O store drains under the next tile's main loop), else the Q tile.
+// S product has read it, and the O store drains under the next tile's main loop), else the Q tile. Either
+// has the Q tile's layout.
+//
+// kHeadDimV (default kHeadDim) is the head dim of V and O, at most kHeadDim (DeepSeek's MLA: 192 / 128):
+// S = Q K^T runs over kHeadDim (Q and K rows of kRowBytes), O += P V, the O accumulator and the epilogue
+// over kHeadDimV (V rows of kVRowBytes). Every panel is 128 B wide, so O's first kVPanels panels are a
+// prefix of the O tile's panels in the same swizzle: O staged there is the O tile TMA stores.
 #pragma once
 
 #include "flashkit/hopper/pipeline.cuh"
@@ -34,12 +40,14 @@ struct TileCoords {
     int batch;
 };
 
-template <typename Element_, int kHeadDim_, int kBlockM_, int kBlockN_, int kStages_, bool kOwnOTile_ = false>
+template <typename Element_, int kHeadDim_, int kBlockM_, int kBlockN_, int kStages_, int kHeadDimV_ = kHeadDim_,
+          bool kOwnOTile_ = false>
 struct WsTraits {
     typedef Element_ Element;
     typedef Element_ OutT;
     static constexpr int kElemBytes = static_cast<int>(sizeof(Element));
-    static constexpr int kHeadDim = kHeadDim_;
+    static constexpr int kHeadDim = kHeadDim_;     // Q and K (the S = Q K^T product)
+    static constexpr int kHeadDimV = kHeadDimV_;   // V and O (the P V product, the epilogue)
     static constexpr int kBlockM = kBlockM_;
     static constexpr int kBlockN = kBlockN_;
     static constexpr int kStages = kStages_;
@@ -55,18 +63,24 @@ struct WsTraits {
     static constexpr int kWarpRows = kMmaM;
     static constexpr int kMTiles = 1;
     static constexpr int kNTiles = kBlockN / kMmaN;          // 8-key column tiles of S
-    static constexpr int kDTiles = kHeadDim / kMmaN;         // 8-wide column tiles of O
+    static constexpr int kDTiles = kHeadDimV / kMmaN;        // 8-wide column tiles of O
     // Tile rows in shared memory: whole 128 B panels (hd96: two, the second half zero-filled by TMA's
-    // out-of-bounds fill and never read by a product); the products run over kHeadDim only.
-    static constexpr int kRowBytes = (kHeadDim * kElemBytes + kTmaPanelBytes - 1) / kTmaPanelBytes * kTmaPanelBytes;
+    // out-of-bounds fill and never read by a product); the products run over kHeadDim / kHeadDimV only.
+    __host__ __device__ static constexpr int panel_row_bytes(int head_dim) {
+        return (head_dim * kElemBytes + kTmaPanelBytes - 1) / kTmaPanelBytes * kTmaPanelBytes;
+    }
+    static constexpr int kRowBytes = panel_row_bytes(kHeadDim);     // a Q or K row
+    static constexpr int kVRowBytes = panel_row_bytes(kHeadDimV);   // a V or (staged) O row
     static constexpr int kQKSteps = kHeadDim * kElemBytes / gmma::kKBytes;
     static constexpr int kPVSteps = kBlockN * kElemBytes / gmma::kKBytes;
     static constexpr int kStepKeys = gmma::kKBytes / kElemBytes;   // keys per k-step of P V
     static constexpr int kPanelElems = kTmaPanelBytes / kElemBytes;
-    static constexpr int kPanels = kRowBytes / kTmaPanelBytes;
+    static constexpr int kPanels = kRowBytes / kTmaPanelBytes;      // of a Q or K tile
+    static constexpr int kVPanels = kVRowBytes / kTmaPanelBytes;    // of a V tile and of O
 
     typedef gmma::KMajorTile<kBlockM, kRowBytes> QTile;
-    typedef gmma::KMajorTile<kBlockN, kRowBytes> KTile;   // V tiles share K's layout (read MN-major)
+    typedef gmma::KMajorTile<kBlockN, kRowBytes> KTile;
+    typedef gmma::KMajorTile<kBlockN, kVRowBytes> VTile;   // K's layout at V's row bytes (read MN-major)
     typedef StageRing<kStages> Ring;
 
     __host__ __device__ static constexpr int align(int bytes) {
@@ -74,10 +88,11 @@ struct WsTraits {
     }
     static constexpr int kQOffset = 0;
     static constexpr int kKOffset = align(QTile::kBytes);
-    static constexpr int kStageBytes = align(KTile::kBytes);
-    static constexpr int kVOffset = kKOffset + kStages * kStageBytes;
-    static constexpr int kOOffset = kOwnOTile ? kVOffset + kStages * kStageBytes : kQOffset;   // O staging
-    static constexpr int kQBarOffset = kVOffset + kStages * kStageBytes + (kOwnOTile ? align(QTile::kBytes) : 0);
+    static constexpr int kKStageBytes = align(KTile::kBytes);
+    static constexpr int kVStageBytes = align(VTile::kBytes);
+    static constexpr int kVOffset = kKOffset + kStages * kKStageBytes;
+    static constexpr int kOOffset = kOwnOTile ? kVOffset + kStages * kVStageBytes : kQOffset;   // O staging
+    static constexpr int kQBarOffset = kVOffset + kStages * kVStageBytes + (kOwnOTile ? align(QTile::kBytes) : 0);
     static constexpr int kQEmptyBarOffset = kQBarOffset + kBarrierBytes;       // q_empty
     static constexpr int kKRingOffset = kQEmptyBarOffset + kBarrierBytes;
     static constexpr int kVRingOffset = kKRingOffset + Ring::kBytes;
@@ -88,6 +103,9 @@ struct WsTraits {
     static_assert(kBlockN == 64 || kBlockN == 128 || kBlockN == 256, "K/V tiles of 64, 128 or 256 keys");
     static_assert(kElemBytes == 2, "16-bit inputs (fp8 drives its own precision policy)");
     static_assert(kHeadDim * kElemBytes % gmma::kKBytes == 0, "head dims of whole 32 B product steps (16 elements)");
+    static_assert(kHeadDimV % kMmaN == 0 && kHeadDimV <= kHeadDim,
+                  "head_dim_v: whole 8-column tiles, at most the head dim (O is staged in the Q tile's panels)");
+    static_assert(QTile::kPanelBytes == VTile::kPanelBytes, "O's panels are a prefix of the Q tile's");
     static_assert((kProducerRegs + kConsumers * kConsumerRegs) * gmma::kWarpgroupThreads <= kRegisterFile,
                   "register budgets fit the register file");
     static_assert(kSmemBytes <= 227 * 1024, "shared memory of one CTA");
