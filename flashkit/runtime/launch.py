@@ -15,6 +15,7 @@ from .device import cupy_module, device_info
 from .kv_split import SMEM_RESERVED as SPLIT_SMEM_RESERVED
 from .kv_split import plan as split_plan
 from .params import ParamTemplate, make_params, merge_fields
+from .tile_balance import persistent_balances
 from .tma import array_geometry, encode
 
 LOG2E = 1.4426950408889634
@@ -100,8 +101,11 @@ def prepare_launch(spec: KernelSpec, loaded: LoadedKernel, config: BuildConfig, 
     call) and the tensor maps' geometry."""
     cfg = config.launch_dict
     extras = io.extras
-    if cfg.get("persistent"):
-        cfg = {**cfg, "sm_count": device_info().sm_count}
+    if cfg.get("persistent"):   # one CTA an SM, unless the static tile order would leave SMs idle (tile_balance.py)
+        sms = device_info().sm_count
+        balanced = persistent_balances(p.seqlen_q, p.seqlen_k, p.batch * p.heads, cfg["block_m"], cfg["block_n"],
+                                       config.causal, sms)
+        cfg = {**cfg, "sm_count": sms, "persistent": int(balanced)}
     if "kv_splits" in spec.grids:   # the split-KV plan, from this device's SM count
         info = device_info()
         sp = split_plan(p.batch, p.heads, p.kv_heads, p.seqlen_q, p.seqlen_k, p.head_dim, cfg, info.sm_count,

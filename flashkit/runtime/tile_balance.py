@@ -1,0 +1,46 @@
+"""Whether the persistent grid's static tile order balances a call's work (include/flashkit/hopper/tile_scheduler.cuh).
+
+The persistent kernel hands tile t of round r to CTA t mod G (even rounds) or G - 1 - (t mod G) (odd rounds), tiles
+numbered query block fastest, causal heaviest first. That "snake" balances the causal weights n, n - 1, ..., 1 of a
+head when a head's blocks are few against the G CTAs, but not when they are about as many: at 16k causal tokens
+(128 query blocks, 132 CTAs) the busiest CTA gets 1.5x the mean work. A grid of one CTA a tile then does better: the
+hardware hands out tiles as SMs free up, in the same order (heaviest first), which balances like a dynamic queue.
+The same kernel runs either grid, so the host picks: persistent unless the static order's makespan is more than
+MAX_IMBALANCE of the ideal.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+MAX_IMBALANCE = 1.10
+TILE_OVERHEAD = 1.0   # a tile's fixed cost (Q load, epilogue) in units of one K/V tile's work
+
+
+def causal_tile_work(seqlen_q: int, seqlen_k: int, block_m: int, block_n: int) -> np.ndarray:
+    """K/V tiles visited by each query block under the bottom-right aligned causal mask, heaviest first."""
+    m = np.arange(-(-seqlen_q // block_m))[::-1]
+    last_row = np.minimum((m + 1) * block_m, seqlen_q) - 1
+    keys = np.clip(last_row + 1 + seqlen_k - seqlen_q, 0, seqlen_k)
+    return -(-keys // block_n)
+
+
+def snake_imbalance(work_per_head: np.ndarray, heads_batches: int, ctas: int) -> float:
+    """Makespan of the snake order over `ctas` CTAs against the ideal (mean work, or the largest tile)."""
+    work = np.tile(work_per_head + TILE_OVERHEAD, heads_batches)
+    t = np.arange(work.size)
+    rounds, slot = np.divmod(t, ctas)
+    cta = np.where(rounds % 2 == 0, slot, ctas - 1 - slot)
+    makespan = np.bincount(cta, weights=work, minlength=ctas).max()
+    ideal = max(work.sum() / ctas, work.max())
+    return float(makespan / ideal)
+
+
+def persistent_balances(seqlen_q: int, seqlen_k: int, heads_batches: int, block_m: int, block_n: int, causal: bool,
+                        ctas: int) -> bool:
+    """True when the persistent grid's static order is within MAX_IMBALANCE of the ideal for this call (every
+    tile of a non-causal call weighs the same)."""
+    if not causal:
+        return True
+    work = causal_tile_work(seqlen_q, seqlen_k, block_m, block_n)
+    return snake_imbalance(work, heads_batches, ctas) <= MAX_IMBALANCE
