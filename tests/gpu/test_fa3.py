@@ -54,6 +54,8 @@ def few_sms(monkeypatch):
     def set_sms(n: int) -> None:
         call_cache.CALLS.clear()   # a cached launch keeps the grid it was prepared with
         monkeypatch.setattr(launch, "device_info", lambda: replace(real, sm_count=n))
+        # Persistent whatever the balance (tile_balance.py would give some of these causal shapes one CTA a tile).
+        monkeypatch.setattr(launch, "persistent_balances", lambda *args, **kwargs: True)
     yield set_sms
     call_cache.CALLS.clear()
 
