@@ -44,3 +44,24 @@ def persistent_balances(seqlen_q: int, seqlen_k: int, heads_batches: int, block_
         return True
     work = causal_tile_work(seqlen_q, seqlen_k, block_m, block_n)
     return snake_imbalance(work, heads_batches, ctas) <= MAX_IMBALANCE
+
+
+def grid_note(spec, req, sms: int | None = None) -> str:
+    """The explain line of a `tiles` grid: persistent or one CTA a tile for this request, and why."""
+    from .kv_split import DEFAULT_SMS
+    assumed = "" if sms else f" (assumed: {DEFAULT_SMS} SMs, no device)"
+    ctas = sms or DEFAULT_SMS
+    cfg = spec.launch_config(req.cc, req.head_dim)
+    hb = req.batch * req.heads
+    tiles = -(-req.seqlen_q // cfg["block_m"]) * hb
+    if not cfg.get("persistent"):
+        return f"grid: one CTA a tile ({tiles} tiles; this head dim's build is not persistent)"
+    if not req.causal:
+        return f"grid: persistent, {min(tiles, ctas)} CTAs walk {tiles} tiles of equal work{assumed}"
+    work = causal_tile_work(req.seqlen_q, req.seqlen_k, cfg["block_m"], cfg["block_n"])
+    imbalance = snake_imbalance(work, hb, ctas)
+    if imbalance <= MAX_IMBALANCE:
+        return (f"grid: persistent, {min(tiles, ctas)} CTAs walk {tiles} causal tiles (static order "
+                f"{imbalance:.2f}x the ideal makespan){assumed}")
+    return (f"grid: one CTA a tile ({tiles} tiles): the persistent static order would take {imbalance:.2f}x the "
+            f"ideal makespan{assumed}")

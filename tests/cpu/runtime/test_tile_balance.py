@@ -27,3 +27,16 @@ def test_persistent_is_kept_unless_the_order_leaves_sms_idle():
     assert not persistent_balances(16384, 16384, 16, 128, 128, causal=True, ctas=132)
     assert not persistent_balances(8192, 8192, 20, 128, 64, causal=True, ctas=132)     # hd192's 64-key tiles
     assert MAX_IMBALANCE > 1.0
+
+
+def test_explain_says_which_grid_a_call_takes():
+    from flashkit.api import explain
+    notes = lambda **kw: [n for n in explain(cc=(9, 0), **kw).notes if n.startswith("grid:")]  # noqa: E731
+    assert notes(head_dim=128, seqlen_q=16384, heads=16, causal=True)[0].startswith(
+        "grid: one CTA a tile (2048 tiles): the persistent static order would take 1.5")
+    assert notes(head_dim=128, seqlen_q=2048, batch=8, causal=True)[0].startswith(
+        "grid: persistent, 132 CTAs walk 2048 causal tiles")
+    assert notes(head_dim=128, seqlen_q=2048)[0].startswith("grid: persistent, 132 CTAs walk 256 tiles of equal work")
+    assert notes(head_dim=128, seqlen_q=256, heads=2)[0].startswith("grid: persistent, 4 CTAs walk 4 tiles")
+    assert "not persistent" in notes(head_dim=256, seqlen_q=2048)[0]
+    assert notes(head_dim=128, seqlen_q=2048, variant="fa2") == []   # a q_blocks grid: no line
