@@ -138,9 +138,11 @@ def ring_backward(dout: Any, q: Any, k: Any, v: Any, out: Any, lse: Any, *, grou
     P = exp(scale q k^T - lse) is its slice of the whole row's softmax and D = rowsum(dO * O) the whole
     row's, so the blocks' gradients add up to the full ones exactly: dQ accumulates here; dK / dV of the
     visiting shard accumulate in fp32 buffers that travel with it (one hop after every step, so after W steps
-    each rank holds its own shard's). K / V move as in the forward, overlapped with the compute; the gradient
-    hop waits for its step's blocks. `attend_backward(dout, q, k, v, out, lse, causal, scale) -> (dq, dk, dv)`
-    replaces flashkit's backward kernel (the CPU tests run the loop on a Gloo group).
+    each rank holds its own shard's). K / V move as in the forward, overlapped with the compute. So does the
+    gradient hop: a step's blocks add into a local buffer, and only then does the rank take the visiting
+    shard's gradients from the previous rank (their hop ran under this step's compute), add its part and pass
+    them on; the last hop lands after the loop. `attend_backward(dout, q, k, v, out, lse, causal, scale) ->
+    (dq, dk, dv)` replaces flashkit's backward kernel (the CPU tests run the loop on a Gloo group).
     """
     torch = require_torch()
     from .comm import RingExchange, comm_stream
@@ -149,23 +151,31 @@ def ring_backward(dout: Any, q: Any, k: Any, v: Any, out: Any, lse: Any, *, grou
     grad_exchange = grad_exchange or RingExchange(group, rank, world_size, *streams)
     attend_backward = attend_backward or local_backward
     held = (k.contiguous(), v.contiguous())
-    grads = tuple(torch.zeros(x.shape, dtype=torch.float32, device=x.device) for x in (k, v))
-    dq = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
+    fp32_like = lambda x: torch.zeros(x.shape, dtype=torch.float32, device=x.device)  # noqa: E731
+    part = (fp32_like(k), fp32_like(v))   # this step's dK, dV of the visiting shard (never sent)
+    dq = fp32_like(q)
     for step in range(world_size):
         last = step == world_size - 1
         if not last:
             exchange.start(held, step)
+        for t in part:
+            t.zero_()
         for block in step_blocks(rank, step, world_size, q.shape[1], k.shape[1], causal, layout):
             rows, keys = slice(block.q0, block.q1), slice(block.k0, block.k1)
             dq_b, dk_b, dv_b = attend_backward(dout[:, rows], q[:, rows], held[0][:, keys], held[1][:, keys],
                                                out[:, rows], lse[:, :, rows].contiguous(), block.causal, scale)
             dq[:, rows] += dq_b.float()
-            grads[0][:, keys] += dk_b.float()
-            grads[1][:, keys] += dv_b.float()
-        grad_exchange.start(grads, step)   # to the next rank, with the K/V shard they belong to
+            part[0][:, keys] += dk_b.float()
+            part[1][:, keys] += dv_b.float()
+        # The visiting shard's gradients so far (none at step 0), plus this rank's part, on to the next rank with
+        # the K/V shard they belong to.
+        grads = (fp32_like(k), fp32_like(v)) if step == 0 else grad_exchange.finish()
+        for g, t in zip(grads, part):
+            g += t
+        grad_exchange.start(grads, step)
         if not last:
             held = exchange.finish()
-        grads = grad_exchange.finish()
+    grads = grad_exchange.finish()   # this rank's own shard, complete
     return dq.to(q.dtype), grads[0].to(k.dtype), grads[1].to(v.dtype)
 
 
