@@ -4,7 +4,9 @@
 
 Per (seqlen, causal): one GPU on the full sequence; the ring (ring_attention, with its input check); the
 ring loop alone (no check); the loop with communication skipped (the same blocks on the shard already
-held); the transfers alone. hidden = 1 - (loop - loop without comm) / comm_only.
+held); the transfers alone. hidden: the share of transfer time the compute stream did not wait for, timed hop by
+hop with CUDA events (comm.StallTimedExchange: 1 - sum(stall) / sum(transfer)); the loop difference
+1 - (loop - loop without comm) / comm_only is kept beside it (hidden_share_loop).
 Times are medians of CUDA-event timings, the slowest rank's; FLOPs 4*B*H*N^2*D (halved when causal).
 """
 
@@ -69,7 +71,7 @@ def every_rank(torch, seconds: float, device, world: int) -> list[float]:
 
 
 def bench_case(torch, args, seqlen: int, causal: bool, rank: int, world: int, device) -> dict:
-    from .comm import LocalExchange
+    from .comm import LocalExchange, StallTimedExchange, comm_stream, hidden_share
     from .ring import local_attention, ring_attention, ring_forward
     from .sharding import shard_zigzag
     dtype = getattr(torch, args.dtype)
@@ -98,6 +100,16 @@ def bench_case(torch, args, seqlen: int, causal: bool, rank: int, world: int, de
                                       args.iters, args.warmup), device, world)
     comm_only = slowest(torch, timed(torch, lambda: ring_forward(q, k, v, compute=False, **kw),
                                      args.iters, args.warmup), device)
+    stalls = []   # the ring loop with every hop's transfer and compute-stream stall timed
+
+    def stall_timed_loop():
+        ex = StallTimedExchange(None, rank, world, torch.cuda.current_stream(device), comm_stream(device))
+        ring_forward(q, k, v, exchange=ex, **kw)
+        stalls.append(ex)
+    for _ in range(args.warmup + args.iters):
+        stall_timed_loop()
+    torch.cuda.synchronize(device)
+    hops = [hop for ex in stalls[args.warmup:] for hop in ex.hop_times_ms()]
     step0 = timed(torch, lambda: local_attention(q, k, v, causal=causal, scale=scale, variant=args.variant),
                   args.iters, args.warmup)
     row.update(ring_s=max(ring_rank), ring_rank_s=ring_rank, no_comm_s=max(no_comm), no_comm_rank_s=no_comm,
@@ -109,7 +121,10 @@ def bench_case(torch, args, seqlen: int, causal: bool, rank: int, world: int, de
                kv_bytes_per_step=kv_bytes, transfer_s=comm_only / max(1, world - 1),
                transfer_gbps=kv_bytes / (comm_only / max(1, world - 1)) / 1e9 if world > 1 else None,
                exposed_comm_s=exposed, comm_overhead_share=exposed / row["ring_s"],
-               hidden_share=(1.0 - min(1.0, exposed / comm_only)) if comm_only > 0 else None,
+               hidden_share_loop=(1.0 - min(1.0, exposed / comm_only)) if comm_only > 0 else None,
+               hidden_share=hidden_share(hops),
+               hop_transfer_ms=statistics.median(t for t, _ in hops) if hops else None,
+               hop_stall_ms=statistics.median(e for _, e in hops) if hops else None,
                balance=max(no_comm) / min(no_comm))
     if "single_s" in row:
         row.update(single_tokens_per_s=b * seqlen / row["single_s"],

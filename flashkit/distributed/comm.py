@@ -29,6 +29,8 @@ class RingExchange:
     compute=comm=None moves CPU tensors (a Gloo group, for the CPU tests) with the host waiting.
     """
 
+    timing = False   # done events with timing (StallTimedExchange reads them)
+
     def __init__(self, group: Any, rank: int, world_size: int, compute: Any, comm: Any):
         import torch
         self._torch, self._dist = torch, torch.distributed
@@ -53,7 +55,7 @@ class RingExchange:
         with torch.cuda.stream(self.comm):
             for work in self._post(held, recv):
                 work.wait()   # the comm stream (not the host) waits for NCCL
-            done = torch.cuda.Event()
+            done = torch.cuda.Event(enable_timing=self.timing)
             done.record(self.comm)
         self._pending = (recv, done)
 
@@ -78,6 +80,46 @@ class RingExchange:
         if self.group is None:
             return group_rank
         return self._dist.get_global_rank(self.group, group_rank)
+
+
+class StallTimedExchange(RingExchange):
+    """RingExchange that times, per hop, how long the compute stream waits for the transfer (CUDA only).
+
+    Per hop three events: `begin` on the comm stream once it may start (after the compute stream's work before
+    start()), `done` where the transfer completes, `ready` on the compute stream where finish() asks for the
+    data (the step's blocks queued before it). transfer = done - begin; exposed = max(0, done - ready): the time
+    the compute stream stalls on communication. hidden_share() = 1 - sum(exposed) / sum(transfer).
+    """
+
+    timing = True
+
+    def __init__(self, *args: Any, **kwargs: Any):
+        super().__init__(*args, **kwargs)
+        self.hops: list[tuple[Any, Any, Any]] = []   # (begin, done, ready) events
+        self._begin: Any = None
+
+    def start(self, held: Sequence[Any], step: int) -> None:
+        torch = self._torch
+        self.comm.wait_stream(self.compute)
+        self._begin = torch.cuda.Event(enable_timing=True)
+        self._begin.record(self.comm)
+        super().start(held, step)
+
+    def finish(self) -> tuple[Any, ...]:
+        ready = self._torch.cuda.Event(enable_timing=True)
+        ready.record(self.compute)
+        self.hops.append((self._begin, self._pending[1], ready))
+        return super().finish()
+
+    def hop_times_ms(self) -> list[tuple[float, float]]:
+        """(transfer, exposed) milliseconds of each hop; the device must have finished them (synchronize)."""
+        return [(begin.elapsed_time(done), max(0.0, ready.elapsed_time(done))) for begin, done, ready in self.hops]
+
+
+def hidden_share(hops: Sequence[tuple[float, float]]) -> float | None:
+    """1 - sum(exposed) / sum(transfer) over (transfer, exposed) hops; None without a transfer."""
+    transfer = sum(t for t, _ in hops)
+    return None if transfer <= 0 else 1.0 - min(1.0, sum(e for _, e in hops) / transfer)
 
 
 class LocalExchange:
