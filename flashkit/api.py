@@ -49,15 +49,15 @@ def attention(q: Any, k: Any, v: Any, *, causal: bool = False, softmax_scale: fl
     """
     causal, return_lse, fp8 = (check_flag(causal, "causal"), check_flag(return_lse, "return_lse"),
                                check_flag(fp8, "fp8"))
-    # A call with no fp8 and none of the per-call array arguments (fp8 scales, ALiBi slopes, a functor's arrays)
-    # may have been seen before: a cached key holds only arguments that passed validation, so the checks below,
-    # which such a call passes trivially, can come after the look-up.
+    # A call with no fp8 and no functor may have been seen before: a cached key holds only arguments that passed
+    # validation, so the checks below, which such a call passes trivially, can come after the look-up. ALiBi's
+    # slopes are keyed by their signature (shape, strides, dtype, device) and put in per call (ALIBI_FIELDS).
     key = _forward_key(q, k, v, out, causal, softmax_scale, variant, return_lse, block_mask, out_dtype, window_size,
-                       softcap, attention_chunk) if (
+                       softcap, attention_chunk, alibi_slopes) if (
         q_scale is None and k_scale is None and v_scale is None and not fp8 and fp8_options is None
-        and alibi_slopes is None and mod is None and mod_args is None) else None
+        and mod is None and mod_args is None) else None
     if key is not None and (cached := CALLS.get(key)) is not None:   # this signature validated and selected before
-        return cached(q, k, v, out)
+        return cached(q, k, v, out) if alibi_slopes is None else cached(q, k, v, out, (alibi_slopes.data.ptr,))
     scales = (q_scale, k_scale, v_scale)
     prequantized = any(s is not None for s in scales)
     if prequantized and not all(s is not None for s in scales):
@@ -110,13 +110,14 @@ def attention(q: Any, k: Any, v: Any, *, causal: bool = False, softmax_scale: fl
     if block_mask is not None:
         extras.update(block_mask.kernel_fields(problem, keep=keep))
     extras.update(mod_launch_fields(mods, problem, alibi_slopes, keep))
+    per_call = ALIBI_FIELDS if mods.alibi else ()
     if functor is not None:   # ModArgs beside the built-in fields of Params.mods
         extras = merge_fields(extras, functor.kernel_fields(problem, to_cupy))
     out_arr = _output(out, problem, out_name, cupy)
     lse = cupy.empty((problem.batch, problem.heads, problem.seqlen_q), dtype=cupy.float32) if return_lse else None
     prepared = run(sel.chosen, problem, causal, LaunchInputs(qc, kc, vc, out_arr, lse, extras),
                    block_sparse=block_mask is not None, out_dtype=out_name, mods=mods.features + (
-                       functor.features if functor else ()), functor=functor)
+                       functor.features if functor else ()), variable=per_call, functor=functor)
     if key is not None and qc is q and kc is k and vc is v and problem.softmax_scale > 0:   # no copy, no negation
         CALLS.put(key, _CachedForward(prepared, out_arr.shape, out_arr.dtype, lse.shape if return_lse else None,
                                       block_mask))
@@ -163,11 +164,14 @@ class _CachedForward(CachedLaunch):
     __call__ = CachedLaunch.launch
 
 
+ALIBI_FIELDS = ("mods.alibi_slopes",)   # per call: the slopes' address (their signature is in the key)
+
+
 def _forward_key(q, k, v, out, causal, softmax_scale, variant, return_lse, block_mask, out_dtype, window_size,
-                 softcap, attention_chunk) -> tuple | None:
+                 softcap, attention_chunk, alibi_slopes=None) -> tuple | None:
     """The signature of a plain, block-sparse or modified attention() call (one flat tuple: one hash, no nested
     ones); None when it takes the full path. Scalars go in with their types (True == 1 == 1.0)."""
-    arrays = arrays_signature(q, k, v, out)
+    arrays = arrays_signature(q, k, v, out, alibi_slopes)
     if arrays is None or arrays[0] is None:
         return None
     if window_size is None:

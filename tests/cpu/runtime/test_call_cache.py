@@ -143,6 +143,42 @@ def test_second_call_takes_the_cached_path_and_launches_the_same(fake_gpu, count
         [(n, g, b, unfresh(p), m) for n, g, b, p, m in launched]
 
 
+def test_alibi_calls_are_cached_and_put_each_calls_slopes_in(fake_gpu, counted):
+    """ALiBi's slopes are keyed by their signature; a later call with other slopes of that signature takes the
+    cached path and launches the block the full path builds for those slopes, bit for bit."""
+    q, k, v = qkv((1, 256, 2, 64))
+    out = fake(q.shape)
+    slopes = [fake((2,), np.float32) for _ in range(3)]
+    flashkit.attention(q, k, v, out=out, causal=True, alibi_slopes=slopes[0])
+    Recorder.launches = []
+    flashkit.attention(q, k, v, out=out, causal=True, alibi_slopes=slopes[1])
+    assert counted == {"validate": 1, "select": 1}
+    cached = list(Recorder.launches)
+    call_cache.CALLS.clear()
+    call_cache.CALLS.max_entries = 0     # the full path for the same slopes
+    try:
+        Recorder.launches = []
+        flashkit.attention(q, k, v, out=out, causal=True, alibi_slopes=slopes[1])
+    finally:
+        call_cache.CALLS.max_entries = call_cache.MAX_ENTRIES
+    unfresh = lambda p: p[:32] + p[48:]  # noqa: E731   (the lse and workspace words)
+    assert [(n, g, b, unfresh(p), m) for n, g, b, p, m in cached] == \
+        [(n, g, b, unfresh(p), m) for n, g, b, p, m in Recorder.launches]
+    assert counted == {"validate": 2, "select": 2}
+    # Another signature of slopes (batch, heads): keyed apart, validated again.
+    flashkit.attention(q, k, v, out=out, causal=True, alibi_slopes=fake((1, 2), np.float32))
+    assert counted == {"validate": 3, "select": 3}
+
+
+def test_an_alibi_key_holds_the_slopes_signature(fake_gpu):
+    q, k, v = qkv((1, 256, 2, 64))
+    per_head, per_batch = fake((2,), np.float32), fake((1, 2), np.float32)
+    assert key_of(q, k, v, alibi_slopes=per_head) == key_of(q, k, v, alibi_slopes=fake((2,), np.float32))
+    assert len({key_of(q, k, v), key_of(q, k, v, alibi_slopes=per_head), key_of(q, k, v, alibi_slopes=per_batch),
+                key_of(q, k, v, alibi_slopes=fake((2,), np.float64))}) == 4
+    assert key_of(q, k, v, alibi_slopes=np.ones(2, np.float32)) is None    # not a CuPy array: the full path
+
+
 def test_an_explicit_out_keeps_its_pointer(fake_gpu, counted):
     q, k, v = qkv()
     out = fake(q.shape)
