@@ -52,6 +52,26 @@ def test_repeated_call_is_bit_identical_to_the_first(cp, shape, kv_shape, kw):
             np.testing.assert_array_equal(_bits(a), _bits(b))
 
 
+def test_alibi_cached_calls_read_each_calls_slopes(cp):
+    """ALiBi through the cache: a later call with other slopes (same signature) gives the bits of a full-path call
+    with those slopes, not the first call's."""
+    import numpy as np
+    q, k, v = _qkv(cp, (2, 300, 4, 64), (2, 300, 2, 64), seed=5)
+    slopes = [cp.asarray(np.linspace(0.05, 0.5, 4) * (i + 1), dtype=cp.float32) for i in range(2)]
+    flashkit.attention(q, k, v, causal=True, alibi_slopes=slopes[0])
+    cached = flashkit.attention(q, k, v, causal=True, alibi_slopes=slopes[1])
+    assert len(call_cache.CALLS) == 1
+    call_cache.invalidate()
+    call_cache.CALLS.max_entries = 0
+    try:
+        full = flashkit.attention(q, k, v, causal=True, alibi_slopes=slopes[1])
+        first = flashkit.attention(q, k, v, causal=True, alibi_slopes=slopes[0])
+    finally:
+        call_cache.CALLS.max_entries = call_cache.MAX_ENTRIES
+    np.testing.assert_array_equal(_bits(cached), _bits(full))
+    assert not np.array_equal(_bits(cached), _bits(first))
+
+
 def test_cached_path_on_fresh_data_and_neighbouring_signatures(cp):
     """dense_check twice per shape (the second run takes the cached path, with new inputs and a new poisoned out)."""
     specs = discover_kernels().specs
