@@ -10,8 +10,11 @@
 // Static "snake" order over the G CTAs: round r takes tiles [rG, rG + G), CTA b the r-th tile of slot b in
 // even rounds and of slot G - 1 - b in odd ones. A CTA given a heavy slot in one round gets a light one in
 // the next, which balances causal work (per-head weights n_m, n_m - 1, ..., 1 repeating) to within about 3%
-// of the ideal makespan, as a dynamic (atomic) queue does, with no counter to reset between launches and
-// no hand-off of tile numbers from the producer to the consumers: every role walks the same sequence.
+// of the ideal makespan when a head has few blocks against G, as a dynamic (atomic) queue does, with no
+// counter to reset between launches and no hand-off of tile numbers from the producer to the consumers:
+// every role walks the same sequence. When a head has about G blocks the pairing fails (1.5x at 128 blocks
+// and 132 CTAs); the host then launches one CTA a tile instead (runtime/tile_balance.py), which this loop
+// runs as its first round only.
 #pragma once
 
 #include "flashkit/mask.cuh"
