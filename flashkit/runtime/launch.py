@@ -103,8 +103,8 @@ def prepare_launch(spec: KernelSpec, loaded: LoadedKernel, config: BuildConfig, 
     extras = io.extras
     if cfg.get("persistent"):   # one CTA an SM, unless the static tile order would leave SMs idle (tile_balance.py)
         sms = device_info().sm_count
-        balanced = persistent_balances(p.seqlen_q, p.seqlen_k, p.batch * p.heads, cfg["block_m"], cfg["block_n"],
-                                       config.causal, sms)
+        balanced = persistent_balances(p.seqlen_q, p.seqlen_k, p.batch * p.heads, cfg["block_m"],
+                                       cfg.get("block_n", cfg["block_m"]), config.causal, sms)
         cfg = {**cfg, "sm_count": sms, "persistent": int(balanced)}
     if "kv_splits" in spec.grids:   # the split-KV plan, from this device's SM count
         info = device_info()
