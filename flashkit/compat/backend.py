@@ -28,10 +28,12 @@ def needs_grad(*xs: Any) -> bool:
 
 def _torch_call(fn, arrays: tuple, **kw):
     """fn(*arrays, **kw) on torch's stream and allocator; CuPy results as torch tensors."""
-    from ..torch import _as_torch, _on_torch_stream_and_allocator
+    from ..torch import _as_torch, _on_torch_stream_and_allocator, cupy_views
     arrays = tuple(a.detach() if is_torch(a) else a for a in arrays)   # DLPack refuses tensors that require grad
+    names = tuple(n for n, x in kw.items() if is_torch(x))             # tensor keywords: slopes, lengths, tables
     with _on_torch_stream_and_allocator():
-        res = fn(*arrays, **kw)
+        kw.update(zip(names, cupy_views(tuple(kw[n].detach() for n in names))))
+        res = fn(*cupy_views(arrays), **kw)
     return tuple(_as_torch(r) for r in res) if isinstance(res, tuple) else _as_torch(res)
 
 

@@ -73,3 +73,31 @@ def test_runs_on_the_callers_stream():
         _, *grads = _grads(lambda a, b, c: fkt.attention(a, b, c), q, k, v, dout)
     torch.cuda.current_stream().wait_stream(side)
     _check(grads, q, k, v, dout, False)
+
+
+def test_repeated_torch_calls_take_the_call_cache_on_the_callers_stream():
+    """Torch tensors are viewed as CuPy arrays before the call (flashkit.torch.cupy_views): the second call of a
+    signature is a cache hit, gives the first call's bits on fresh data of the same signature, and runs on the
+    caller's current stream."""
+    from flashkit.runtime import call_cache
+    import flashkit.torch as fkt
+    call_cache.invalidate()
+    q, k, v, _ = _inputs(3)
+    first = fkt.attention(q, k, v, causal=True)
+    assert len(call_cache.CALLS) == 1
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        again = fkt.attention(q, k, v, causal=True)
+        fresh_q = torch.randn_like(q)
+        fresh = fkt.attention(fresh_q, k, v, causal=True)
+    torch.cuda.current_stream().wait_stream(side)
+    assert len(call_cache.CALLS) == 1                           # hits, no new entry
+    assert torch.equal(first.view(torch.int16), again.view(torch.int16))
+    call_cache.invalidate()
+    call_cache.CALLS.max_entries = 0
+    try:
+        full = fkt.attention(fresh_q, k, v, causal=True)          # the full path on the same data
+    finally:
+        call_cache.CALLS.max_entries = call_cache.MAX_ENTRIES
+    assert torch.equal(fresh.view(torch.int16), full.view(torch.int16))
