@@ -216,12 +216,12 @@ def explain(*, dtype: str = "bfloat16", head_dim: int = 128, seqlen_q: int = 102
         sel.notes.append(f"head_dim_v={head_dim_v}: v and the output run as head-dim class {compiled_v} under "
                          f"q / k's {compiled}" + (f" (columns {head_dim_v}..{compiled_v - 1} zero-filled, not stored)"
                                                   if compiled_v != head_dim_v else ""))
-    if "tiles" in sel.chosen.grids:   # persistent or one CTA a tile, on this device
+    info = device_info() if device_count() else None   # the grid notes follow this device's SMs (or assume)
+    if "tiles" in sel.chosen.grids:   # persistent or one CTA a tile
         from .runtime.tile_balance import grid_note
-        sel.notes.append(grid_note(sel.chosen, req, device_info().sm_count if device_count() else None))
-    if "kv_splits" in sel.chosen.grids:   # the split-KV path: how many key chunks on this device
+        sel.notes.append(grid_note(sel.chosen, req, info and info.sm_count))
+    if "kv_splits" in sel.chosen.grids:   # the split-KV path: how many key chunks
         from .runtime.kv_split import split_note
-        info = device_info() if device_count() else None
         sel.notes.append(split_note(sel.chosen, req, info and info.sm_count,
                                     info and info.max_smem_per_block + 1024))
     return sel

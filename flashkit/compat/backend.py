@@ -83,12 +83,6 @@ def kvcache(q: Any, k_cache: Any, v_cache: Any, *, cache_seqlens: Any, block_tab
     from ..kvcache import attention_with_kvcache
     kw = dict(cache_seqlens=cache_seqlens, block_table=block_table, k_new=k_new, v_new=v_new, causal=causal,
               softmax_scale=softmax_scale, return_lse=return_lse)
-    if is_torch(q):
-        import torch
-        if isinstance(cache_seqlens, torch.Tensor):
-            kw["cache_seqlens"] = cache_seqlens.detach()
-        for name in ("block_table", "k_new", "v_new"):
-            if isinstance(kw[name], torch.Tensor):
-                kw[name] = kw[name].detach()
+    if is_torch(q):   # _torch_call detaches and views the tensor keywords (lengths, table, new tokens) too
         return _torch_call(attention_with_kvcache, (q, k_cache, v_cache), **kw)
     return attention_with_kvcache(q, k_cache, v_cache, **kw)

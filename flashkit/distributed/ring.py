@@ -169,9 +169,8 @@ def ring_backward(dout: Any, q: Any, k: Any, v: Any, out: Any, lse: Any, *, grou
             part[1][:, keys] += dv_b.float()
         # The visiting shard's gradients so far (none at step 0), plus this rank's part, on to the next rank with
         # the K/V shard they belong to.
-        grads = (fp32_like(k), fp32_like(v)) if step == 0 else grad_exchange.finish()
-        for g, t in zip(grads, part):
-            g += t
+        grads = tuple(t.clone() for t in part) if step == 0 else tuple(
+            g.add_(t) for g, t in zip(grad_exchange.finish(), part))
         grad_exchange.start(grads, step)
         if not last:
             held = exchange.finish()

@@ -11,6 +11,8 @@ MAX_IMBALANCE of the ideal.
 
 from __future__ import annotations
 
+from functools import lru_cache
+
 import numpy as np
 
 MAX_IMBALANCE = 1.10
@@ -36,14 +38,20 @@ def snake_imbalance(work_per_head: np.ndarray, heads_batches: int, ctas: int) ->
     return float(makespan / ideal)
 
 
+@lru_cache(maxsize=256)
+def static_order_imbalance(seqlen_q: int, seqlen_k: int, heads_batches: int, block_m: int, block_n: int,
+                           causal: bool, ctas: int) -> float:
+    """The snake order's makespan over the ideal for a call (1.0 non-causal: every tile weighs the same)."""
+    if not causal:
+        return 1.0
+    return snake_imbalance(causal_tile_work(seqlen_q, seqlen_k, block_m, block_n), heads_batches, ctas)
+
+
 def persistent_balances(seqlen_q: int, seqlen_k: int, heads_batches: int, block_m: int, block_n: int, causal: bool,
                         ctas: int) -> bool:
-    """True when the persistent grid's static order is within MAX_IMBALANCE of the ideal for this call (every
-    tile of a non-causal call weighs the same)."""
-    if not causal:
-        return True
-    work = causal_tile_work(seqlen_q, seqlen_k, block_m, block_n)
-    return snake_imbalance(work, heads_batches, ctas) <= MAX_IMBALANCE
+    """True when the persistent grid's static order is within MAX_IMBALANCE of the ideal for this call."""
+    return static_order_imbalance(seqlen_q, seqlen_k, heads_batches, block_m, block_n, causal,
+                                  ctas) <= MAX_IMBALANCE
 
 
 def grid_note(spec, req, sms: int | None = None) -> str:
@@ -58,8 +66,8 @@ def grid_note(spec, req, sms: int | None = None) -> str:
         return f"grid: one CTA a tile ({tiles} tiles; this head dim's build is not persistent)"
     if not req.causal:
         return f"grid: persistent, {min(tiles, ctas)} CTAs walk {tiles} tiles of equal work{assumed}"
-    work = causal_tile_work(req.seqlen_q, req.seqlen_k, cfg["block_m"], cfg["block_n"])
-    imbalance = snake_imbalance(work, hb, ctas)
+    imbalance = static_order_imbalance(req.seqlen_q, req.seqlen_k, hb, cfg["block_m"],
+                                       cfg.get("block_n", cfg["block_m"]), True, ctas)
     if imbalance <= MAX_IMBALANCE:
         return (f"grid: persistent, {min(tiles, ctas)} CTAs walk {tiles} causal tiles (static order "
                 f"{imbalance:.2f}x the ideal makespan){assumed}")
