@@ -39,6 +39,39 @@ def time_cuda(fn: Callable[[int], Any], warmup: int, iters: int, event: Callable
     return float(np.median([elapsed_ms(a, b) for a, b in pairs]))
 
 
+def time_interleaved(fns: list[Callable[[int], Any]], warmup: int, iters: int, event: Callable[[], Any],
+                     elapsed_ms: Callable[[Any, Any], float], sync: Callable[[], None],
+                     min_warmup_s: float = MIN_WARMUP_S) -> list[float]:
+    """Median milliseconds of each fns[j](i), the calls interleaved (fns[0](i), fns[1](i), ... for each i) so that
+    every function runs under the same clocks: the ratio of two short kernels timed apart moved by up to 10%
+    from run to run on the H100 (GPU boost); timed interleaved, both see the same clock."""
+    start_s = time.perf_counter()
+    calls = 0
+    while calls < warmup or time.perf_counter() - start_s < min_warmup_s:
+        for fn in fns:
+            fn(calls)
+        calls += 1
+        sync()
+    pairs: list[list[tuple[Any, Any]]] = [[] for _ in fns]
+    for i in range(iters):
+        for fn, fn_pairs in zip(fns, pairs):
+            start, end = event(), event()
+            start.record()
+            fn(calls + i)
+            end.record()
+            fn_pairs.append((start, end))
+    sync()
+    return [float(np.median([elapsed_ms(a, b) for a, b in fn_pairs])) for fn_pairs in pairs]
+
+
+def time_cupy_interleaved(fns: list[Callable[[int], Any]], warmup: int, iters: int) -> list[float]:
+    """time_interleaved with CuPy events on the current stream (PyTorch's default stream is the same legacy
+    stream, so PyTorch calls time alongside)."""
+    import cupy
+    return time_interleaved(fns, warmup, iters, cupy.cuda.Event, cupy.cuda.get_elapsed_time,
+                            cupy.cuda.runtime.deviceSynchronize)
+
+
 def time_cupy(fn: Callable[[int], Any], warmup: int, iters: int) -> float:
     import cupy
     return time_cuda(fn, warmup, iters, cupy.cuda.Event, cupy.cuda.get_elapsed_time,

@@ -1,19 +1,24 @@
 """The split-KV plan of the decode kernel: how many key chunks per (row block, kv head, sequence).
 
-Split only when the unsplit grid cannot fill the GPU: the chunk count is the smallest whose waves of CTAs
-are at least 95% as full as the best count's (flash-decoding's heuristic), with every warp of a CTA still
-walking at least MIN_TILES_PER_WARP tiles of its chunk.
+A decode call reads each key and value once; the question is how many CTAs read them. Measured on the H100
+(`python3 -m flashkit.bench.decode`, BENCHMARKS.md): one CTA of the decode kernel on each of 64 SMs already
+reads K and V at the device-copy rate (8 x 32k keys, 32/8 heads, unsplit: 103% of the copy rate; 1 x 128k in
+8 splits: 98%), while every further split costs its chunk's fixed work (the Q load, the ring's fill, the
+warps' merge, the partial's write and its read in the combine pass) and a second CTA on an SM makes a tail
+(1 x 128k: 32 splits, two CTAs an SM, 91%; 17 splits, 136 CTAs, 86%). So split only when the unsplit grid
+holds fewer than FILL_SMS of the SMs, into the fewest chunks that reach that many CTAs, never past one CTA
+an SM, and with every warp of a CTA still walking at least MIN_TILES_PER_WARP tiles of its chunk.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 WARP_SIZE = 32
 ROW_TILE = 16                   # packed rows per CTA (one m16 tile)
 KEY_TILE = 16                   # keys per warp tile
-FILLED = 0.8                    # an unsplit grid this full (of one wave) is left alone
-NEAR_BEST = 0.95                # the smallest split count within this fraction of the best wave efficiency
+FILL_SMS = 0.45                 # CTAs (one an SM) that read at the copy rate, as a fraction of the SMs
 MAX_SPLITS = 128
 MIN_TILES_PER_WARP = 4
 SMEM_RESERVED = 1024            # per CTA, the runtime's own
@@ -48,19 +53,13 @@ def ctas_per_sm(cfg: dict[str, int], head_dim: int, smem_per_sm: int = DEFAULT_S
     return max(1, min(by_smem, MAX_THREADS_PER_SM // (cfg["warps"] * WARP_SIZE)))
 
 
-def split_count(base_ctas: int, key_tiles: int, slots: int, warps: int) -> int:
-    """Splits for base_ctas unsplit CTAs over key_tiles tiles of keys on `slots` concurrent CTAs."""
-    if base_ctas >= FILLED * slots:
+def split_count(base_ctas: int, key_tiles: int, sms: int, warps: int) -> int:
+    """Splits for base_ctas unsplit CTAs over key_tiles tiles of keys on `sms` SMs."""
+    fill = math.ceil(round(FILL_SMS * sms, 6))
+    if base_ctas >= fill:
         return 1
-    most = min(MAX_SPLITS, max(1, key_tiles // (warps * MIN_TILES_PER_WARP)), max(1, slots // max(base_ctas, 1) * 2))
-    if most <= 1:
-        return 1
-    eff = {}
-    for s in range(1, most + 1):
-        waves = base_ctas * s / slots
-        eff[s] = waves / -(-waves // 1)
-    best = max(eff.values())
-    return min(s for s, e in eff.items() if e >= NEAR_BEST * best)
+    most = min(MAX_SPLITS, key_tiles // (warps * MIN_TILES_PER_WARP), sms // max(base_ctas, 1))
+    return max(1, min(most, -(-fill // max(base_ctas, 1))))
 
 
 def plan(batch: int, heads: int, kv_heads: int, seqlen_q: int, seqlen_k: int, head_dim: int,
@@ -70,7 +69,7 @@ def plan(batch: int, heads: int, kv_heads: int, seqlen_q: int, seqlen_k: int, he
     per_sm = ctas_per_sm(cfg, head_dim, smem_per_sm or DEFAULT_SMEM_PER_SM)
     row_blocks = -(-seqlen_q * (heads // kv_heads) // ROW_TILE)
     base = row_blocks * kv_heads * batch
-    splits = split_count(base, -(-seqlen_k // KEY_TILE), sms * per_sm, cfg["warps"])
+    splits = split_count(base, -(-seqlen_k // KEY_TILE), sms, cfg["warps"])
     return SplitPlan(splits, row_blocks, base * splits, per_sm, sms)
 
 

@@ -42,3 +42,22 @@ def test_warm_up_lasts_at_least_min_warmup_s(monkeypatch):
                      sync=lambda: syncs.append(len(calls)), min_warmup_s=0.55)
     assert calls == list(range(9))          # 6 warm-up calls (0.6 s >= 0.55 s), then 3 timed ones
     assert syncs == [2, 4, 6, 6, 9]
+
+
+def test_interleaved_timing_alternates_the_calls_and_takes_each_median():
+    clock, order = [0], []
+
+    class Event:
+        def record(self):
+            self.t = clock[0]
+
+    def make(name, cost):
+        def fn(i):
+            order.append((name, i))
+            clock[0] += cost + (50 if (name, i) == ("a", 3) else 0)   # one slow run of a
+        return fn
+
+    ms = timing.time_interleaved([make("a", 2), make("b", 3)], warmup=1, iters=3, event=Event,
+                                 elapsed_ms=lambda x, y: float(y.t - x.t), sync=lambda: None, min_warmup_s=0.0)
+    assert order == [("a", 0), ("b", 0), ("a", 1), ("b", 1), ("a", 2), ("b", 2), ("a", 3), ("b", 3)]
+    assert ms == [2.0, 3.0]

@@ -20,17 +20,24 @@ def test_a_full_grid_is_not_split():
     assert plan(128, 32, 8, 1, 2048, 128, CFG, sms=132).splits == 1
 
 
-def test_a_small_grid_is_split_to_fill_the_gpu():
+def test_a_grid_on_half_the_sms_is_not_split():
+    """64 CTAs, one an SM, read at the copy rate (8 x 32k keys, 32/8 heads: 103% of it on the H100)."""
     p = plan(8, 32, 8, 1, 32768, 128, CFG, sms=132)
-    assert p.splits == 4 and p.ctas == 256
+    assert p.splits == 1 and p.ctas == 64
+
+
+def test_a_small_grid_is_split_to_half_the_sms_in_one_wave():
     one = plan(1, 32, 8, 1, 131072, 128, CFG, sms=132)
-    assert one.ctas >= 0.95 * 264 and one.splits > 16
-    assert plan(1, 32, 8, 1, 131072, 128, CFG, sms=66).splits < one.splits   # fewer SMs, fewer splits
+    assert one.splits == 8 and one.ctas == 64   # 1 x 128k on the H100: 98% of the copy rate (32 splits: 91%)
+    assert plan(1, 32, 8, 1, 131072, 128, CFG, sms=66).splits == 4   # fewer SMs, fewer splits
+    mqa = plan(1, 8, 1, 1, 131072, 128, CFG, sms=132)
+    assert mqa.splits == 60 and mqa.ctas <= 132   # never a second CTA on an SM
+    assert split_count(3, 10 ** 6, 132, 4) == 20 and split_count(60, 10 ** 6, 132, 4) == 1
 
 
 def test_short_caches_are_not_split_below_the_minimum_chunk():
     assert plan(1, 32, 8, 1, 100, 128, CFG, sms=132).splits == 1
-    assert split_count(4, 32, 264, 4) == 2
+    assert split_count(4, 32, 132, 4) == 2   # 32 tiles: two chunks of 4 tiles a warp
 
 
 def test_gqa_packing_counts_row_blocks():
@@ -67,8 +74,10 @@ def test_the_decode_manifest_and_its_selection_bounds():
 
 def test_explain_names_the_path_and_the_split_count():
     import flashkit
+    sel = flashkit.explain(seqlen_q=1, seqlen_k=131072, heads=32, kv_heads=8, batch=1, cc=(9, 0))
+    assert sel.chosen.name == "decode" and "split-KV decode" in sel.report() and "8 splits of the keys" in sel.report()
     sel = flashkit.explain(seqlen_q=1, seqlen_k=32768, heads=32, kv_heads=8, batch=8, cc=(9, 0))
-    assert sel.chosen.name == "decode" and "split-KV decode" in sel.report() and "splits of the keys" in sel.report()
+    assert "1 split of the keys" in sel.report() and "no combine pass" in sel.report()
 
 
 def test_tiles_grid_is_one_cta_a_tile_or_persistent():

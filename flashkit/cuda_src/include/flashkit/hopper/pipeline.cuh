@@ -37,8 +37,9 @@ struct StageRing {
     }
 
     // Producer: wait until tile i's stage is free, then announce its bytes.
+    __device__ __forceinline__ void wait_empty(int i) const { mbarrier_wait(empty(i), parity(i) ^ 1u); }
     __device__ __forceinline__ u32 acquire(int i, u32 bytes) const {
-        mbarrier_wait(empty(i), parity(i) ^ 1u);
+        wait_empty(i);
         mbarrier_arrive_expect_tx(full(i), bytes);
         return full(i);
     }
