@@ -59,13 +59,11 @@ def grid_note(spec, req, sms: int | None = None) -> str:
     from .kv_split import DEFAULT_SMS
     assumed = "" if sms else f" (assumed: {DEFAULT_SMS} SMs, no device)"
     ctas = sms or DEFAULT_SMS
-    cfg = spec.launch_config(req.cc, req.head_dim, ("varlen",) if req.varlen else ())
+    cfg = spec.launch_config(req.cc, req.head_dim)
     hb = req.batch * req.heads
     tiles = -(-req.seqlen_q // cfg["block_m"]) * hb
     if not cfg.get("persistent"):
-        why = "varlen: the hardware balances tiles of unequal sequences" if req.varlen else \
-            "this head dim's build is not persistent"
-        return f"grid: one CTA a tile ({tiles} tiles; {why})"
+        return f"grid: one CTA a tile ({tiles} tiles; this head dim's build is not persistent)"
     if not req.causal:
         return f"grid: persistent, {min(tiles, ctas)} CTAs walk {tiles} tiles of equal work{assumed}"
     imbalance = static_order_imbalance(req.seqlen_q, req.seqlen_k, hb, cfg["block_m"],

@@ -39,15 +39,4 @@ def test_explain_says_which_grid_a_call_takes():
     assert notes(head_dim=128, seqlen_q=2048)[0].startswith("grid: persistent, 132 CTAs walk 256 tiles of equal work")
     assert notes(head_dim=128, seqlen_q=256, heads=2)[0].startswith("grid: persistent, 4 CTAs walk 4 tiles")
     assert "not persistent" in notes(head_dim=256, seqlen_q=2048)[0]
-    assert "varlen: the hardware balances" in notes(head_dim=128, seqlen_q=2048, batch=8, varlen=True)[0]
     assert notes(head_dim=128, seqlen_q=2048, variant="fa2") == []   # a q_blocks grid: no line
-
-
-def test_fa3_varlen_builds_run_one_tile_a_cta():
-    """Packed sequences' tiles weigh what their lengths say, which the host does not read: the hardware's
-    dynamic hand-out balances them (and the persistent hd128 varlen build spills under NVRTC 13.0)."""
-    from flashkit.registry import discover_kernels
-    fa3 = discover_kernels().get("fa3")
-    for hd in (64, 96, 128, 192, 256):
-        assert fa3.launch_config((9, 0), hd, ("varlen",)).get("persistent") == 0
-        assert fa3.launch_config((9, 0), hd, ("varlen", "softcap")).get("persistent") == 0

@@ -37,9 +37,8 @@ struct StageRing {
     }
 
     // Producer: wait until tile i's stage is free, then announce its bytes.
-    __device__ __forceinline__ void wait_empty(int i) const { mbarrier_wait(empty(i), parity(i) ^ 1u); }
     __device__ __forceinline__ u32 acquire(int i, u32 bytes) const {
-        wait_empty(i);
+        mbarrier_wait(empty(i), parity(i) ^ 1u);
         mbarrier_arrive_expect_tx(full(i), bytes);
         return full(i);
     }

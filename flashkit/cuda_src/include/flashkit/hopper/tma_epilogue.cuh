@@ -9,7 +9,7 @@
 // With a tile of its own (kOwnOTile) the store is left to drain under the next tile: the next epilogue
 // (and the kernel's end, drain_output_stores) waits for it to have read the rows. Else, when
 // store_output_tma returns to the warpgroup's thread 0, nothing reads the staged rows any more: the
-// caller may hand the Q tile back to the producer (its Q ring stage).
+// caller may hand the Q tile back to the producer (q_empty).
 #pragma once
 
 #include "flashkit/hopper/ws_traits.cuh"

@@ -3,10 +3,9 @@
 // two counters that the producer and every consumer advance identically, tile by tile.
 //   ring_pos  K/V tiles streamed so far: visit i of the current tile uses ring slot ring_pos + i
 //             (stage (ring_pos + i) % kStages), so the rings' phases carry on from tile to tile
-//   tiles     query tiles handled so far: tile t's Q is slot t of the Q ring (ws_traits.cuh: one or two
-//             stages), whose "full" barrier says Q landed (or an empty tile announced) and whose "empty"
-//             barrier lets the producer reload the stage: with an O tile of its own, every consumer thread's
-//             last S product has read Q; else each consumer's O has left the Q rows it was staged in
+//   tiles     query tiles handled so far: the phase of q_full (Q landed, or an empty tile announced) and
+//             q_empty (the producer may reload Q: with an O tile of its own, every consumer thread's last S
+//             product has read Q; else each consumer's O has left the Q rows it was staged in)
 #pragma once
 
 #include "flashkit/hopper/ws_traits.cuh"
@@ -24,23 +23,23 @@ struct ForwardMaps {
 template <class Kt>
 struct WsCta {
     typedef typename Kt::Ring Ring;
-    typedef typename Kt::QRing QRing;
     u32 smem;        // 1024 B aligned base of the layout in ws_traits.cuh
     int tid;
     int warpgroup;   // 0: producer; 1..kConsumers: consumer warpgroup - 1
-    QRing q_ring;
     Ring k_ring, v_ring;
+    u32 q_full, q_empty;
     int ring_pos = 0;
     int tiles = 0;
 
     // Every thread: carve shared memory, set the barriers up (thread 0) and publish them. (The roles then
     // move registers with setmaxnreg, each on its own branch: ws_forward.cuh.)
     __device__ __forceinline__ explicit WsCta(u32 smem_)
-        : smem(smem_), tid(threadIdx.x), warpgroup(tid / gmma::kWarpgroupThreads), q_ring(smem_ + Kt::kQRingOffset),
-          k_ring(smem_ + Kt::kKRingOffset), v_ring(smem_ + Kt::kVRingOffset) {
+        : smem(smem_), tid(threadIdx.x), warpgroup(tid / gmma::kWarpgroupThreads), k_ring(smem_ + Kt::kKRingOffset),
+          v_ring(smem_ + Kt::kVRingOffset), q_full(smem_ + Kt::kQBarOffset), q_empty(smem_ + Kt::kQEmptyBarOffset) {
         if (tid == 0) {
+            mbarrier_init(q_full, 1);
             // Every consumer thread after its last S (kOwnOTile), or each consumer's thread 0 after its store.
-            q_ring.init(Kt::kOwnOTile ? Kt::kConsumerThreads : Kt::kConsumers);
+            mbarrier_init(q_empty, Kt::kOwnOTile ? Kt::kConsumerThreads : Kt::kConsumers);
             k_ring.init(Kt::kConsumerThreads);
             v_ring.init(Kt::kConsumerThreads);
             fence_barrier_init();
@@ -50,8 +49,6 @@ struct WsCta {
     __device__ __forceinline__ bool producer() const { return warpgroup == 0; }
     __device__ __forceinline__ bool issuer() const { return tid == 0; }   // the producer thread that loads
     __device__ __forceinline__ int consumer() const { return warpgroup - 1; }
-    // The shared address of the current tile's Q stage.
-    __device__ __forceinline__ u32 q_tile() const { return smem + Kt::kQOffset + QRing::stage(tiles) * Kt::kQStageBytes; }
     // After a tile of n_blocks visits, on every role.
     __device__ __forceinline__ void advance(int n_blocks) {
         ring_pos += n_blocks;

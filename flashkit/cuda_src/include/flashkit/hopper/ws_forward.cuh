@@ -50,20 +50,20 @@ __device__ __forceinline__ void consume_tile(WsCta<Kt>& cta, const Params& p, co
     const int consumer = cta.consumer();
     const int tid_in_group = cta.tid % gmma::kWarpgroupThreads;
     const int lane = cta.tid % kWarpSize;
-    WsMainloop<Kt, Mask, ScoreMod> loop(mask, p, head, batch, cta.smem, cta.q_tile(), consumer);
-    cta.q_ring.wait_full(cta.tiles);   // Q landed (or an empty tile announced)
+    WsMainloop<Kt, Mask, ScoreMod> loop(mask, p, head, batch, cta.smem, consumer);
+    mbarrier_wait(cta.q_full, static_cast<u32>(cta.tiles) & 1u);   // Q landed (or an empty tile announced)
     if (n_blocks > 0) {   // (with kOwnOTile, hands Q back after its last S)
         const int row0 = q_at.row + consumer * gmma::kWarpgroupRows + tid_in_group / kWarpSize * Kt::kWarpRows +
                          lane / kQuadLanes;
         const PingPong<Kt::kConsumers> turn(consumer);
         consumer_mainloop<Kt>(loop, turn, cta, n_blocks, row0, kFragCols * (lane % kQuadLanes));
     } else if constexpr (Kt::kOwnOTile) {
-        cta.q_ring.release(cta.tiles);
+        mbarrier_arrive(cta.q_empty);
     }
     float lse[1][2];
     loop.softmax.finalize(loop.acc_o, p.softmax_scale_log2, lse);
     store_output_tma<Kt>(loop.acc_o, lse, cta.smem, consumer, maps.o, p, q_at, origin, tid_in_group);
-    if (!Kt::kOwnOTile && tid_in_group == 0) cta.q_ring.release(cta.tiles);   // its O has left the Q rows
+    if (!Kt::kOwnOTile && tid_in_group == 0) mbarrier_arrive(cta.q_empty);   // its O has left the Q rows
     cta.advance(n_blocks);
 }
 

@@ -56,7 +56,7 @@ struct WsMainloop {
 
     const Mask& mask;
     ScoreMod score_mod;
-    u32 q_tile;          // the tile's Q stage; this consumer's 64 rows start at its row 64 * consumer
+    u32 q_tile;          // this consumer's 64 rows start at row 64 * consumer of the Q tile
     u32 k_tiles, v_tiles;
     int q_row0;          // first Q tile row of this consumer
     float scale_log2;
@@ -67,8 +67,8 @@ struct WsMainloop {
     OnlineSoftmax<1> softmax;
 
     __device__ __forceinline__ WsMainloop(const Mask& mask_, const Params& p, int head, int batch, u32 smem,
-                                          u32 q_tile_, int consumer)
-        : mask(mask_), score_mod(p, head, batch), q_tile(q_tile_), k_tiles(smem + Kt::kKOffset), v_tiles(smem + Kt::kVOffset),
+                                          int consumer)
+        : mask(mask_), score_mod(p, head, batch), q_tile(smem + Kt::kQOffset), k_tiles(smem + Kt::kKOffset), v_tiles(smem + Kt::kVOffset),
           q_row0(consumer * gmma::kWarpgroupRows), scale_log2(p.softmax_scale_log2) {
 #pragma unroll
         for (int nd = 0; nd < Kt::kDTiles; ++nd)
@@ -165,7 +165,7 @@ __device__ __forceinline__ void consumer_mainloop(Loop& loop, const Turn& turn, 
     for (; i < n_blocks && i < n_masked; ++i)
         consumer_step<true>(loop, turn, k_ring, v_ring, i, pos + i, n_blocks, row0, col_lane);
     for (; i < n_blocks; ++i) consumer_step<false>(loop, turn, k_ring, v_ring, i, pos + i, n_blocks, row0, col_lane);
-    if constexpr (Kt::kOwnOTile) cta.q_ring.release(cta.tiles);   // every S has read Q: its stage may reload
+    if constexpr (Kt::kOwnOTile) mbarrier_arrive(cta.q_empty);   // every S has read Q: the next tile's may load
     const int last = pos + n_blocks - 1;
     v_ring.wait_full(last);
     turn.wait_turn();

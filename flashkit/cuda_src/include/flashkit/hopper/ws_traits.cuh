@@ -6,16 +6,12 @@
 // consumer owns rows [16 w, 16 w + 16) of those, so the mma.sync fragment conventions (apply_mask,
 // OnlineSoftmax, pack_a_fragment) serve unchanged. Shared memory, each tile 1024 B aligned in
 // gmma::KMajorTile's layout (what TMA's 128 B swizzle writes, one 128 B panel per box):
-//   [ Q: kQStages tiles of kBlockM rows | K: kStages tiles of kBlockN rows | V: likewise | (O: kBlockM rows) |
-//     mbarriers: the Q, K and V rings ]
+//   [ Q: kBlockM rows | K: kStages tiles of kBlockN rows | V: likewise | (O: kBlockM rows) | mbarriers:
+//     q_full, q_empty, the rings ]
 // Each consumer stages its O for the TMA store in its own rows of the O tile: a tile of its own after the
 // V stages when kOwnOTile (the persistent kernels: Q is handed back for the next tile as soon as the last
 // S product has read it, and the O store drains under the next tile's main loop), else the Q tile. Either
 // has the Q tile's layout.
-// Q has a ring of its own, like K and V, with kQStages = 2 when the persistent kernel's shared memory holds a
-// second Q tile (hd96, hd128): the next tile's Q then loads under this tile's whole main loop, not only under
-// its last P V (short causal sequences visit one to four K/V tiles a query tile, so that wait was a visit's
-// worth of idle tensor cores a tile). Otherwise kQStages = 1.
 //
 // kHeadDimV (default kHeadDim) is the head dim of V and O, at most kHeadDim (DeepSeek's MLA: 192 / 128):
 // S = Q K^T runs over kHeadDim (Q and K rows of kRowBytes), O += P V, the O accumulator and the epilogue
@@ -36,7 +32,6 @@ constexpr int kSchedulerBarrierBase = 1;
 constexpr int kMaxConsumers = 3;
 constexpr int kEpilogueBarrierBase = kSchedulerBarrierBase + kMaxConsumers;
 constexpr int kRegisterFile = 65536;   // 32-bit registers of one SM
-constexpr int kMaxSmemBytes = 227 * 1024;   // dynamic shared memory one CTA may opt in to (sm_90)
 
 // Where a tile starts in a contract tensor: the TMA coordinates past the head-dim panel.
 struct TileCoords {
@@ -91,24 +86,15 @@ struct WsTraits {
     __host__ __device__ static constexpr int align(int bytes) {
         return (bytes + gmma::kTileAlign - 1) / gmma::kTileAlign * gmma::kTileAlign;
     }
-    static constexpr int kQStageBytes = align(QTile::kBytes);
+    static constexpr int kQOffset = 0;
+    static constexpr int kKOffset = align(QTile::kBytes);
     static constexpr int kKStageBytes = align(KTile::kBytes);
     static constexpr int kVStageBytes = align(VTile::kBytes);
-    static constexpr int kRingBarrierBytes = (2 * Ring::kBytes) + StageRing<2>::kBytes;   // K, V rings, a 2-stage Q ring
-    // Shared memory of a layout with q_stages Q tiles.
-    __host__ __device__ static constexpr int smem_bytes(int q_stages) {
-        return q_stages * kQStageBytes + kStages * (kKStageBytes + kVStageBytes) + (kOwnOTile ? kQStageBytes : 0) +
-               kRingBarrierBytes + gmma::kTileAlign;   // + alignment slack
-    }
-    static constexpr int kQStages = kOwnOTile && smem_bytes(2) <= kMaxSmemBytes ? 2 : 1;
-    typedef StageRing<kQStages> QRing;
-
-    static constexpr int kQOffset = 0;   // Q stage s at kQOffset + s * kQStageBytes
-    static constexpr int kKOffset = kQStages * kQStageBytes;
     static constexpr int kVOffset = kKOffset + kStages * kKStageBytes;
     static constexpr int kOOffset = kOwnOTile ? kVOffset + kStages * kVStageBytes : kQOffset;   // O staging
-    static constexpr int kQRingOffset = kVOffset + kStages * kVStageBytes + (kOwnOTile ? kQStageBytes : 0);
-    static constexpr int kKRingOffset = kQRingOffset + QRing::kBytes;
+    static constexpr int kQBarOffset = kVOffset + kStages * kVStageBytes + (kOwnOTile ? align(QTile::kBytes) : 0);
+    static constexpr int kQEmptyBarOffset = kQBarOffset + kBarrierBytes;       // q_empty
+    static constexpr int kKRingOffset = kQEmptyBarOffset + kBarrierBytes;
     static constexpr int kVRingOffset = kKRingOffset + Ring::kBytes;
     static constexpr int kSmemBytes = kVRingOffset + Ring::kBytes + gmma::kTileAlign;   // + alignment slack
 
@@ -122,9 +108,7 @@ struct WsTraits {
     static_assert(QTile::kPanelBytes == VTile::kPanelBytes, "O's panels are a prefix of the Q tile's");
     static_assert((kProducerRegs + kConsumers * kConsumerRegs) * gmma::kWarpgroupThreads <= kRegisterFile,
                   "register budgets fit the register file");
-    static_assert(kSmemBytes <= smem_bytes(kQStages), "the layout is the one smem_bytes counts");
-    static_assert(kSmemBytes <= kMaxSmemBytes, "shared memory of one CTA");
-    static_assert(kOwnOTile || kQStages == 1, "O staged in the Q tile: one Q stage");
+    static_assert(kSmemBytes <= 227 * 1024, "shared memory of one CTA");
 };
 
 }  // namespace hopper
