@@ -18,25 +18,7 @@ def time_cuda(fn: Callable[[int], Any], warmup: int, iters: int, event: Callable
               min_warmup_s: float = MIN_WARMUP_S) -> float:
     """Median milliseconds of fn(i) (i selects the rotated inputs), one event pair per run, after a warm-up
     of at least `warmup` calls and `min_warmup_s` seconds of back-to-back calls."""
-    start_s = time.perf_counter()
-    sync_every = max(warmup, 1)   # a bounded queue, so that the wall clock follows the GPU
-    calls = 0
-    while calls < warmup or time.perf_counter() - start_s < min_warmup_s:
-        fn(calls)
-        calls += 1
-        if calls % sync_every == 0:
-            sync()
-    sync()
-    warmup = calls
-    pairs = []
-    for i in range(iters):
-        start, end = event(), event()
-        start.record()
-        fn(warmup + i)
-        end.record()
-        pairs.append((start, end))
-    sync()
-    return float(np.median([elapsed_ms(a, b) for a, b in pairs]))
+    return time_interleaved([fn], warmup, iters, event, elapsed_ms, sync, min_warmup_s)[0]
 
 
 def time_interleaved(fns: list[Callable[[int], Any]], warmup: int, iters: int, event: Callable[[], Any],
@@ -44,20 +26,25 @@ def time_interleaved(fns: list[Callable[[int], Any]], warmup: int, iters: int, e
                      min_warmup_s: float = MIN_WARMUP_S) -> list[float]:
     """Median milliseconds of each fns[j](i), the calls interleaved (fns[0](i), fns[1](i), ... for each i) so that
     every function runs under the same clocks: the ratio of two short kernels timed apart moved by up to 10%
-    from run to run on the H100 (GPU boost); timed interleaved, both see the same clock."""
+    from run to run on the H100 (GPU boost); timed interleaved, both see the same clock. Warm-up: rounds of every
+    function, at least `warmup` of them and `min_warmup_s` seconds, synchronizing every `warmup` rounds so that
+    the wall clock follows the GPU; the timed rounds continue the input rotation after it."""
     start_s = time.perf_counter()
-    calls = 0
-    while calls < warmup or time.perf_counter() - start_s < min_warmup_s:
+    sync_every = max(warmup, 1)
+    rounds = 0
+    while rounds < warmup or time.perf_counter() - start_s < min_warmup_s:
         for fn in fns:
-            fn(calls)
-        calls += 1
-        sync()
+            fn(rounds)
+        rounds += 1
+        if rounds % sync_every == 0:
+            sync()
+    sync()
     pairs: list[list[tuple[Any, Any]]] = [[] for _ in fns]
     for i in range(iters):
         for fn, fn_pairs in zip(fns, pairs):
             start, end = event(), event()
             start.record()
-            fn(calls + i)
+            fn(rounds + i)
             end.record()
             fn_pairs.append((start, end))
     sync()
