@@ -195,6 +195,9 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     if args.steps < 1 or args.batch < 1 or args.seqlen < 2:
         ap.error("--steps and --batch must be at least 1, --seqlen at least 2")
+    import torch
+    if torch.device(args.device).type == "cuda" and not torch.cuda.is_available():
+        ap.error("no CUDA device answers torch: run on a GPU, or with --device cpu (float32, the sdpa run only)")
     settings = TrainSettings(steps=args.steps, batch=args.batch, seqlen=args.seqlen, lr=args.lr, warmup=args.warmup,
                              seed=args.seed, period=args.period, device=args.device,
                              model=dict(TINY_LLAMA if args.tiny else SMALL_LLAMA))

@@ -142,6 +142,14 @@ def test_the_command_line_runs_on_the_cpu_and_writes_json(torch_one_thread, tmp_
     assert result["meta"]["settings"]["model"]["hidden_size"] == 256
 
 
+def test_asking_for_cuda_without_a_device_says_how_to_run_on_the_cpu(torch_one_thread, capsys):
+    if torch_one_thread.cuda.is_available():
+        pytest.skip("checks the GPU-less error")
+    with pytest.raises(SystemExit) as exc:
+        main(["--steps", "1"])
+    assert exc.value.code == 2 and "--device cpu" in capsys.readouterr().err
+
+
 def test_flashkit_glue_trains_like_sdpa_with_the_kernels_stood_in_for(torch_one_thread, monkeypatch):
     """The training loop on both implementations from one set of weights, flashkit's kernels replaced by a float32
     reference (tests/cpu/integrations): the curves agree far inside the issue's 1%, and the verdict says so."""
