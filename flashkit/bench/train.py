@@ -128,9 +128,11 @@ def run(settings: TrainSettings, implementations: Sequence[str] = (FLASHKIT, SDP
                           seed=settings.seed, period=settings.period)
     models = same_weight_models(impls, device, dtype, settings.seed, **settings.model)   # one set of weights
     runs = {}
-    for name, model in zip(impls, models):
+    for name in impls:
+        model = models.pop(0)   # dropped after its run: one trained model on the device at a time
         log(f"training {name}: {settings.steps} steps of {settings.batch} x {settings.seqlen} tokens on {device}")
         runs[name] = train_run(model, stream, settings, name)
+        del model
     result = {"meta": meta(settings, dtype, stream), "notes": notes,
               "runs": {n: dict(asdict(r), tokens_per_s=r.tokens_per_s) for n, r in runs.items()}}
     if FLASHKIT in runs and SDPA in runs:
