@@ -14,28 +14,15 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers", reason="transformers is not installed (pip install flashkit[transformers])")
 
 import flashkit  # noqa: E402
-import flashkit.integrations.transformers as fk_hf  # noqa: E402
+from flashkit.bench.llama import SMALL_LLAMA, same_weight_models  # noqa: E402
 
 SEQLEN = 64
 LENGTHS = {"none": [SEQLEN] * 4, "right": [64, 50, 33, 7], "left": [64, 50, 33, 7]}
 
 
-def tiny_llama_config(**over):
-    kw = dict(hidden_size=256, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-              intermediate_size=512, vocab_size=1000, pad_token_id=0)
-    kw.update(over)
-    return transformers.LlamaConfig(**kw)
-
-
 def models(**over):
     """(flashkit bf16, sdpa bf16, sdpa float32) copies of one random tiny Llama on the GPU."""
-    fk_hf.register()
-    torch.manual_seed(0)
-    sdpa = transformers.AutoModelForCausalLM.from_config(tiny_llama_config(**over), attn_implementation="sdpa")
-    sdpa = sdpa.to(device="cuda", dtype=torch.bfloat16)
-    fk = transformers.AutoModelForCausalLM.from_config(tiny_llama_config(**over), attn_implementation="flashkit")
-    fk = fk.to(device="cuda", dtype=torch.bfloat16)
-    fk.load_state_dict(sdpa.state_dict())
+    fk, sdpa = same_weight_models(("flashkit", "sdpa"), "cuda", torch.bfloat16, **over)
     oracle = copy.deepcopy(sdpa).float()
     assert fk.config._attn_implementation == "flashkit" and sdpa.config._attn_implementation == "sdpa"
     return fk, sdpa, oracle
@@ -112,10 +99,9 @@ def test_training_on_left_padding_names_the_missing_varlen_backward():
 
 def bench(steps: int = 20, batch_size: int = 8, seqlen: int = 2048) -> None:
     """ms per training step (forward + backward) of a small Llama (hidden 1024, 4 layers, GQA 16/4, head_dim 64,
-    bf16, no padding) with flashkit and with sdpa; printed, for the record."""
-    cfg = dict(hidden_size=1024, num_hidden_layers=4, num_attention_heads=16, num_key_value_heads=4,
-               intermediate_size=2816, vocab_size=32000)
-    fk, sdpa, _ = models(**cfg)
+    bf16, no padding) with flashkit and with sdpa; printed, for the record. The whole training run (AdamW, 300 steps,
+    loss curves) is python3 -m flashkit.bench.train."""
+    fk, sdpa, _ = models(**SMALL_LLAMA)
     ids = torch.randint(1, 32000, (batch_size, seqlen), device="cuda")
     for name, m in (("flashkit", fk), ("sdpa", sdpa)):
         m.train()

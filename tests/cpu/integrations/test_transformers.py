@@ -13,6 +13,7 @@ transformers = pytest.importorskip("transformers")
 
 import flashkit.compat.backend as backend  # noqa: E402
 import flashkit.integrations.transformers as fk_hf  # noqa: E402
+from flashkit.bench.llama import same_weight_models  # noqa: E402
 from flashkit.errors import UnsupportedError  # noqa: E402
 
 
@@ -81,15 +82,8 @@ def calls(monkeypatch):
 
 
 def tiny_llamas():
-    """Two copies of one tiny random Llama, on sdpa and on flashkit (each its own config: from_config records
-    the implementation in the config it is given)."""
-    def config():
-        return transformers.LlamaConfig(hidden_size=256, num_hidden_layers=2, num_attention_heads=4,
-                                        num_key_value_heads=2, intermediate_size=512, vocab_size=1000, pad_token_id=0)
-    torch.manual_seed(0)
-    ref = transformers.AutoModelForCausalLM.from_config(config(), attn_implementation="sdpa")
-    fk = transformers.AutoModelForCausalLM.from_config(config(), attn_implementation="flashkit")
-    fk.load_state_dict(ref.state_dict())
+    """Two copies of one tiny random Llama (bench/llama.py's), on sdpa and on flashkit."""
+    ref, fk = same_weight_models(("sdpa", "flashkit"), "cpu")
     assert ref.config._attn_implementation == "sdpa" and fk.config._attn_implementation == "flashkit"
     return ref.eval(), fk.eval()
 
