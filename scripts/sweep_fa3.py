@@ -2,7 +2,8 @@
 
 Usage: python3 scripts/sweep_fa3.py [--seqlens 2048,8192] [hd:block_m,block_n,stages[,persistent] ...]
 (no configuration: the default grid; persistent 0 or 1, default the manifest's launch table's).
-Prints TFLOP/s of each configuration and of PyTorch's cuDNN backend, and their ratio.
+Prints TFLOP/s of each configuration and of PyTorch's cuDNN backend, timed interleaved call by call (both
+under the same clocks), and their ratio.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ def main(argv: list[str]) -> None:
     from flashkit.api import run
     from flashkit.bench.config import BenchShape, attention_flops, rotation_copies
     from flashkit.bench.run import make_inputs
-    from flashkit.bench.timing import time_cupy
+    from flashkit.bench.timing import time_cupy_interleaved
     from flashkit.call.validate import Problem
     from flashkit.registry import discover_kernels
     from flashkit.runtime.launch import LaunchInputs
@@ -56,8 +57,10 @@ def main(argv: list[str]) -> None:
                 def cudnn(i):
                     q, k, v = views[i % len(views)]
                     return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
-                with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
-                    t_cudnn = time_cupy(cudnn, 5, 30)
+
+                def cudnn_call(i):
+                    with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+                        return cudnn(i)
                 out = cp.empty_like(inputs[0][0])
                 problem = Problem(batch=b, seqlen_q=n, seqlen_k=n, heads=heads, kv_heads=heads, head_dim=hd,
                                   dtype="bfloat16", softmax_scale=hd ** -0.5)
@@ -77,8 +80,8 @@ def main(argv: list[str]) -> None:
                     def fa3(i):   # the prepared launch: the host's work per call is the pointers and the launch
                         q, k, v = inputs[i % len(inputs)]
                         prepared(q, k, v, out)
-                    try:
-                        t = time_cupy(fa3, 5, 30)
+                    try:   # each configuration timed interleaved with cuDNN (bench/timing.time_interleaved)
+                        t_cudnn, t = time_cupy_interleaved([cudnn_call, fa3], 5, 30)
                         tf, tc = flops / t / 1e9, flops / t_cudnn / 1e9
                         print(f"{shape.label:28.28s} {bm}x{bn}x{st}{'p' if persistent else ' ':<6s} "
                               f"{tf:6.0f} {tc:6.0f} {tf / tc:.3f}", flush=True)
