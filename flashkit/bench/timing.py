@@ -26,25 +26,27 @@ def time_interleaved(fns: list[Callable[[int], Any]], warmup: int, iters: int, e
                      min_warmup_s: float = MIN_WARMUP_S) -> list[float]:
     """Median milliseconds of each fns[j](i), the calls interleaved (fns[0](i), fns[1](i), ... for each i) so that
     every function runs under the same clocks: the ratio of two short kernels timed apart moved by up to 10%
-    from run to run on the H100 (GPU boost); timed interleaved, both see the same clock. Warm-up: rounds of every
-    function, at least `warmup` of them and `min_warmup_s` seconds, synchronizing every `warmup` rounds so that
-    the wall clock follows the GPU; the timed rounds continue the input rotation after it."""
+    from run to run on the H100 (GPU boost); timed interleaved, both see the same clock. Every call gets the next
+    index of the input rotation (call c of the whole sequence: fn(c)), so that no function reads the input set
+    the one before it has just left in the L2. Warm-up: rounds of every function, at least `warmup` of them and
+    `min_warmup_s` seconds, synchronizing every `warmup` rounds so that the wall clock follows the GPU; the
+    timed rounds continue the rotation after it."""
     start_s = time.perf_counter()
     sync_every = max(warmup, 1)
     rounds = 0
     while rounds < warmup or time.perf_counter() - start_s < min_warmup_s:
-        for fn in fns:
-            fn(rounds)
+        for j, fn in enumerate(fns):
+            fn(rounds * len(fns) + j)
         rounds += 1
         if rounds % sync_every == 0:
             sync()
     sync()
     pairs: list[list[tuple[Any, Any]]] = [[] for _ in fns]
     for i in range(iters):
-        for fn, fn_pairs in zip(fns, pairs):
+        for j, (fn, fn_pairs) in enumerate(zip(fns, pairs)):
             start, end = event(), event()
             start.record()
-            fn(rounds + i)
+            fn((rounds + i) * len(fns) + j)
             end.record()
             fn_pairs.append((start, end))
     sync()
