@@ -20,9 +20,7 @@ def main(argv: list[str]) -> int:
     import cupy
     import ml_dtypes
 
-    import flashkit
-    from flashkit.bench.timing import time_cupy_interleaved
-    from flashkit.bench.torch_baselines import _sdpa_call, torch_views
+    from flashkit.bench.torch_baselines import cudnn_and_flashkit_ms
     rng = cupy.random.default_rng(0)
     for shape in argv or DEFAULT:
         fields = shape.split(",")
@@ -31,9 +29,7 @@ def main(argv: list[str]) -> int:
         sets = [tuple(rng.standard_normal(shp, dtype=cupy.float32).astype(ml_dtypes.bfloat16)
                       for shp in ((b, s, h, d), (b, s, hk, d), (b, s, hk, d))) for _ in range(ROTATIONS)]
         flops = 4 * b * h * d * (s * (s + 1) / 2 if causal else s * s)
-        cudnn, fk = time_cupy_interleaved(
-            [_sdpa_call("cudnn", causal, torch_views(sets)),
-             lambda i: flashkit.attention(*sets[i % ROTATIONS], causal=causal)], WARMUP, ITERS)
+        cudnn, fk = cudnn_and_flashkit_ms(sets, causal, WARMUP, ITERS)
         print(f"b{b} s{s} h{h}/{hk} d{d} causal={causal}: cudnn {flops / cudnn / 1e9:.0f} TFLOP/s, flashkit "
               f"{flops / fk / 1e9:.0f} TFLOP/s, flashkit / cudnn {cudnn / fk:.3f}x", flush=True)
     return 0

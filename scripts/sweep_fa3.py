@@ -24,7 +24,7 @@ def main(argv: list[str]) -> None:
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
     from flashkit.api import run
-    from flashkit.bench.config import BenchShape, attention_flops, rotation_copies
+    from flashkit.bench.config import BenchShape, attention_flops, device_l2_bytes, rotation_copies
     from flashkit.bench.run import make_inputs
     from flashkit.bench.timing import time_cupy_interleaved
     from flashkit.call.validate import Problem
@@ -42,7 +42,7 @@ def main(argv: list[str]) -> None:
             hd, cfg = a.split(":")
             grid.setdefault(int(hd), []).append(tuple(int(x) for x in cfg.split(",")))
     base = discover_kernels().get("fa3")
-    l2 = 50 * 2**20
+    l2 = device_l2_bytes()
     print(f"{'shape':28s} {'config':14s} {'fa3':>6s} {'cudnn':>6s} ratio")
     for hd, configs in grid.items():
         heads = HIDDEN // hd

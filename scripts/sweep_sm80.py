@@ -33,7 +33,7 @@ def main() -> None:
     import cupy as cp
 
     from flashkit.api import run
-    from flashkit.bench.config import BenchShape, attention_flops, rotation_copies
+    from flashkit.bench.config import BenchShape, attention_flops, device_l2_bytes, rotation_copies
     from flashkit.bench.run import make_inputs
     from flashkit.bench.timing import time_cupy
     from flashkit.call.validate import Problem
@@ -58,7 +58,7 @@ def main() -> None:
         chosen = (chosen["block_m"], chosen["block_n"], chosen["warps"])
         for causal in base.causal_options():
             shape = BenchShape(b, n, heads, hd, causal)
-            inputs = make_inputs(shape, "bfloat16", rotation_copies(3 * b * n * heads * hd * 2, 50 * 2**20), 0)
+            inputs = make_inputs(shape, "bfloat16", rotation_copies(3 * b * n * heads * hd * 2, device_l2_bytes()), 0)
             flops = attention_flops(b, heads, n, n, hd, causal)
             out = cp.empty_like(inputs[0][0])
             problem = Problem(batch=b, seqlen_q=n, seqlen_k=n, heads=heads, kv_heads=heads, head_dim=hd,

@@ -117,6 +117,15 @@ def tflops(flops: float, ms: float | None) -> float | None:
     return None if not ms else flops / (ms * 1e-3) / 1e12
 
 
+def device_l2_bytes() -> int:
+    """The current device's L2 size (L2_BYTES_DEFAULT where no device says)."""
+    try:
+        import cupy
+        return int(cupy.cuda.Device().attributes["L2CacheSize"]) or L2_BYTES_DEFAULT
+    except Exception:
+        return L2_BYTES_DEFAULT
+
+
 def rotation_copies(bytes_per_set: int, l2_bytes: int) -> int:
     """How many input sets to rotate so that their total exceeds the L2 (two at least)."""
     return max(2, l2_bytes // max(1, bytes_per_set) + 1)

@@ -13,8 +13,8 @@ from dataclasses import asdict
 from typing import Any, Callable, Sequence
 
 from . import torch_baselines
-from .config import (L2_BYTES_DEFAULT, BenchConfig, BenchResult, BenchRow, BenchShape, Progress, attention_flops,
-                     convention_shapes, mark_unavailable, rotation_copies, tflops)
+from .config import (BenchConfig, BenchResult, BenchRow, BenchShape, Progress, attention_flops, convention_shapes,
+                     device_l2_bytes, mark_unavailable, rotation_copies, tflops)
 from .timing import CupyPeak, time_cupy
 
 # (shape, config) -> (mask, FLOPs) when the feature shapes this run, else None
@@ -36,13 +36,7 @@ def register_call(hook: CallHook) -> None:
 
 
 def _l2_bytes(config: BenchConfig) -> int:
-    if config.l2_bytes:
-        return config.l2_bytes
-    try:
-        import cupy
-        return int(cupy.cuda.Device().attributes["L2CacheSize"]) or L2_BYTES_DEFAULT
-    except Exception:
-        return L2_BYTES_DEFAULT
+    return config.l2_bytes or device_l2_bytes()
 
 
 def make_inputs(shape: BenchShape, dtype: str, copies: int, seed: int) -> list[tuple[Any, Any, Any]]:

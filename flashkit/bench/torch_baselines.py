@@ -51,7 +51,7 @@ def torch_peak_bytes(fn: Callable[[], Any]) -> int:
     return int(torch.cuda.max_memory_allocated() - base)
 
 
-def _sdpa_call(backend: str, causal: bool, views) -> Callable[[int], Any]:
+def sdpa_call(backend: str, causal: bool, views) -> Callable[[int], Any]:
     import torch.nn.functional as F
     from torch.nn.attention import SDPBackend, sdpa_kernel
     kernel = getattr(SDPBackend, SDPA_BACKENDS[backend])
@@ -64,10 +64,23 @@ def _sdpa_call(backend: str, causal: bool, views) -> Callable[[int], Any]:
     return call
 
 
+def cudnn_and_flashkit_ms(sets, causal: bool, warmup: int, iters: int, **kw) -> tuple[float, float]:
+    """Median milliseconds of cuDNN SDPA and of flashkit.attention(q, k, v, causal=causal, **kw) on the rotated
+    (batch, seqlen, heads, D) CuPy input sets, timed interleaved call by call (timing.time_cupy_interleaved)."""
+    from ..api import attention
+    from .timing import time_cupy_interleaved
+
+    def flashkit_call(i: int):
+        return attention(*sets[i % len(sets)], causal=causal, **kw)
+    cudnn_ms, flashkit_ms = time_cupy_interleaved([sdpa_call("cudnn", causal, torch_views(sets)), flashkit_call],
+                                                  warmup, iters)
+    return cudnn_ms, flashkit_ms
+
+
 def time_sdpa(backend: str, q, k, v, causal: bool, warmup: int, iters: int) -> float:
     """Milliseconds of PyTorch SDPA's `backend` (an SDPA_BACKENDS name) on (batch, seqlen, heads, D) CuPy arrays;
     raises where the backend refuses the shape."""
-    return time_torch(_sdpa_call(backend, causal, torch_views([(q, k, v)])), warmup, iters)
+    return time_torch(sdpa_call(backend, causal, torch_views([(q, k, v)])), warmup, iters)
 
 
 def flex_block_mask(shape: BenchShape, mask: Any = None):
@@ -119,7 +132,7 @@ def bench_backend(backend: str, shape: BenchShape, inputs, config: BenchConfig, 
         if mask is not None and backend != "flex":
             raise ValueError("block-sparse masks run only with flex")
         views = torch_views(inputs)
-        call = _flex_call(shape, views, mask) if backend == "flex" else _sdpa_call(backend, shape.causal, views)
+        call = _flex_call(shape, views, mask) if backend == "flex" else sdpa_call(backend, shape.causal, views)
         call(0)   # first call: compiles flex, and raises here when the backend refuses the shape
         row.peak_bytes = torch_peak_bytes(lambda: call(1))
         row.ms = time_torch(call, config.warmup, config.iters)

@@ -14,8 +14,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from .report import script_main
-from .config import rotation_copies
-from .timing import time_cupy, time_cupy_interleaved
+from .config import device_l2_bytes, rotation_copies
+from .timing import time_cupy
 from .torch_baselines import time_sdpa
 
 HEAD_DIM = 128
@@ -25,7 +25,6 @@ LENGTHS = (100, 4000)        # drawn uniformly, fixed seed
 SERVING_PREFILL = (32, 512)  # batch x seqlen, causal GQA 32/8: the issue's 1.0x cuDNN target
 WARMUP, ITERS = 3, 10
 PREFILL_ITERS = 100             # the serving prefill's calls are short: more of them
-L2_BYTES = 50 * 2**20           # H100's L2: rotate prefill inputs past it
 PREFILL_SETS = 3
 
 
@@ -108,7 +107,7 @@ def run(torch_baselines: bool = True) -> list[VarlenRow]:
     flops = 4 * HEAD_DIM * HEADS * b * pairs([s], [s], True)
     # Short kernels (about 0.2 ms): cuDNN and flashkit interleaved call by call, so that both run under the same
     # clocks (timed apart, their ratio moved by up to 10% from run to run); fa2, much slower, on its own.
-    rot = max(PREFILL_SETS, rotation_copies(q.nbytes + k.nbytes + v.nbytes, L2_BYTES))
+    rot = max(PREFILL_SETS, rotation_copies(q.nbytes + k.nbytes + v.nbytes, device_l2_bytes()))
     sets = [(q, k, v)] + [(draw(b, s, HEADS, HEAD_DIM), draw(b, s, KV_HEADS, HEAD_DIM), draw(b, s, KV_HEADS, HEAD_DIM))
                           for _ in range(rot - 1)]
 
@@ -116,10 +115,9 @@ def run(torch_baselines: bool = True) -> list[VarlenRow]:
         return lambda i: flashkit.attention(*sets[i % rot], causal=True, variant=variant)
     cudnn_ms = None
     if torch_baselines:
-        from .torch_baselines import _sdpa_call, torch_views
+        from .torch_baselines import cudnn_and_flashkit_ms
         try:
-            cudnn_ms, ms = time_cupy_interleaved([_sdpa_call("cudnn", True, torch_views(sets)), fk()], WARMUP,
-                                                 PREFILL_ITERS)
+            cudnn_ms, ms = cudnn_and_flashkit_ms(sets, True, WARMUP, PREFILL_ITERS)
             add(case, "sdpa cudnn", cudnn_ms, flops)
         except Exception as e:   # the cuDNN backend refused the shape
             add(case, "sdpa cudnn", None, flops, note=f"{type(e).__name__}")

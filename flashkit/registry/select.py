@@ -110,8 +110,8 @@ def head_dim_v_reasons(spec: KernelSpec, req: Request) -> list[str]:
     dv, d = req.head_dim_v, req.head_dim
     if dv in spec.head_dims and dv <= d:
         return []
-    return [(f"head_dim_v={dv} not supported with head_dim={d}: supported head_dim_v <= head_dim, "
-             f"{spec.head_dims.describe()}")]
+    return [f"head_dim_v={dv} not supported with head_dim={d}: supported head_dim_v <= head_dim, "
+            f"{spec.head_dims.describe()}"]
 
 
 def check_head_dim_v(head_dim: int, head_dim_v: int, specs: dict[str, KernelSpec]) -> None:
