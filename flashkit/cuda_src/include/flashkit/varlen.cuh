@@ -55,4 +55,29 @@ __device__ __forceinline__ void for_sequence(const Params& p, int b, int m_block
     }
 }
 
+// Sequence b's first key row and key count, read again from cu_seqlens_k: the loads are volatile so that
+// a kernel at the register limit re-reads them where it needs them (an epilogue) instead of holding the
+// view's values live across its main loop.
+__device__ __forceinline__ void reload_key_range(const Params& p, int b, int& k_row, int& seqlen_k) {
+    int k0, k1;
+    asm volatile("ld.global.s32 %0, [%1];\n" : "=r"(k0) : "l"(p.varlen.cu_seqlens_k + b));
+    asm volatile("ld.global.s32 %0, [%1];\n" : "=r"(k1) : "l"(p.varlen.cu_seqlens_k + b + 1));
+    k_row = k0;
+    seqlen_k = k1 - k0;
+}
+
+// body(params, origin) for key block n_block of sequence b (the backward's K/V-outer grid, (ceil(max_seqlen_k /
+// block_n), kv_heads, batch)): with kVarlen through the sequence's view, and only when the block holds keys of
+// the sequence (a sequence with keys but no queries still runs its key blocks: their dK = dV = 0 are written).
+template <bool kVarlen, int kBlockN, class Body>
+__device__ __forceinline__ void for_sequence_keys(const Params& p, int b, int n_block, Body&& body) {
+    if constexpr (kVarlen) {
+        SeqOrigin origin;
+        const Params view = sequence_view(p, b, origin);
+        if (n_block * kBlockN < view.seqlen_k) body(view, origin);
+    } else {
+        body(p, SeqOrigin{0, 0, b});
+    }
+}
+
 }  // namespace flashkit

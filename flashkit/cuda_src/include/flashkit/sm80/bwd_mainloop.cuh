@@ -14,6 +14,10 @@
 // The tail rows of the last blocks need no element mask: Q, dO rows past seqlen_q are zero-filled
 // with lse2 = +inf (P = 0), and K, V rows past seqlen_k are zero (their dK, dV rows are not stored,
 // their dQ terms are dS * 0).
+// With FLASHKIT_VARLEN a CTA runs a key block of one packed sequence (varlen.cuh's for_sequence_keys): the
+// parameter block is the sequence's view (its lengths; causal bottom-right aligned per sequence), and every
+// tensor row is offset by the sequence's origin (q_row0 / k_row0, ints) in the tensors' batch t_batch;
+// `batch` (the sequence) indexes the workspace.
 #pragma once
 
 #include "flashkit/sm80/bwd_prepass.cuh"
@@ -71,9 +75,10 @@ struct BwdMainloop {
     static constexpr int kM = Kt::kBlockM;
     static constexpr int kN = Kt::kBlockN;
 
-    const Params& p;
-    const BwdWorkspace<kM> ws;
+    const Params& p;               // the sequence's view (varlen) or the call's parameter block
+    const BwdWorkspace<kM>& ws;    // over the call's parameter block
     int batch, kv_head, n0, warp, lane;
+    int t_batch, q_row0, k_row0;   // the sequence's row 0 in the tensors (SeqOrigin)
     u32 sQ, sdO, sK, sV, sdS;   // shared addresses (Q, dO: buffer 0; buffer 1 follows)
     float* s_lse2;              // [2][kM]
     float* s_dsum;              // [2][kM]
@@ -81,9 +86,10 @@ struct BwdMainloop {
     float acc_dk[Kt::kDTiles][4];   // dK rows of this warp's 16 keys, mma C layout
     float acc_dv[Kt::kDTiles][4];
 
-    __device__ __forceinline__ BwdMainloop(const Params& p_, unsigned char* smem, int n_block, int kv_head_,
-                                           int batch_)
-        : p(p_), ws(p_), batch(batch_), kv_head(kv_head_), n0(n_block * kN) {
+    __device__ __forceinline__ BwdMainloop(const Params& p_, const BwdWorkspace<kM>& ws_, unsigned char* smem,
+                                           int n_block, int kv_head_, int batch_, const SeqOrigin& origin)
+        : p(p_), ws(ws_), batch(batch_), kv_head(kv_head_), n0(n_block * kN), t_batch(origin.batch),
+          q_row0(origin.q_row), k_row0(origin.k_row) {
         warp = threadIdx.x / kWarpSize;
         lane = threadIdx.x % kWarpSize;
         sQ = smem_u32(smem);
@@ -104,10 +110,10 @@ struct BwdMainloop {
 
     // K_j, V_j: one commit group with the first query block's loads.
     __device__ __forceinline__ void load_kv_async() const {
-        const Element* k = static_cast<const Element*>(p.k) + batch * p.k_batch_stride +
-                           kv_head * p.k_head_stride + n0 * p.k_row_stride;
-        const Element* v = static_cast<const Element*>(p.v) + batch * p.v_batch_stride +
-                           kv_head * p.v_head_stride + n0 * p.v_row_stride;
+        const Element* k = static_cast<const Element*>(p.k) + t_batch * p.k_batch_stride +
+                           kv_head * p.k_head_stride + (k_row0 + n0) * p.k_row_stride;
+        const Element* v = static_cast<const Element*>(p.v) + t_batch * p.v_batch_stride +
+                           kv_head * p.v_head_stride + (k_row0 + n0) * p.v_row_stride;
         load_tile_async<kN, kD, Kt::kThreads>(sK, k, p.k_row_stride, p.seqlen_k - n0, threadIdx.x);
         load_tile_async<kN, kD, Kt::kThreads>(sV, v, p.v_row_stride, p.seqlen_k - n0, threadIdx.x);
     }
@@ -115,10 +121,10 @@ struct BwdMainloop {
     // Q_i, dO_i, lse2_i, dsum_i of (head, m_block) into buffer buf, as one commit group.
     __device__ __forceinline__ void load_q_async(int head, int m_block, int buf) const {
         const int m0 = m_block * kM;
-        const Element* q = static_cast<const Element*>(p.q) + batch * p.q_batch_stride + head * p.q_head_stride +
-                           m0 * p.q_row_stride;
-        const Element* dout = static_cast<const Element*>(p.bwd.dout) + batch * p.bwd.do_batch_stride +
-                              head * p.bwd.do_head_stride + m0 * p.bwd.do_row_stride;
+        const Element* q = static_cast<const Element*>(p.q) + t_batch * p.q_batch_stride + head * p.q_head_stride +
+                           (q_row0 + m0) * p.q_row_stride;
+        const Element* dout = static_cast<const Element*>(p.bwd.dout) + t_batch * p.bwd.do_batch_stride +
+                              head * p.bwd.do_head_stride + (q_row0 + m0) * p.bwd.do_row_stride;
         load_tile_async<kM, kD, Kt::kThreads>(q_buf(buf), q, p.q_row_stride, p.seqlen_q - m0, threadIdx.x);
         load_tile_async<kM, kD, Kt::kThreads>(do_buf(buf), dout, p.bwd.do_row_stride, p.seqlen_q - m0,
                                               threadIdx.x);
@@ -307,12 +313,16 @@ struct BwdMainloop {
     __device__ __forceinline__ void store_dk_dv() const {
         const int g = lane / kQuadLanes;
         const int c2 = kFragCols * (lane % kQuadLanes);
-        Element* dk = static_cast<Element*>(p.bwd.dk) + batch * p.bwd.dk_batch_stride + kv_head * p.bwd.dk_head_stride;
-        Element* dv = static_cast<Element*>(p.bwd.dv) + batch * p.bwd.dv_batch_stride + kv_head * p.bwd.dv_head_stride;
+        int k_row = k_row0, seqlen_k = p.seqlen_k;
+        if constexpr (FLASHKIT_VARLEN != 0) reload_key_range(p, batch, k_row, seqlen_k);   // not live in the loop
+        Element* dk = static_cast<Element*>(p.bwd.dk) + t_batch * p.bwd.dk_batch_stride +
+                      kv_head * p.bwd.dk_head_stride + static_cast<index_t>(k_row) * p.bwd.dk_row_stride;
+        Element* dv = static_cast<Element*>(p.bwd.dv) + t_batch * p.bwd.dv_batch_stride +
+                      kv_head * p.bwd.dv_head_stride + static_cast<index_t>(k_row) * p.bwd.dv_row_stride;
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
             const int key = n0 + warp * kMmaM + g + h * kFragRowHalf;
-            if (key >= p.seqlen_k) continue;
+            if (key >= seqlen_k) continue;
 #pragma unroll
             for (int nd = 0; nd < Kt::kDTiles; ++nd) {
                 const int col = nd * kMmaN + c2;
@@ -325,14 +335,17 @@ struct BwdMainloop {
     }
 };
 
-// The whole backward of key block n_block of (kv_head, batch).
+// The whole backward of key block n_block of (kv_head, sequence `batch`); p: the sequence's view (varlen) or
+// the call's parameter block, origin: where the sequence's rows lie. A sequence without queries visits no
+// query block and stores dK = dV = 0.
 template <class Kt, bool kCausal>
-__device__ __forceinline__ void bwd_block(const Params& p, int n_block, int kv_head, int batch) {
+__device__ __forceinline__ void bwd_block_seq(const Params& p, const BwdWorkspace<Kt::kBlockM>& ws, int n_block,
+                                              int kv_head, int batch, const SeqOrigin& origin) {
     extern __shared__ __align__(128) unsigned char smem_raw[];
-    BwdMainloop<Kt, kCausal> loop(p, smem_raw, n_block, kv_head, batch);
+    BwdMainloop<Kt, kCausal> loop(p, ws, smem_raw, n_block, kv_head, batch, origin);
     const int group = p.heads / p.kv_heads;
     const int m_begin = BwdCausal<kCausal>::first_m_block(p, n_block * Kt::kBlockN, Kt::kBlockM);
-    const int n_m = loop.ws.m_blocks - m_begin;   // query blocks visited per query head
+    const int n_m = (p.seqlen_q + Kt::kBlockM - 1) / Kt::kBlockM - m_begin;   // query blocks visited per head
     const int total = group * n_m;
     loop.load_kv_async();
     if (total > 0) loop.load_q_async(kv_head * group, m_begin, 0);
@@ -350,6 +363,18 @@ __device__ __forceinline__ void bwd_block(const Params& p, int n_block, int kv_h
         loop.accumulate_dq(head, m_block);
     }
     loop.store_dk_dv();
+}
+
+// The main kernel's CTA of (key block, kv head, batch): with FLASHKIT_VARLEN of packed sequence `batch`,
+// and nothing past the sequence's last key block.
+template <class Kt, bool kCausal>
+__device__ __forceinline__ void bwd_block(const Params& params, int n_block, int kv_head, int batch) {
+    const BwdWorkspace<Kt::kBlockM> ws(params);
+    for_sequence_keys<FLASHKIT_VARLEN != 0, Kt::kBlockN>(params, batch, n_block,
+                                                         [&](const Params& p, const SeqOrigin& origin) {
+                                                             bwd_block_seq<Kt, kCausal>(p, ws, n_block, kv_head,
+                                                                                        batch, origin);
+                                                         });
 }
 
 }  // namespace flashkit
