@@ -125,3 +125,93 @@ def test_reference_backward_matches_finite_differences(causal):
         down = float((reference_attention(q, k, v, scale=0.3, causal=causal)[0] * dout).sum())
         x[idx] += eps
         assert abs((up - down) / (2 * eps) - g[idx]) < 1e-6
+
+
+# attention_varlen_backward: packed (total, heads, D) arrays, int32 cu_seqlens, checked like the forward.
+TQ, TK, NSEQ = 40, 70, 3
+
+
+def good_varlen(**over):
+    args = {"dout": cuda((TQ, H, D)), "q": cuda((TQ, H, D)), "k": cuda((TK, H, D)), "v": cuda((TK, H, D)),
+            "out": cuda((TQ, H, D)), "lse": cuda((H, TQ), "<f4"), "cu_seqlens_q": cuda((NSEQ + 1,), "<i4"),
+            "cu_seqlens_k": cuda((NSEQ + 1,), "<i4"), "max_seqlen_q": 20, "max_seqlen_k": 30}
+    args.update(over)
+    return args
+
+
+@pytest.mark.parametrize("over,kw,arg", [
+    ({"dout": cuda((TQ + 1, H, D))}, {}, "dout"),
+    ({"dout": cuda((TQ, H, D), "<f4")}, {}, "dout"),
+    ({"out": cuda((TQ, H, D), strides_elems=(H * D * 2, D * 2, 2))}, {}, "out"),
+    ({"lse": cuda((1, H, TQ), "<f4")}, {}, "lse"),
+    ({"lse": cuda((TQ, H), "<f4")}, {}, "lse"),
+    ({"lse": cuda((H, TQ))}, {}, "lse"),
+    ({"lse": np.zeros((H, TQ), np.float32)}, {}, "lse"),
+    ({"q": cuda((1, TQ, H, D))}, {}, "q"),
+    ({"k": cuda((TK, 3, D)), "v": cuda((TK, 3, D))}, {}, "k"),
+    ({"cu_seqlens_q": cuda((NSEQ + 1,), "<f4")}, {}, "cu_seqlens_q"),
+    ({"cu_seqlens_k": cuda((NSEQ + 2,), "<i4")}, {}, "cu_seqlens_k"),
+    ({"cu_seqlens_q": np.zeros(NSEQ + 1, np.int32)}, {}, "cu_seqlens_q"),
+    ({"max_seqlen_q": -1}, {}, "max_seqlen_q"),
+    ({"max_seqlen_k": 2.5}, {}, "max_seqlen_k"),
+    ({}, {"causal": 1}, "causal"),
+    ({}, {"deterministic": "yes"}, "deterministic"),
+    ({}, {"check_indices": None}, "check_indices"),
+    ({}, {"softmax_scale": float("nan")}, "softmax_scale"),
+    ({}, {"variant": 3}, "variant"),
+], ids=["dout-shape", "dout-dtype", "out-strided", "lse-dense", "lse-transposed", "lse-dtype", "lse-host", "q-rank",
+        "kv-heads", "cu-dtype", "cu-k-len", "cu-host", "max-q", "max-k", "causal", "deterministic", "check-indices",
+        "scale", "variant"])
+def test_varlen_bad_inputs_fail_before_compile_or_launch(no_launch, over, kw, arg):
+    args = good_varlen(**over)
+    with pytest.raises(InputError, match=rf"^{arg}: ") as e:
+        flashkit.attention_varlen_backward(*args.values(), **kw)
+    assert "\n" not in str(e.value)
+
+
+def test_varlen_unsupported_head_dim_fails_before_launch(no_launch):
+    args = good_varlen(**{n: cuda((TQ, H, 96)) for n in ("dout", "q", "out")},
+                       **{n: cuda((TK, H, 96)) for n in ("k", "v")})
+    with pytest.raises(UnsupportedError, match="head_dim=96"):
+        flashkit.attention_varlen_backward(*args.values())
+
+
+def test_varlen_head_dim_v_is_refused_by_name(no_launch):
+    args = good_varlen(v=cuda((TK, H, 32)))
+    with pytest.raises(UnsupportedError, match="^v: head_dim_v=32"):
+        flashkit.attention_varlen_backward(*args.values())
+
+
+def test_fa2_bwd_declares_varlen_and_its_builds_define_it():
+    spec = discover_kernels(refresh=True).get("fa2_bwd")
+    assert spec.supports("varlen")
+    cfg = build.make_config(spec, "bfloat16", 128, True, (9, 0), mods=("varlen",))
+    assert "-DFLASHKIT_VARLEN=1" in cfg.defines() and "varlen" in cfg.describe()
+    assert cfg.launch_dict == build.make_config(spec, "bfloat16", 128, True, (9, 0)).launch_dict
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("kv_heads", [8, 2, 1])
+def test_varlen_backward_selects_fa2_bwd_and_no_forward_kernel(causal, kv_heads):
+    specs = discover_kernels().specs
+    base = dict(dtype="float16", head_dim=64, seqlen_q=129, seqlen_k=65, heads=8, kv_heads=kv_heads,
+                causal=causal, varlen=True, cc=(8, 0))
+    sel = select_kernel(Request(backward=True, **base), specs)
+    assert sel.chosen.name == "fa2_bwd"
+    assert all(s.supports("backward") for n, s in specs.items() if n not in sel.rejected)
+    assert "fa2_bwd" in select_kernel(Request(**base), specs).rejected
+
+
+@pytest.mark.parametrize("mod", ["window", "softcap", "alibi"])
+def test_varlen_backward_has_no_modifications(mod):
+    with pytest.raises(UnsupportedError, match="not supported"):
+        select_kernel(Request(dtype="float16", head_dim=64, backward=True, varlen=True, cc=(8, 0), **{mod: True}),
+                      discover_kernels().specs)
+
+
+def test_varlen_compile_matrix_includes_the_backward_varlen_builds():
+    from flashkit.verify.compile_matrix import spec_configs
+    spec = discover_kernels().get("fa2_bwd")
+    configs = spec_configs(spec, (8, 0))
+    varlen = [c for c in configs if "varlen" in c.mods]
+    assert len(varlen) == len(configs) // 2 == len(spec.dtypes) * 2 * 2   # dtypes x hd64/128 x causal
