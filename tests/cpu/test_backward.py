@@ -215,3 +215,36 @@ def test_varlen_compile_matrix_includes_the_backward_varlen_builds():
     configs = spec_configs(spec, (8, 0))
     varlen = [c for c in configs if "varlen" in c.mods]
     assert len(varlen) == len(configs) // 2 == len(spec.dtypes) * 2 * 2   # dtypes x hd64/128 x causal
+
+
+def test_varlen_backward_matrix_covers_the_edges():
+    from flashkit.verify.backward import VARLEN_CASES
+    lens = {n for c in VARLEN_CASES for n in c.lens_q + c.keys}
+    assert {0, 1, 17, 63, 64, 65, 127, 128, 129} <= lens
+    assert any(c.lens_k is not None and c.lens_k != c.lens_q for c in VARLEN_CASES)
+    assert {c.kv_heads == 1 for c in VARLEN_CASES} == {True, False}            # MQA and not
+    assert any(1 < c.kv_heads < c.heads for c in VARLEN_CASES)                  # GQA
+    assert any(nq == 0 < nk for c in VARLEN_CASES for nq, nk in zip(c.lens_q, c.keys))   # keys, no query
+    assert any(nk == 0 < nq for c in VARLEN_CASES for nq, nk in zip(c.lens_q, c.keys))   # queries, no key
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_varlen_reference_is_each_sequence_alone(causal):
+    """verify's packed reference: sequence b's rows are reference_backward of sequence b alone; an empty side
+    gives zeros."""
+    from flashkit.verify.backward import VarlenBackwardCase, _per_sequence
+    from flashkit.verify.reference_backward import reference_backward
+    case = VarlenBackwardCase("t", (3, 0, 5, 2), (4, 6, 2, 0), heads=4, kv_heads=2)
+    rng = np.random.default_rng(0)
+    q = rng.standard_normal((10, 4, 8))
+    k, v = rng.standard_normal((12, 2, 8)), rng.standard_normal((12, 2, 8))
+    dout = rng.standard_normal((10, 4, 8))
+    cu_q, cu_k = np.array([0, 3, 3, 8, 10]), np.array([0, 4, 10, 12, 12])
+    refs, plains = _per_sequence(case, q, k, v, dout, 8, causal, "float16", cu_q, cu_k)
+    assert [r.shape for r in refs] == [q.shape, k.shape, v.shape] == [p.shape for p in plains]
+    alone = reference_backward(q[None, 3:8], k[None, 10:12], v[None, 10:12], dout[None, 3:8], scale=8 ** -0.5,
+                               causal=causal)
+    assert np.array_equal(refs[0][3:8], alone[0][0]) and np.array_equal(refs[1][10:12], alone[1][0])
+    assert not refs[1][4:10].any() and not refs[2][4:10].any()   # keys of a sequence without queries
+    assert not refs[0][8:10].any()                               # queries of a sequence without keys
+    assert np.abs(plains[0] - refs[0]).max() < 0.05
