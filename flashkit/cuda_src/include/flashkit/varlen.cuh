@@ -55,15 +55,15 @@ __device__ __forceinline__ void for_sequence(const Params& p, int b, int m_block
     }
 }
 
-// Sequence b's first key row and key count, read again from cu_seqlens_k: the loads are volatile so that
-// a kernel at the register limit re-reads them where it needs them (an epilogue) instead of holding the
-// view's values live across its main loop.
-__device__ __forceinline__ void reload_key_range(const Params& p, int b, int& k_row, int& seqlen_k) {
-    int k0, k1;
-    asm volatile("ld.global.s32 %0, [%1];\n" : "=r"(k0) : "l"(p.varlen.cu_seqlens_k + b));
-    asm volatile("ld.global.s32 %0, [%1];\n" : "=r"(k1) : "l"(p.varlen.cu_seqlens_k + b + 1));
-    k_row = k0;
-    seqlen_k = k1 - k0;
+// Sequence b's first row and length, read again from cu_seqlens (cu_seqlens_q or cu_seqlens_k): the loads are
+// volatile so that a kernel at the register limit re-reads them where it needs them (a tile load inside its
+// main loop, an epilogue) instead of holding the view's values live across the loop.
+__device__ __forceinline__ void reload_range(const int* cu_seqlens, int b, int& row0, int& len) {
+    int r0, r1;
+    asm volatile("ld.global.s32 %0, [%1];\n" : "=r"(r0) : "l"(cu_seqlens + b));
+    asm volatile("ld.global.s32 %0, [%1];\n" : "=r"(r1) : "l"(cu_seqlens + b + 1));
+    row0 = r0;
+    len = r1 - r0;
 }
 
 // body(params, origin) for key block n_block of sequence b (the backward's K/V-outer grid, (ceil(max_seqlen_k /
