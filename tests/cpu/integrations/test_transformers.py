@@ -249,3 +249,15 @@ def test_dropout_and_sinks_are_refused():
         fk_hf.attention_forward(Module(), q, q, q, None, dropout=0.1)
     with pytest.raises(UnsupportedError, match="^s_aux: "):
         fk_hf.attention_forward(Module(), q, q, q, None, s_aux=torch.zeros(2))
+
+
+def test_a_sliding_window_with_a_gradient_on_a_ragged_batch_is_refused_by_name():
+    """The real backend (no stand-in): varlen has a backward, but not with a window; refused before any launch."""
+    q = torch.zeros(2, 4, 8, 64, requires_grad=True)   # (batch, heads, seqlen, head_dim), as transformers hands it
+    mask = torch.tensor([[0, 0, 1, 1, 1, 1, 1, 1], [1] * 8])
+
+    class Module:
+        is_causal = True
+
+    with pytest.raises(UnsupportedError, match="^window_size: flashkit's backward has no window_size"):
+        fk_hf.attention_forward(Module(), q, q, q, mask, sliding_window=4)
