@@ -1,7 +1,7 @@
 """flashkit: attention kernels for NVIDIA GPUs, compiled at run time through CuPy/NVRTC."""
 
 from .api import attention, explain, variants
-from .backward import attention_backward
+from .backward import attention_backward, attention_varlen_backward
 from .kvcache import attention_with_kvcache
 from .varlen import attention_varlen
 from .errors import (CompileError, DeviceError, FallbackWarning, FlashkitError, InputError, ManifestError,
@@ -21,5 +21,5 @@ def __getattr__(name: str):
     raise AttributeError(f"module 'flashkit' has no attribute {name!r}")
 
 
-__all__ = ["attention", "attention_backward", "attention_with_kvcache", "attention_varlen", "explain", "variants", "BlockMask", "quantize_fp8", "FlashkitError", "InputError",
+__all__ = ["attention", "attention_backward", "attention_varlen_backward", "attention_with_kvcache", "attention_varlen", "explain", "variants", "BlockMask", "quantize_fp8", "FlashkitError", "InputError",
            "UnsupportedError", "ManifestError", "CompileError", "DeviceError", "FallbackWarning", "__version__"]

@@ -1,4 +1,5 @@
-"""attention_backward: the gradients of flashkit.attention, on the same path (validate -> select -> build -> launch)."""
+"""attention_backward and attention_varlen_backward: the gradients of flashkit.attention and
+flashkit.attention_varlen, on the same path (validate -> select -> build -> launch)."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from .runtime.build import build_module, make_config
 from .runtime.device import cupy_module, device_info
 from .runtime.launch import LaunchInputs, launch, stride_fields
 from .call.validate import Problem, check_device, check_flag, check_on_gpu, validate_inputs
+from .features.varlen import check_values, kernel_fields, validate_varlen
 
 LSE_DTYPE = "float32"
 
@@ -58,6 +60,59 @@ def attention_backward(dout: Any, q: Any, k: Any, v: Any, out: Any, lse: Any, *,
     return dq, dk, dv
 
 
+def attention_varlen_backward(dout: Any, q: Any, k: Any, v: Any, out: Any, lse: Any, cu_seqlens_q: Any,
+                              cu_seqlens_k: Any, max_seqlen_q: int, max_seqlen_k: int, *, causal: bool = False,
+                              softmax_scale: float | None = None, deterministic: bool = False,
+                              variant: str | None = None, check_indices: bool = True):
+    """(dq, dk, dv) of out = attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+    causal=..., softmax_scale=...) for the upstream gradient dout (total_q, heads, D).
+
+    out and lse are the forward's output and LSE (`attention_varlen(..., return_lse=True)`; lse (heads, total_q)
+    float32); the packed layout, cu_seqlens and max_seqlen are checked as the forward checks them (check_indices
+    =False skips the one synchronizing read of the offsets). dk and dv are summed over each kv head's group
+    (GQA/MQA); causal is bottom-right aligned per sequence. deterministic=True: bit-identical run to run.
+    Returns CuPy arrays shaped like q, k, v (rows of zero-length sequences: none; keys no query sees: zeros).
+    """
+    causal, deterministic = check_flag(causal, "causal"), check_flag(deterministic, "deterministic")
+    check_indices = check_flag(check_indices, "check_indices")
+    if variant is not None and not isinstance(variant, str):
+        raise InputError(f"variant: expected a variant name (str), got {type(variant).__name__}")
+    q_meta, k_meta, v_meta = describe(q, "q"), describe(k, "k"), describe(v, "v")
+    call = validate_varlen(q_meta, k_meta, v_meta, describe(cu_seqlens_q, "cu_seqlens_q"),
+                           describe(cu_seqlens_k, "cu_seqlens_k"), max_seqlen_q, max_seqlen_k, softmax_scale)
+    problem = call.problem
+    check_same_head_dims(problem)
+    for x, name in ((dout, "dout"), (out, "out")):
+        _check_like_q(describe(x, name), q_meta)
+    _check_varlen_lse(describe(lse, "lse"), problem.heads, call.total_q, q_meta)
+    cc = device_info().cc
+    req = request_for(problem, cc=cc, causal=causal, backward=True, varlen=True)
+    spec = select_kernel(req, discover_kernels().specs, variant).chosen
+
+    cupy = cupy_module()
+    cu_q, cu_k = to_cupy(cu_seqlens_q, "cu_seqlens_q"), to_cupy(cu_seqlens_k, "cu_seqlens_k")
+    if check_indices:
+        check_values(call, cu_q, cu_k)
+    storage = BY_NAME[problem.dtype].storage
+    dq, dk, dv = (cupy.empty(m.shape, dtype=storage) for m in (q_meta, k_meta, v_meta))
+    if min(call.total_q, call.total_k, problem.seqlen_q, problem.seqlen_k) == 0:   # no query sees a key: all 0
+        for g in (dq, dk, dv):
+            g.fill(0)
+        return dq, dk, dv
+    # As in the forward, the kernels see the packed tensors as a batch of one; Params.varlen splits it.
+    qc, kc, vc, doc, oc = (_aligned(to_cupy(x, n))[None] for x, n in
+                           ((q, "q"), (k, "k"), (v, "v"), (dout, "dout"), (out, "out")))
+    lsec = cupy.ascontiguousarray(to_cupy(lse, "lse"))
+    bwd = {"dout": doc.data.ptr, "dq": dq.data.ptr, "dk": dk.data.ptr, "dv": dv.data.ptr,
+           "deterministic": int(deterministic),
+           **stride_fields("do", doc), **stride_fields("dq", dq[None]), **stride_fields("dk", dk[None]),
+           **stride_fields("dv", dv[None])}
+    config = make_config(spec, problem.dtype, problem.head_dim, causal, cc, mods=("varlen",))
+    extras = {**kernel_fields(cu_q, cu_k, call.total_q), "bwd": bwd}
+    launch(spec, build_module(spec, config, cc), config, problem, LaunchInputs(qc, kc, vc, oc, lsec, extras=extras))
+    return dq, dk, dv
+
+
 def check_same_head_dims(p: Problem) -> None:
     """The backward kernels take v of q's and k's head dim: head_dim_v != head_dim (MLA) is forward only."""
     if p.head_dim_v != p.head_dim:
@@ -94,4 +149,15 @@ def _check_lse(m: ArrayMeta, p: Problem, q: ArrayMeta) -> None:
     check_device(m, q.device)
 
 
-__all__ = ["attention_backward"]
+def _check_varlen_lse(m: ArrayMeta, heads: int, total_q: int, q: ArrayMeta) -> None:
+    """lse: attention_varlen's float32 log-sum-exp, (heads, total_q)."""
+    check_on_gpu(m)
+    if m.shape != (heads, total_q):
+        raise InputError(f"lse: expected shape (heads, total_q) = {(heads, total_q)} "
+                         f"(attention_varlen(..., return_lse=True)), got {m.shape}")
+    if str(m.dtype) != LSE_DTYPE:
+        raise InputError(f"lse: expected dtype float32 (attention_varlen(..., return_lse=True)), got {m.dtype}")
+    check_device(m, q.device)
+
+
+__all__ = ["attention_backward", "attention_varlen_backward"]

@@ -1,10 +1,13 @@
-"""PyTorch adapter: `flashkit.torch.attention(q, k, v, **kw)`, differentiable, as `torch.library` custom ops.
+"""PyTorch adapter: `flashkit.torch.attention(q, k, v, **kw)` and `flashkit.torch.attention_varlen(...)`,
+differentiable, as `torch.library` custom ops.
 
-Two ops, `flashkit::attention_fwd` -> (out, lse) and `flashkit::attention_bwd` -> (dq, dk, dv), each with a
-fake (meta) implementation, and the forward's autograd formula registered on it, so that the call traces
-under torch.compile (fullgraph) without a graph break. Every launch runs on PyTorch's current CUDA stream,
-and outputs and workspaces come from PyTorch's caching allocator.
-Layout is flashkit's: (batch, seqlen, heads, head_dim) tensors, k and v with kv_heads dividing heads.
+Two ops a layout, `flashkit::attention_fwd` -> (out, lse) and `flashkit::attention_bwd` -> (dq, dk, dv), and
+`flashkit::attention_varlen_fwd` / `flashkit::attention_varlen_bwd` for packed sequences, each with a fake
+(meta) implementation, and the forward's autograd formula registered on it, so that the call traces under
+torch.compile (fullgraph) without a graph break. Every launch runs on PyTorch's current CUDA stream, and
+outputs and workspaces come from PyTorch's caching allocator.
+Layout is flashkit's: (batch, seqlen, heads, head_dim) tensors, k and v with kv_heads dividing heads; varlen:
+(total_tokens, heads, head_dim) with int32 cu_seqlens (batch + 1,).
 """
 
 from __future__ import annotations
@@ -15,7 +18,9 @@ import torch
 
 from .api import attention as _attention
 from .backward import attention_backward as _attention_backward
+from .backward import attention_varlen_backward as _attention_varlen_backward
 from .backward import head_dim_v_unsupported
+from .varlen import attention_varlen as _attention_varlen
 
 
 @contextlib.contextmanager
@@ -109,6 +114,63 @@ def _backward(ctx, dout, dlse):
 attention_fwd.register_autograd(_backward, setup_context=_setup_context)
 
 
+@torch.library.custom_op("flashkit::attention_varlen_fwd", mutates_args=(), device_types="cuda")
+def attention_varlen_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q: torch.Tensor,
+                         cu_seqlens_k: torch.Tensor, max_seqlen_q: int, max_seqlen_k: int, causal: bool,
+                         softmax_scale: float | None, deterministic: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    q, k, v = (x.detach() for x in (q, k, v))
+    with _on_torch_stream_and_allocator():
+        out, lse = _attention_varlen(*cupy_views((q, k, v, cu_seqlens_q, cu_seqlens_k)), max_seqlen_q, max_seqlen_k,
+                                     causal=causal, softmax_scale=softmax_scale, return_lse=True)
+    return _as_torch(out), _as_torch(lse)
+
+
+@attention_varlen_fwd.register_fake
+def _attention_varlen_fwd_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal,
+                               softmax_scale, deterministic):
+    total, h, _ = q.shape
+    return q.new_empty((total, h, v.shape[-1])), q.new_empty((h, total), dtype=torch.float32)
+
+
+@torch.library.custom_op("flashkit::attention_varlen_bwd", mutates_args=(), device_types="cuda")
+def attention_varlen_bwd(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
+                         lse: torch.Tensor, cu_seqlens_q: torch.Tensor, cu_seqlens_k: torch.Tensor, max_seqlen_q: int,
+                         max_seqlen_k: int, causal: bool, softmax_scale: float | None,
+                         deterministic: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    dout, q, k, v, out, lse = (x.detach() for x in (dout, q, k, v, out, lse))
+    if dout.stride(-1) != 1:
+        dout = dout.contiguous()
+    with _on_torch_stream_and_allocator():   # the forward checked the offsets' values: no second host read
+        dq, dk, dv = _attention_varlen_backward(*cupy_views((dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k)),
+                                                max_seqlen_q, max_seqlen_k, causal=causal, softmax_scale=softmax_scale,
+                                                deterministic=deterministic, check_indices=False)
+    return _as_torch(dq), _as_torch(dk), _as_torch(dv)
+
+
+@attention_varlen_bwd.register_fake
+def _attention_varlen_bwd_fake(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                               causal, softmax_scale, deterministic):
+    return tuple(torch.empty_like(x, memory_format=torch.contiguous_format) for x in (q, k, v))
+
+
+def _setup_varlen_context(ctx, inputs, output):
+    q, k, v, cu_q, cu_k, max_q, max_k, causal, softmax_scale, deterministic = inputs
+    out, lse = output
+    ctx.save_for_backward(q, k, v, out, lse, cu_q, cu_k)
+    ctx.max_q, ctx.max_k = max_q, max_k
+    ctx.causal, ctx.softmax_scale, ctx.deterministic = causal, softmax_scale, deterministic
+
+
+def _varlen_backward(ctx, dout, dlse):
+    q, k, v, out, lse, cu_q, cu_k = ctx.saved_tensors
+    dq, dk, dv = attention_varlen_bwd(dout, q, k, v, out, lse, cu_q, cu_k, ctx.max_q, ctx.max_k, ctx.causal,
+                                      ctx.softmax_scale, ctx.deterministic)
+    return dq, dk, dv, None, None, None, None, None, None, None
+
+
+attention_varlen_fwd.register_autograd(_varlen_backward, setup_context=_setup_varlen_context)
+
+
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool = False,
               softmax_scale: float | None = None, deterministic: bool = False) -> torch.Tensor:
     """softmax(scale q k^T [causal]) v for (batch, seqlen, heads, head_dim) CUDA tensors; differentiable.
@@ -118,10 +180,21 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool
     return attention_fwd(q, k, v, causal, softmax_scale, deterministic)[0]
 
 
+def attention_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q: torch.Tensor,
+                     cu_seqlens_k: torch.Tensor, max_seqlen_q: int, max_seqlen_k: int, *, causal: bool = False,
+                     softmax_scale: float | None = None, deterministic: bool = False) -> torch.Tensor:
+    """flashkit.attention_varlen for packed (total_tokens, heads, head_dim) CUDA tensors and int32 cu_seqlens;
+    differentiable (attention_varlen_backward). Returns out (total_q, heads, head_dim)."""
+    check_gradient_head_dims(q, k, v)
+    return attention_varlen_fwd(q, k, v, cu_seqlens_q, cu_seqlens_k, int(max_seqlen_q), int(max_seqlen_k), causal,
+                                softmax_scale, deterministic)[0]
+
+
 def check_gradient_head_dims(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
     """UnsupportedError before the forward when a gradient would have to flow through head_dim_v != head_dim."""
     if v.shape[-1] != q.shape[-1] and torch.is_grad_enabled() and any(x.requires_grad for x in (q, k, v)):
         raise head_dim_v_unsupported(q.shape[-1], v.shape[-1])
 
 
-__all__ = ["attention", "attention_fwd", "attention_bwd"]
+__all__ = ["attention", "attention_varlen", "attention_fwd", "attention_bwd", "attention_varlen_fwd",
+           "attention_varlen_bwd"]

@@ -7,8 +7,8 @@ Same signatures, layouts and return conventions as flash_attn.flash_attn_interfa
     (flashkit.torch's custom op; `deterministic` selects the backward's deterministic mode);
   - return_attn_probs=True returns (out, softmax_lse, None): flash-attn returns S_dmask only when
     dropout_p > 0, and flashkit has no dropout, so the third item is None there too;
-  - the varlen functions return out (total_q, heads, head_dim) and an LSE (heads, total_q); they are forward
-    only (flashkit's varlen backward is pending): a call that needs a gradient raises UnsupportedError;
+  - the varlen functions return out (total_q, heads, head_dim) and an LSE (heads, total_q); they are
+    differentiable too (flashkit.torch's varlen custom op, attention_varlen_backward; `deterministic` as above);
   - flash_attn_with_kvcache writes k / v into the caches in place and returns out (and the LSE
     (batch, heads, seqlen_q) with return_softmax_lse=True); like flash-attn's, it has no backward.
 Torch tensors in, torch tensors out (on torch's current stream and allocator); CuPy in, CuPy out.
@@ -67,19 +67,18 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
                            deterministic=False, return_attn_probs=False, block_table=None):
     """Packed sequences: q (total_q, heads, D), k and v (total_k, kv_heads, D), cu_seqlens int32 (batch + 1,).
 
-    Forward only. Returns out (total_q, heads, D), or (out, softmax_lse (heads, total_q), None) with
-    return_attn_probs=True.
+    Differentiable for torch tensors that need a gradient (no window / softcap / ALiBi then). Returns out
+    (total_q, heads, D), or (out, softmax_lse (heads, total_q), None) with return_attn_probs=True.
     """
     _args.check_dropout(dropout_p)
     _args.refuse(block_table, "block_table", "flashkit's varlen path reads contiguous packed k and v; for a paged "
                  "cache use flash_attn_with_kvcache (queries of equal length per sequence)")
-    causal = check_flag(causal, "causal")
-    check_flag(deterministic, "deterministic")   # the forward is deterministic; there is no varlen backward yet
+    causal, deterministic = check_flag(causal, "causal"), check_flag(deterministic, "deterministic")
     probs = check_flag(return_attn_probs, "return_attn_probs")
     res = _backend.varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, _args.as_int(max_seqlen_q, "max_seqlen_q"),
                           _args.as_int(max_seqlen_k, "max_seqlen_k"), causal=causal, softmax_scale=softmax_scale,
                           window_size=_args.window(window_size), softcap=_args.softcap(softcap),
-                          alibi_slopes=alibi_slopes, return_lse=probs)
+                          alibi_slopes=alibi_slopes, deterministic=deterministic, return_lse=probs)
     return (res[0], res[1], None) if probs else res
 
 

@@ -5,7 +5,7 @@ entry: [flashkit_fa2_bwd_prepass, flashkit_fa2_bwd_main, flashkit_fa2_bwd_conver
 arch: {min: "8.0"}
 dtypes: [float16, bfloat16]
 head_dims: [64, 128]
-features: {causal: true, block_sparse: false, fp8: false, backward: true, lse: false, gqa: true}
+features: {causal: true, block_sparse: false, fp8: false, backward: true, lse: false, gqa: true, varlen: true}
 requires: {backward: true}
 priority: 50
 launch: {grid: [q_blocks, kv_tiles, q_blocks], block_m: 64, block_n: 128, warps: 8}
@@ -19,6 +19,9 @@ workspace: dq_accum
 //              LSE; dQ through fp32 atomics (bwd_mainloop.cuh)
 //   convert_dq grid (ceil(seqlen_q / block_m), heads, batch): dQ = dq_accum in the input dtype
 // Causal (FLASHKIT_CAUSAL) skips the query blocks above the diagonal and masks the tiles crossing it.
+// Varlen (FLASHKIT_VARLEN, attention_varlen_backward): packed sequences, the grids of the longest (batch = the
+// sequences); every CTA sees its own sequence through varlen.cuh (causal bottom-right aligned per sequence),
+// blocks past the sequence's last query (prepass, convert_dq) or key (main) return at once.
 #include "flashkit/sm80/bwd_mainloop.cuh"
 
 using flashkit::BwdKernelTraits;

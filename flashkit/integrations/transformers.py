@@ -10,8 +10,9 @@ sliding_window, softcap, is_causal and GQA (fewer key/value heads) are honoured.
 flash_attention_2 builds them (a 2D padding mask, or None), are classified exactly (padding.py):
   - none, or right padding under causal attention: the plain call, differentiable (training works);
   - left padding, holes, non-causal padding, packed sequences (position_ids restarting, or cu_seq_lens_*):
-    the tokens are packed and run through flashkit's varlen path, in inference; a call that needs a
-    gradient raises UnsupportedError (flashkit's varlen backward is pending);
+    the tokens are packed and run through flashkit's varlen path, differentiable too (training works,
+    attention_varlen_backward); sliding_window / softcap with a gradient raise UnsupportedError by name on
+    either path (flashkit's backward has no window or softcap yet);
   - anything else (a custom 4D mask that is no padding pattern, mask functions flash_attention_2 would
     ignore): UnsupportedError. Never a silently wrong result.
 """
@@ -31,8 +32,6 @@ NAME = "flashkit"
 # flashkit refuses them rather than compute another mask
 UNSUPPORTED_MASK_PARTS = ("or_masks", "blockwise_overlay", "chunked_overlay")
 DETERMINISTIC_ENV = "FLASH_ATTENTION_DETERMINISTIC"   # transformers' switch for flash-attn's deterministic backward
-_TRAINING_VARLEN = ("flashkit's varlen path, which has no backward yet (pending); for training, right-pad "
-                    "causal batches (they run on the differentiable dense path), or run under torch.no_grad()")
 
 
 def register(name: str = NAME) -> None:
@@ -127,27 +126,22 @@ def attention_forward(module: Any, query: Any, key: Any, value: Any, attention_m
         v = torch.nn.functional.pad(v, [0, head_dim - v_dim])
     causal = bool(is_causal if is_causal is not None else getattr(module, "is_causal", True))
     window = (sliding_window - 1, sliding_window - 1) if sliding_window is not None and kv_len > sliding_window else None
-    kw = dict(softmax_scale=scaling, window_size=window, softcap=float(softcap) if softcap else 0.0)
-    grad = backend.needs_grad(q, k, v)
+    kw = dict(softmax_scale=scaling, window_size=window, softcap=float(softcap) if softcap else 0.0,
+              deterministic=_deterministic(kwargs))
 
     if attention_mask is not None:
         plan = _cached(attention_mask, ("mask", batch, q_len, kv_len, causal, window),
                        lambda: _mask_plan(attention_mask, batch, q_len, kv_len, causal, window))
         if not plan.ragged:
-            out = backend.dense(q, k[:, :plan.keys], v[:, :plan.keys], causal=plan.causal,
-                                deterministic=_deterministic(kwargs), **kw)
-        else:
-            if grad:
-                raise UnsupportedError(f"attention_mask: left padding or non-causal padding needs {_TRAINING_VARLEN}")
+            out = backend.dense(q, k[:, :plan.keys], v[:, :plan.keys], causal=plan.causal, **kw)
+        else:   # varlen (differentiable: the gather and the scatter back are torch indexing)
             out = _ragged(q, k[:, :plan.keys], v[:, :plan.keys], plan, attention_mask, **kw)
     elif (packed := _packed(kwargs, batch, q_len, kv_len)) is not None:
-        if grad:
-            raise UnsupportedError(f"position_ids: packed sequences need {_TRAINING_VARLEN}")
         cu_q, cu_k, max_q, max_k = packed
         flat = [x.reshape(-1, x.shape[2], x.shape[3]) for x in (q, k, v)]
         out = backend.varlen(*flat, cu_q, cu_k, max_q, max_k, causal=causal, **kw).view(batch, -1, *q.shape[2:])
     else:
-        out = backend.dense(q, k, v, causal=causal, deterministic=_deterministic(kwargs), **kw)
+        out = backend.dense(q, k, v, causal=causal, **kw)
     if v_dim != head_dim:
         out = out[..., :v_dim]
     return out, None

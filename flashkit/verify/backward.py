@@ -1,4 +1,5 @@
-"""Verification of backward variants: dq, dk, dv of the shape matrix against float64 gradients.
+"""Verification of backward variants: dq, dk, dv of the shape matrix against float64 gradients, and, for a
+variant declaring varlen, of packed batches (attention_varlen_backward) against each sequence's own.
 
 Each gradient passes DESIGN's rule on its own: max|g - ref| <= 2 max|plain - ref| + atol, with `plain`
 the same backward computed in the input precision (P and dS rounded to it) and no NaN or Inf (the
@@ -8,7 +9,9 @@ gradients land on NaN-poisoned memory, so an unwritten element fails).
 from __future__ import annotations
 
 import itertools
+from dataclasses import dataclass
 
+from ..call.arrays import array_module
 from ..call.dtypes import BY_NAME
 from ..registry.manifest import KernelSpec
 from ..runtime.device import cupy_module
@@ -30,18 +33,23 @@ def poison_pool(arrays) -> None:
 
 def judge_gradients(variant: str, label: str, inputs, grads, head_dim: int, causal: bool, dtype: str) -> CheckResult:
     """The rule on each of dq, dk, dv; the result carries the gradient closest to (or furthest past) its bound."""
-    xp = cupy_module()
     q, k, v, dout = inputs
     scale = head_dim ** -0.5
     refs = reference_backward(q, k, v, dout, scale=scale, causal=causal)
     plains = plain_backward(q, k, v, dout, scale=scale, dtype=BY_NAME[dtype], causal=causal)
+    return judge_each(variant, label, grads, refs, plains, dtype, max(q.shape[1], k.shape[1]))
+
+
+def judge_each(variant: str, label: str, grads, refs, plains, dtype: str, reduction_len: int) -> CheckResult:
+    """DESIGN's rule on each gradient against its float64 reference and plain same-precision backward."""
+    xp = cupy_module()
     worst, notes, passed = (0.0, 0.0, -1.0), [], True
     for name, g, ref, plain in zip(GRADIENTS, grads, refs, plains):
         g64 = g.astype(xp.float32).astype(xp.float64)
         finite = bool(xp.isfinite(g64).all())
-        err = float(xp.abs(g64 - ref).max()) if finite else float("nan")
-        atol = output_atol(ref, BY_NAME[dtype], max(q.shape[1], k.shape[1]))
-        bound = ERROR_FACTOR * float(xp.abs(plain.astype(xp.float64) - ref).max()) + atol
+        err = float(xp.abs(g64 - ref).max()) if finite and g64.size else 0.0 if finite else float("nan")
+        atol = output_atol(ref, BY_NAME[dtype], reduction_len) if ref.size else 0.0
+        bound = ERROR_FACTOR * (float(xp.abs(plain.astype(xp.float64) - ref).max()) if ref.size else 0.0) + atol
         ok = finite and err <= bound
         passed &= ok
         ratio = err / bound if finite and bound > 0 else float("inf")
@@ -69,11 +77,96 @@ def backward_check(spec: KernelSpec, shape: Shape, head_dim: int, dtype: str, ca
     return Check(spec.name, label, run)
 
 
+@dataclass(frozen=True)
+class VarlenBackwardCase:
+    """Packed sequences of these lengths (keys: lens_k, or lens_q when None) through attention_varlen_backward."""
+
+    name: str
+    lens_q: tuple[int, ...]
+    lens_k: tuple[int, ...] | None = None
+    heads: int = 8
+    kv_heads: int = 2
+
+    @property
+    def keys(self) -> tuple[int, ...]:
+        return self.lens_k if self.lens_k is not None else self.lens_q
+
+    def label(self) -> str:
+        kv = f"/{self.kv_heads}" if self.kv_heads != self.heads else ""
+        return f"varlen {self.name} b{len(self.lens_q)} h{self.heads}{kv}"
+
+
+# Zero-length sequences, one token, tile edges +- 1 (block_m 64, block_n 128), q != k both ways (a sequence with
+# keys and no query: dK = dV = 0; queries and no key: dQ = 0), GQA 4:1, MQA, MHA.
+VARLEN_CASES = (
+    VarlenBackwardCase("edges", (0, 1, 17, 63, 64, 65, 127, 128, 129)),
+    VarlenBackwardCase("cross", (5, 300, 0, 130, 1, 64, 129), (129, 1, 50, 0, 65, 200, 127), heads=4, kv_heads=4),
+    VarlenBackwardCase("mqa", (1, 33, 200, 128, 0, 65), (64, 100, 17, 129, 1, 257), heads=8, kv_heads=1),
+)
+QUICK_VARLEN_CASES = VARLEN_CASES[:2]
+
+
+def varlen_backward_check(spec: KernelSpec, case: VarlenBackwardCase, head_dim: int, dtype: str,
+                          causal: bool) -> Check:
+    """One packed batch: forward by the default varlen kernel, the variant's gradients, each sequence referenced
+    on its own in float64 (causal bottom-right aligned to it)."""
+    label = f"{case.label()} d{head_dim} {dtype}" + (" causal" if causal else "") + " backward"
+
+    def run(seed: int) -> CheckResult:
+        from ..backward import attention_varlen_backward
+        from ..varlen import attention_varlen
+        xp = cupy_module()
+        rng = xp.random.default_rng(seed)
+        storage = BY_NAME[dtype].storage
+        tq, tk = sum(case.lens_q), sum(case.keys)
+        q = rng.standard_normal((tq, case.heads, head_dim), dtype=xp.float32).astype(storage)
+        k, v = (rng.standard_normal((tk, case.kv_heads, head_dim), dtype=xp.float32).astype(storage) for _ in "kv")
+        dout = rng.standard_normal(q.shape, dtype=xp.float32).astype(storage)
+        cu_q, cu_k = (xp.asarray([0] + list(itertools.accumulate(n)), dtype=xp.int32) for n in (case.lens_q, case.keys))
+        out, lse = attention_varlen(q, k, v, cu_q, cu_k, max(case.lens_q), max(case.keys), causal=causal,
+                                    return_lse=True)
+        poison_pool((q, k, v))
+        grads = attention_varlen_backward(dout, q, k, v, out, lse, cu_q, cu_k, max(case.lens_q), max(case.keys),
+                                          causal=causal, variant=spec.name)
+        refs, plains = _per_sequence(case, q, k, v, dout, int(head_dim), causal, dtype, cu_q, cu_k)
+        return judge_each(spec.name, label, grads, refs, plains, dtype, max(max(case.lens_q), max(case.keys)))
+
+    return Check(spec.name, label, run)
+
+
+def _per_sequence(case: VarlenBackwardCase, q, k, v, dout, head_dim: int, causal: bool, dtype: str, cu_q, cu_k):
+    """The float64 and plain gradients of every sequence alone, packed back (zeros where a side is empty)."""
+    xp = array_module(q)
+    refs = [[], [], []]
+    plains = [[], [], []]
+    scale = head_dim ** -0.5
+    for b, (nq, nk) in enumerate(zip(case.lens_q, case.keys)):
+        q0, k0 = int(cu_q[b]), int(cu_k[b])
+        qb, kb, vb, db = q[None, q0:q0 + nq], k[None, k0:k0 + nk], v[None, k0:k0 + nk], dout[None, q0:q0 + nq]
+        if nq == 0 or nk == 0:   # nothing attends: every gradient of the sequence is 0
+            zeros = tuple(xp.zeros(x.shape[1:], dtype=xp.float64) for x in (qb, kb, vb))
+            for acc in (refs, plains):
+                for i, z in enumerate(zeros):
+                    acc[i].append(z)
+            continue
+        for acc, grads in ((refs, reference_backward(qb, kb, vb, db, scale=scale, causal=causal)),
+                           (plains, plain_backward(qb, kb, vb, db, scale=scale, dtype=BY_NAME[dtype], causal=causal))):
+            for i, g in enumerate(grads):
+                acc[i].append(g[0])
+    return ([xp.concatenate(parts) for parts in refs], [xp.concatenate(parts) for parts in plains])
+
+
 def backward_checks(spec: KernelSpec, dtypes, head_dims, causal_opts, quick: bool) -> list[Check]:
-    """The shape matrix for each dtype, head dim and causal option, through the backward."""
+    """The shape matrix for each dtype, head dim and causal option, through the backward; with the varlen matrix
+    where the variant declares varlen."""
     shapes = QUICK_SHAPES if quick else SHAPES
-    return [backward_check(spec, s, d, t, c)
-            for t, d, c, s in itertools.product(dtypes, head_dims, causal_opts, shapes)]
+    out = [backward_check(spec, s, d, t, c)
+           for t, d, c, s in itertools.product(dtypes, head_dims, causal_opts, shapes)]
+    if spec.supports("varlen"):
+        cases = QUICK_VARLEN_CASES if quick else VARLEN_CASES
+        out += [varlen_backward_check(spec, c, d, t, causal)
+                for t, d, causal, c in itertools.product(dtypes, head_dims, causal_opts, cases)]
+    return out
 
 
 register_family("backward", backward_checks, by_support=True)

@@ -89,8 +89,9 @@ def varlen_check(spec: KernelSpec, case: VarlenCase, head_dim: int, dtype: str, 
 
 
 def varlen_checks(spec: KernelSpec, dtypes, head_dims, causal_opts, quick: bool) -> list[Check]:
-    """The varlen matrix for a variant that declares it (and the modifications it declares); [] otherwise."""
-    if not spec.supports("varlen"):
+    """The varlen matrix for a forward variant that declares it (and the modifications it declares); [] otherwise
+    (a backward variant's varlen matrix is verify/backward.py's)."""
+    if not spec.supports("varlen") or spec.supports("backward"):
         return []
     cases = [c for c in (QUICK_CASES if quick else CASES)
              if not (c.window and not spec.supports("window")) and not (c.alibi and not spec.supports("alibi"))]

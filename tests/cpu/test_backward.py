@@ -125,3 +125,126 @@ def test_reference_backward_matches_finite_differences(causal):
         down = float((reference_attention(q, k, v, scale=0.3, causal=causal)[0] * dout).sum())
         x[idx] += eps
         assert abs((up - down) / (2 * eps) - g[idx]) < 1e-6
+
+
+# attention_varlen_backward: packed (total, heads, D) arrays, int32 cu_seqlens, checked like the forward.
+TQ, TK, NSEQ = 40, 70, 3
+
+
+def good_varlen(**over):
+    args = {"dout": cuda((TQ, H, D)), "q": cuda((TQ, H, D)), "k": cuda((TK, H, D)), "v": cuda((TK, H, D)),
+            "out": cuda((TQ, H, D)), "lse": cuda((H, TQ), "<f4"), "cu_seqlens_q": cuda((NSEQ + 1,), "<i4"),
+            "cu_seqlens_k": cuda((NSEQ + 1,), "<i4"), "max_seqlen_q": 20, "max_seqlen_k": 30}
+    args.update(over)
+    return args
+
+
+@pytest.mark.parametrize("over,kw,arg", [
+    ({"dout": cuda((TQ + 1, H, D))}, {}, "dout"),
+    ({"dout": cuda((TQ, H, D), "<f4")}, {}, "dout"),
+    ({"out": cuda((TQ, H, D), strides_elems=(H * D * 2, D * 2, 2))}, {}, "out"),
+    ({"lse": cuda((1, H, TQ), "<f4")}, {}, "lse"),
+    ({"lse": cuda((TQ, H), "<f4")}, {}, "lse"),
+    ({"lse": cuda((H, TQ))}, {}, "lse"),
+    ({"lse": np.zeros((H, TQ), np.float32)}, {}, "lse"),
+    ({"q": cuda((1, TQ, H, D))}, {}, "q"),
+    ({"k": cuda((TK, 3, D)), "v": cuda((TK, 3, D))}, {}, "k"),
+    ({"cu_seqlens_q": cuda((NSEQ + 1,), "<f4")}, {}, "cu_seqlens_q"),
+    ({"cu_seqlens_k": cuda((NSEQ + 2,), "<i4")}, {}, "cu_seqlens_k"),
+    ({"cu_seqlens_q": np.zeros(NSEQ + 1, np.int32)}, {}, "cu_seqlens_q"),
+    ({"max_seqlen_q": -1}, {}, "max_seqlen_q"),
+    ({"max_seqlen_k": 2.5}, {}, "max_seqlen_k"),
+    ({}, {"causal": 1}, "causal"),
+    ({}, {"deterministic": "yes"}, "deterministic"),
+    ({}, {"check_indices": None}, "check_indices"),
+    ({}, {"softmax_scale": float("nan")}, "softmax_scale"),
+    ({}, {"variant": 3}, "variant"),
+], ids=["dout-shape", "dout-dtype", "out-strided", "lse-dense", "lse-transposed", "lse-dtype", "lse-host", "q-rank",
+        "kv-heads", "cu-dtype", "cu-k-len", "cu-host", "max-q", "max-k", "causal", "deterministic", "check-indices",
+        "scale", "variant"])
+def test_varlen_bad_inputs_fail_before_compile_or_launch(no_launch, over, kw, arg):
+    args = good_varlen(**over)
+    with pytest.raises(InputError, match=rf"^{arg}: ") as e:
+        flashkit.attention_varlen_backward(*args.values(), **kw)
+    assert "\n" not in str(e.value)
+
+
+def test_varlen_unsupported_head_dim_fails_before_launch(no_launch):
+    args = good_varlen(**{n: cuda((TQ, H, 96)) for n in ("dout", "q", "out")},
+                       **{n: cuda((TK, H, 96)) for n in ("k", "v")})
+    with pytest.raises(UnsupportedError, match="head_dim=96"):
+        flashkit.attention_varlen_backward(*args.values())
+
+
+def test_varlen_head_dim_v_is_refused_by_name(no_launch):
+    args = good_varlen(v=cuda((TK, H, 32)))
+    with pytest.raises(UnsupportedError, match="^v: head_dim_v=32"):
+        flashkit.attention_varlen_backward(*args.values())
+
+
+def test_fa2_bwd_declares_varlen_and_its_builds_define_it():
+    spec = discover_kernels(refresh=True).get("fa2_bwd")
+    assert spec.supports("varlen")
+    cfg = build.make_config(spec, "bfloat16", 128, True, (9, 0), mods=("varlen",))
+    assert "-DFLASHKIT_VARLEN=1" in cfg.defines() and "varlen" in cfg.describe()
+    assert cfg.launch_dict == build.make_config(spec, "bfloat16", 128, True, (9, 0)).launch_dict
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("kv_heads", [8, 2, 1])
+def test_varlen_backward_selects_fa2_bwd_and_no_forward_kernel(causal, kv_heads):
+    specs = discover_kernels().specs
+    base = dict(dtype="float16", head_dim=64, seqlen_q=129, seqlen_k=65, heads=8, kv_heads=kv_heads,
+                causal=causal, varlen=True, cc=(8, 0))
+    sel = select_kernel(Request(backward=True, **base), specs)
+    assert sel.chosen.name == "fa2_bwd"
+    assert all(s.supports("backward") for n, s in specs.items() if n not in sel.rejected)
+    assert "fa2_bwd" in select_kernel(Request(**base), specs).rejected
+
+
+@pytest.mark.parametrize("mod", ["window", "softcap", "alibi"])
+def test_varlen_backward_has_no_modifications(mod):
+    with pytest.raises(UnsupportedError, match="not supported"):
+        select_kernel(Request(dtype="float16", head_dim=64, backward=True, varlen=True, cc=(8, 0), **{mod: True}),
+                      discover_kernels().specs)
+
+
+def test_varlen_compile_matrix_includes_the_backward_varlen_builds():
+    from flashkit.verify.compile_matrix import spec_configs
+    spec = discover_kernels().get("fa2_bwd")
+    configs = spec_configs(spec, (8, 0))
+    varlen = [c for c in configs if "varlen" in c.mods]
+    assert len(varlen) == len(configs) // 2 == len(spec.dtypes) * 2 * 2   # dtypes x hd64/128 x causal
+
+
+def test_varlen_backward_matrix_covers_the_edges():
+    from flashkit.verify.backward import VARLEN_CASES
+    lens = {n for c in VARLEN_CASES for n in c.lens_q + c.keys}
+    assert {0, 1, 17, 63, 64, 65, 127, 128, 129} <= lens
+    assert any(c.lens_k is not None and c.lens_k != c.lens_q for c in VARLEN_CASES)
+    assert {c.kv_heads == 1 for c in VARLEN_CASES} == {True, False}            # MQA and not
+    assert any(1 < c.kv_heads < c.heads for c in VARLEN_CASES)                  # GQA
+    assert any(nq == 0 < nk for c in VARLEN_CASES for nq, nk in zip(c.lens_q, c.keys))   # keys, no query
+    assert any(nk == 0 < nq for c in VARLEN_CASES for nq, nk in zip(c.lens_q, c.keys))   # queries, no key
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_varlen_reference_is_each_sequence_alone(causal):
+    """verify's packed reference: sequence b's rows are reference_backward of sequence b alone; an empty side
+    gives zeros."""
+    from flashkit.verify.backward import VarlenBackwardCase, _per_sequence
+    from flashkit.verify.reference_backward import reference_backward
+    case = VarlenBackwardCase("t", (3, 0, 5, 2), (4, 6, 2, 0), heads=4, kv_heads=2)
+    rng = np.random.default_rng(0)
+    q = rng.standard_normal((10, 4, 8))
+    k, v = rng.standard_normal((12, 2, 8)), rng.standard_normal((12, 2, 8))
+    dout = rng.standard_normal((10, 4, 8))
+    cu_q, cu_k = np.array([0, 3, 3, 8, 10]), np.array([0, 4, 10, 12, 12])
+    refs, plains = _per_sequence(case, q, k, v, dout, 8, causal, "float16", cu_q, cu_k)
+    assert [r.shape for r in refs] == [q.shape, k.shape, v.shape] == [p.shape for p in plains]
+    alone = reference_backward(q[None, 3:8], k[None, 10:12], v[None, 10:12], dout[None, 3:8], scale=8 ** -0.5,
+                               causal=causal)
+    assert np.array_equal(refs[0][3:8], alone[0][0]) and np.array_equal(refs[1][10:12], alone[1][0])
+    assert not refs[1][4:10].any() and not refs[2][4:10].any()   # keys of a sequence without queries
+    assert not refs[0][8:10].any()                               # queries of a sequence without keys
+    assert np.abs(plains[0] - refs[0]).max() < 0.05

@@ -73,7 +73,7 @@ def test_a_decode_step_on_a_left_padded_cache_matches_sdpa():
     close(*outs, "decode-step logits (left-padded cache)")
 
 
-@pytest.mark.parametrize("padding", ["none", "right"])
+@pytest.mark.parametrize("padding", ["none", "right", "left"])   # left: through the varlen backward
 def test_a_training_step_matches_sdpa_gradients(padding):
     fk, sdpa, oracle = models()
     ids, mask = batch(padding, seed=3)
@@ -89,12 +89,22 @@ def test_a_training_step_matches_sdpa_gradients(padding):
         close(p_fk.grad, p_sdpa.grad, p_ref.grad, f"grad {name} ({padding})", slack=0.02)
 
 
-def test_training_on_left_padding_names_the_missing_varlen_backward():
+def test_training_on_left_padding_runs_the_varlen_backward(monkeypatch):
+    """A left-padded training batch goes through attention_varlen_backward (not a dense fallback)."""
+    import flashkit.torch as fk_torch
+    seen = []
+    real = fk_torch._attention_varlen_backward
+
+    def spy(*args, **kw):
+        seen.append(kw)
+        return real(*args, **kw)
+    monkeypatch.setattr(fk_torch, "_attention_varlen_backward", spy)
     fk, _, _ = models()
     fk.train()
     ids, mask = batch("left")
-    with pytest.raises(flashkit.UnsupportedError, match="varlen path, which has no backward yet"):
-        fk(input_ids=ids, attention_mask=mask, labels=ids)
+    fk(input_ids=ids, attention_mask=mask, labels=ids.masked_fill(mask == 0, -100)).loss.backward()
+    assert seen and all(kw["check_indices"] is False for kw in seen)
+    assert all(p.grad is not None and bool(p.grad.isfinite().all()) for p in fk.parameters() if p.requires_grad)
 
 
 def bench(steps: int = 20, batch_size: int = 8, seqlen: int = 2048) -> None:

@@ -159,6 +159,7 @@ def test_kvcache_maps_k_v_and_a_missing_cache_seqlens(recorder):
 
 
 def test_torch_calls_that_need_a_gradient_refuse_what_has_no_backward():
+    """window, softcap and ALiBi have no backward: refused by name, dense and varlen (varlen itself has one)."""
     torch = pytest.importorskip("torch")
     q = torch.zeros(1, 8, 2, 64, requires_grad=True)
     with pytest.raises(UnsupportedError, match="^window_size: flashkit's backward has no window_size"):
@@ -167,9 +168,12 @@ def test_torch_calls_that_need_a_gradient_refuse_what_has_no_backward():
         fa.flash_attn_func(q, q, q, softcap=5.0)
     packed = torch.zeros(8, 2, 64, requires_grad=True)
     cu = torch.tensor([0, 8], dtype=torch.int32)
-    with pytest.raises(UnsupportedError, match="^q, k, v: require a gradient, but flashkit's varlen attention is "
-                                               "forward only"):
-        fa.flash_attn_varlen_func(packed, packed, packed, cu, cu, 8, 8)
+    with pytest.raises(UnsupportedError, match="^window_size: flashkit's backward has no window_size"):
+        fa.flash_attn_varlen_func(packed, packed, packed, cu, cu, 8, 8, window_size=(2, 0))
+    with pytest.raises(UnsupportedError, match="^softcap: "):
+        fa.flash_attn_varlen_func(packed, packed, packed, cu, cu, 8, 8, softcap=5.0)
+    with pytest.raises(UnsupportedError, match="^alibi_slopes: "):
+        fa.flash_attn_varlen_func(packed, packed, packed, cu, cu, 8, 8, alibi_slopes=torch.ones(2))
     assert fa.flash_attn_varlen_func.__module__ == "flashkit.compat.flash_attn"
 
 
@@ -177,3 +181,9 @@ def test_max_seqlen_may_be_a_zero_dim_tensor(recorder):
     torch = pytest.importorskip("torch")
     fa.flash_attn_varlen_func(PQ, PK, PK, CU, CU, torch.tensor(20), np.int64(35))
     assert recorder.calls[-1][1][5:] == (20, 35)
+
+
+def test_flash_attn_varlen_func_passes_deterministic_on(recorder):
+    fa.flash_attn_varlen_func(PQ, PK, PK, CU, CU, 20, 35, causal=True, deterministic=True)
+    kind, args, kw = recorder.calls[-1]
+    assert kind == "varlen" and kw["deterministic"] is True and kw["causal"] is True

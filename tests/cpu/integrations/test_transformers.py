@@ -44,7 +44,7 @@ def reference_dense(q, k, v, *, causal, softmax_scale, window_size=None, softcap
 
 
 def reference_varlen(q, k, v, cu_q, cu_k, max_q, max_k, *, causal, softmax_scale, window_size=None, softcap=0.0,
-                     alibi_slopes=None, return_lse=False):
+                     alibi_slopes=None, deterministic=False, return_lse=False):
     assert q.dtype == k.dtype and cu_q.dtype == torch.int32 and isinstance(max_q, int)
     outs = []
     for b in range(len(cu_q) - 1):
@@ -70,8 +70,6 @@ def calls(monkeypatch):
         return reference_dense(q, k, v, **kw)
 
     def varlen(q, k, v, *args, **kw):
-        if backend.needs_grad(q, k, v):
-            raise UnsupportedError("varlen needs no gradient here")
         seen.append(("varlen", q, kw))
         return reference_varlen(q, k, v, *args, **kw)
 
@@ -184,13 +182,37 @@ def test_training_on_right_padding_matches_sdpa_gradients(calls):
     assert {c[0] for c in calls} == {"dense"}
 
 
-def test_training_with_left_padding_says_what_is_missing(calls):
+def test_training_on_left_padding_runs_varlen_and_matches_sdpa_gradients(calls):
+    """Left padding needs the varlen path; with its backward the gradients flow through the gather, the packed
+    call and the scatter back (padded positions carry no loss)."""
+    ref, fk = tiny_llamas()
+    ref.train(), fk.train()
+    ids, mask = batch([20, 13], 20, left=True)
+    labels = ids.masked_fill(mask == 0, -100)
+    for model in (ref, fk):
+        model(input_ids=ids, attention_mask=mask, labels=labels).loss.backward()
+    for (name, p_ref), p_fk in zip(ref.named_parameters(), fk.parameters()):
+        assert torch.allclose(p_fk.grad, p_ref.grad, atol=1e-5, rtol=1e-3), name
+    assert {c[0] for c in calls} == {"varlen"}
+    assert all(c[1].requires_grad and c[2]["deterministic"] is False for c in calls)
+
+
+def test_training_on_packed_sequences_runs_varlen_with_a_gradient(calls):
     _, fk = tiny_llamas()
     fk.train()
-    ids, mask = batch([20, 13], 20, left=True)
-    with pytest.raises(UnsupportedError, match="attention_mask: left padding or non-causal padding needs flashkit's "
-                                               "varlen path, which has no backward yet"):
-        fk(input_ids=ids, attention_mask=mask, labels=ids)
+    ids = torch.randint(1, 1000, (1, 16))
+    pos = torch.cat([torch.arange(9), torch.arange(7)])[None]
+    fk(input_ids=ids, position_ids=pos, labels=ids).loss.backward()
+    assert {c[0] for c in calls} == {"varlen"} and all(c[1].requires_grad for c in calls)
+    assert all(p.grad is not None for p in fk.parameters() if p.requires_grad)
+
+
+def test_deterministic_reaches_the_varlen_path(calls, monkeypatch):
+    monkeypatch.setenv(fk_hf.DETERMINISTIC_ENV, "1")
+    _, fk = tiny_llamas()
+    ids, mask = batch([10, 6], 10, left=True)
+    fk(input_ids=ids, attention_mask=mask)
+    assert calls and all(c[2]["deterministic"] is True for c in calls)
 
 
 def test_mask_functions_flash_attention_2_would_drop_are_refused(calls):
@@ -227,3 +249,15 @@ def test_dropout_and_sinks_are_refused():
         fk_hf.attention_forward(Module(), q, q, q, None, dropout=0.1)
     with pytest.raises(UnsupportedError, match="^s_aux: "):
         fk_hf.attention_forward(Module(), q, q, q, None, s_aux=torch.zeros(2))
+
+
+def test_a_sliding_window_with_a_gradient_on_a_ragged_batch_is_refused_by_name():
+    """The real backend (no stand-in): varlen has a backward, but not with a window; refused before any launch."""
+    q = torch.zeros(2, 4, 8, 64, requires_grad=True)   # (batch, heads, seqlen, head_dim), as transformers hands it
+    mask = torch.tensor([[0, 0, 1, 1, 1, 1, 1, 1], [1] * 8])
+
+    class Module:
+        is_causal = True
+
+    with pytest.raises(UnsupportedError, match="^window_size: flashkit's backward has no window_size"):
+        fk_hf.attention_forward(Module(), q, q, q, mask, sliding_window=4)

@@ -21,9 +21,14 @@ def test_each_variant_goes_to_the_family_its_manifest_requires():
 
 def test_backward_variants_are_checked_through_their_gradients():
     specs = discover_kernels().specs
+    from flashkit.verify.backward import QUICK_VARLEN_CASES, VARLEN_CASES
     checks = harness.checks_for(specs["fa2_bwd"], ["bfloat16"], [64], [False, True], quick=True)
-    assert len(checks) == 2 * len(harness.QUICK_SHAPES)
+    assert len(checks) == 2 * (len(harness.QUICK_SHAPES) + len(QUICK_VARLEN_CASES))
     assert all(c.variant == "fa2_bwd" and c.label.endswith(" backward") for c in checks)
+    varlen = [c.label for c in checks if c.label.startswith("varlen ")]   # the forward's varlen matrix stays out
+    assert len(varlen) == 2 * len(QUICK_VARLEN_CASES)
+    full = harness.checks_for(specs["fa2_bwd"], ["float16"], [128], [True], quick=False)
+    assert sum(c.label.startswith("varlen ") for c in full) == len(VARLEN_CASES)
 
 
 def test_checks_for_builds_the_family_checks_without_running_them():

@@ -55,4 +55,29 @@ __device__ __forceinline__ void for_sequence(const Params& p, int b, int m_block
     }
 }
 
+// Sequence b's first row and length, read again from cu_seqlens (cu_seqlens_q or cu_seqlens_k): the loads are
+// volatile so that a kernel at the register limit re-reads them where it needs them (a tile load inside its
+// main loop, an epilogue) instead of holding the view's values live across the loop.
+__device__ __forceinline__ void reload_range(const int* cu_seqlens, int b, int& row0, int& len) {
+    int r0, r1;
+    asm volatile("ld.global.s32 %0, [%1];\n" : "=r"(r0) : "l"(cu_seqlens + b));
+    asm volatile("ld.global.s32 %0, [%1];\n" : "=r"(r1) : "l"(cu_seqlens + b + 1));
+    row0 = r0;
+    len = r1 - r0;
+}
+
+// body(params, origin) for key block n_block of sequence b (the backward's K/V-outer grid, (ceil(max_seqlen_k /
+// block_n), kv_heads, batch)): with kVarlen through the sequence's view, and only when the block holds keys of
+// the sequence (a sequence with keys but no queries still runs its key blocks: their dK = dV = 0 are written).
+template <bool kVarlen, int kBlockN, class Body>
+__device__ __forceinline__ void for_sequence_keys(const Params& p, int b, int n_block, Body&& body) {
+    if constexpr (kVarlen) {
+        SeqOrigin origin;
+        const Params view = sequence_view(p, b, origin);
+        if (n_block * kBlockN < view.seqlen_k) body(view, origin);
+    } else {
+        body(p, SeqOrigin{0, 0, b});
+    }
+}
+
 }  // namespace flashkit

@@ -14,6 +14,10 @@
 // The tail rows of the last blocks need no element mask: Q, dO rows past seqlen_q are zero-filled
 // with lse2 = +inf (P = 0), and K, V rows past seqlen_k are zero (their dK, dV rows are not stored,
 // their dQ terms are dS * 0).
+// With FLASHKIT_VARLEN a CTA runs a key block of one packed sequence (varlen.cuh's for_sequence_keys): the
+// parameter block is the sequence's view (its lengths; causal bottom-right aligned per sequence), and every
+// tensor row is offset by the sequence's origin (q_row0 / k_row0, ints) in the tensors' batch t_batch;
+// `batch` (the sequence) indexes the workspace.
 #pragma once
 
 #include "flashkit/sm80/bwd_prepass.cuh"
@@ -58,10 +62,6 @@ struct BwdCausal {
         if (q_lo >= p.seqlen_q) return (p.seqlen_q + block_m - 1) / block_m;
         return q_lo > 0 ? q_lo / block_m : 0;
     }
-    // Whether tile (query block at m0, key block at n0) crosses the diagonal.
-    __device__ __forceinline__ static bool crosses(const Params& p, int m0, int n0, int block_n) {
-        return kCausal && n0 + block_n - 1 > m0 + p.seqlen_k - p.seqlen_q;
-    }
 };
 
 template <class Kt, bool kCausal>
@@ -71,9 +71,11 @@ struct BwdMainloop {
     static constexpr int kM = Kt::kBlockM;
     static constexpr int kN = Kt::kBlockN;
 
-    const Params& p;
-    const BwdWorkspace<kM> ws;
+    const Params& p;               // the sequence's view (varlen) or the call's parameter block
+    const BwdWorkspace<kM> ws;     // over the call's parameter block
     int batch, kv_head, n0, warp, lane;
+    int t_batch, q_row0, k_row0;   // the sequence's row 0 in the tensors (SeqOrigin; varlen: re-read from
+                                   // cu_seqlens where used inside the loop, varlen.cuh's reload_range)
     u32 sQ, sdO, sK, sV, sdS;   // shared addresses (Q, dO: buffer 0; buffer 1 follows)
     float* s_lse2;              // [2][kM]
     float* s_dsum;              // [2][kM]
@@ -81,9 +83,11 @@ struct BwdMainloop {
     float acc_dk[Kt::kDTiles][4];   // dK rows of this warp's 16 keys, mma C layout
     float acc_dv[Kt::kDTiles][4];
 
-    __device__ __forceinline__ BwdMainloop(const Params& p_, unsigned char* smem, int n_block, int kv_head_,
-                                           int batch_)
-        : p(p_), ws(p_), batch(batch_), kv_head(kv_head_), n0(n_block * kN) {
+    // call: the call's parameter block (the workspace's layout); p_: the sequence's view, or call itself.
+    __device__ __forceinline__ BwdMainloop(const Params& p_, const Params& call, unsigned char* smem, int n_block,
+                                           int kv_head_, int batch_, const SeqOrigin& origin)
+        : p(p_), ws(call), batch(batch_), kv_head(kv_head_), n0(n_block * kN), t_batch(origin.batch),
+          q_row0(origin.q_row), k_row0(origin.k_row) {
         warp = threadIdx.x / kWarpSize;
         lane = threadIdx.x % kWarpSize;
         sQ = smem_u32(smem);
@@ -104,10 +108,10 @@ struct BwdMainloop {
 
     // K_j, V_j: one commit group with the first query block's loads.
     __device__ __forceinline__ void load_kv_async() const {
-        const Element* k = static_cast<const Element*>(p.k) + batch * p.k_batch_stride +
-                           kv_head * p.k_head_stride + n0 * p.k_row_stride;
-        const Element* v = static_cast<const Element*>(p.v) + batch * p.v_batch_stride +
-                           kv_head * p.v_head_stride + n0 * p.v_row_stride;
+        const Element* k = static_cast<const Element*>(p.k) + t_batch * p.k_batch_stride +
+                           kv_head * p.k_head_stride + (k_row0 + n0) * p.k_row_stride;
+        const Element* v = static_cast<const Element*>(p.v) + t_batch * p.v_batch_stride +
+                           kv_head * p.v_head_stride + (k_row0 + n0) * p.v_row_stride;
         load_tile_async<kN, kD, Kt::kThreads>(sK, k, p.k_row_stride, p.seqlen_k - n0, threadIdx.x);
         load_tile_async<kN, kD, Kt::kThreads>(sV, v, p.v_row_stride, p.seqlen_k - n0, threadIdx.x);
     }
@@ -115,12 +119,14 @@ struct BwdMainloop {
     // Q_i, dO_i, lse2_i, dsum_i of (head, m_block) into buffer buf, as one commit group.
     __device__ __forceinline__ void load_q_async(int head, int m_block, int buf) const {
         const int m0 = m_block * kM;
-        const Element* q = static_cast<const Element*>(p.q) + batch * p.q_batch_stride + head * p.q_head_stride +
-                           m0 * p.q_row_stride;
-        const Element* dout = static_cast<const Element*>(p.bwd.dout) + batch * p.bwd.do_batch_stride +
-                              head * p.bwd.do_head_stride + m0 * p.bwd.do_row_stride;
-        load_tile_async<kM, kD, Kt::kThreads>(q_buf(buf), q, p.q_row_stride, p.seqlen_q - m0, threadIdx.x);
-        load_tile_async<kM, kD, Kt::kThreads>(do_buf(buf), dout, p.bwd.do_row_stride, p.seqlen_q - m0,
+        int q_row = q_row0, seqlen_q = p.seqlen_q;
+        if constexpr (FLASHKIT_VARLEN != 0) reload_range(p.varlen.cu_seqlens_q, batch, q_row, seqlen_q);
+        const Element* q = static_cast<const Element*>(p.q) + t_batch * p.q_batch_stride + head * p.q_head_stride +
+                           (q_row + m0) * p.q_row_stride;
+        const Element* dout = static_cast<const Element*>(p.bwd.dout) + t_batch * p.bwd.do_batch_stride +
+                              head * p.bwd.do_head_stride + (q_row + m0) * p.bwd.do_row_stride;
+        load_tile_async<kM, kD, Kt::kThreads>(q_buf(buf), q, p.q_row_stride, seqlen_q - m0, threadIdx.x);
+        load_tile_async<kM, kD, Kt::kThreads>(do_buf(buf), dout, p.bwd.do_row_stride, seqlen_q - m0,
                                               threadIdx.x);
         // lse2 and dsum are padded to whole blocks: 2 x kM floats, 16 B a lane of the first warp.
         constexpr int kChunks = kM * 4 / kChunkBytes;
@@ -235,6 +241,18 @@ struct BwdMainloop {
         }
     }
 
+    // Bottom-right alignment: key j is visible to query i iff j <= i + offset, offset = seqlen_k - seqlen_q (of
+    // the sequence: varlen re-reads it from cu_seqlens rather than hold it live across the loop).
+    __device__ __forceinline__ int causal_offset() const {
+        if constexpr (FLASHKIT_VARLEN != 0 && kCausal) {
+            int row0, seqlen_q, seqlen_k;
+            reload_range(p.varlen.cu_seqlens_q, batch, row0, seqlen_q);
+            reload_range(p.varlen.cu_seqlens_k, batch, row0, seqlen_k);
+            return seqlen_k - seqlen_q;
+        }
+        return p.seqlen_k - p.seqlen_q;
+    }
+
     // One query block: everything but the dQ product, which needs dS^T of every warp.
     __device__ __forceinline__ void step(int m_block, int buf) {
 #pragma unroll 1
@@ -251,8 +269,8 @@ struct BwdMainloop {
 
         float st[Kt::kMCols][4];   // S^T, then P^T: keys (rows g, g + 8) x queries
         gemm_rows_by_queries(st, sK, q_buf(buf), q0);
-        if (BwdCausal<kCausal>::crosses(p, m0 + q0, n0, kN)) {
-            const int offset = p.seqlen_k - p.seqlen_q;
+        const int offset = causal_offset();
+        if (kCausal && n0 + kN - 1 > m0 + q0 + offset) {   // the tile crosses the diagonal
 #pragma unroll
             for (int ni = 0; ni < Kt::kMCols; ++ni)
 #pragma unroll
@@ -307,12 +325,16 @@ struct BwdMainloop {
     __device__ __forceinline__ void store_dk_dv() const {
         const int g = lane / kQuadLanes;
         const int c2 = kFragCols * (lane % kQuadLanes);
-        Element* dk = static_cast<Element*>(p.bwd.dk) + batch * p.bwd.dk_batch_stride + kv_head * p.bwd.dk_head_stride;
-        Element* dv = static_cast<Element*>(p.bwd.dv) + batch * p.bwd.dv_batch_stride + kv_head * p.bwd.dv_head_stride;
+        int k_row = k_row0, seqlen_k = p.seqlen_k;
+        if constexpr (FLASHKIT_VARLEN != 0) reload_range(p.varlen.cu_seqlens_k, batch, k_row, seqlen_k);   // not live
+        Element* dk = static_cast<Element*>(p.bwd.dk) + t_batch * p.bwd.dk_batch_stride +
+                      kv_head * p.bwd.dk_head_stride + static_cast<index_t>(k_row) * p.bwd.dk_row_stride;
+        Element* dv = static_cast<Element*>(p.bwd.dv) + t_batch * p.bwd.dv_batch_stride +
+                      kv_head * p.bwd.dv_head_stride + static_cast<index_t>(k_row) * p.bwd.dv_row_stride;
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
             const int key = n0 + warp * kMmaM + g + h * kFragRowHalf;
-            if (key >= p.seqlen_k) continue;
+            if (key >= seqlen_k) continue;
 #pragma unroll
             for (int nd = 0; nd < Kt::kDTiles; ++nd) {
                 const int col = nd * kMmaN + c2;
@@ -325,14 +347,19 @@ struct BwdMainloop {
     }
 };
 
-// The whole backward of key block n_block of (kv_head, batch).
+// The whole backward of key block n_block of (kv_head, sequence `batch`); p: the sequence's view (varlen) or
+// the call's parameter block, origin: where the sequence's rows lie. A sequence without queries visits no
+// query block and stores dK = dV = 0.
 template <class Kt, bool kCausal>
-__device__ __forceinline__ void bwd_block(const Params& p, int n_block, int kv_head, int batch) {
+__device__ __forceinline__ void bwd_block_seq(const Params& p, const Params& call, int n_block, int kv_head, int batch,
+                                              const SeqOrigin& origin) {
     extern __shared__ __align__(128) unsigned char smem_raw[];
-    BwdMainloop<Kt, kCausal> loop(p, smem_raw, n_block, kv_head, batch);
+    BwdMainloop<Kt, kCausal> loop(p, call, smem_raw, n_block, kv_head, batch, origin);
     const int group = p.heads / p.kv_heads;
     const int m_begin = BwdCausal<kCausal>::first_m_block(p, n_block * Kt::kBlockN, Kt::kBlockM);
-    const int n_m = loop.ws.m_blocks - m_begin;   // query blocks visited per query head
+    // Query blocks visited per head: the sequence's (varlen), or the workspace's (dense: the same number).
+    const int m_blocks = FLASHKIT_VARLEN != 0 ? (p.seqlen_q + Kt::kBlockM - 1) / Kt::kBlockM : loop.ws.m_blocks;
+    const int n_m = m_blocks - m_begin;
     const int total = group * n_m;
     loop.load_kv_async();
     if (total > 0) loop.load_q_async(kv_head * group, m_begin, 0);
@@ -350,6 +377,17 @@ __device__ __forceinline__ void bwd_block(const Params& p, int n_block, int kv_h
         loop.accumulate_dq(head, m_block);
     }
     loop.store_dk_dv();
+}
+
+// The main kernel's CTA of (key block, kv head, batch): with FLASHKIT_VARLEN of packed sequence `batch`,
+// and nothing past the sequence's last key block.
+template <class Kt, bool kCausal>
+__device__ __forceinline__ void bwd_block(const Params& params, int n_block, int kv_head, int batch) {
+    for_sequence_keys<FLASHKIT_VARLEN != 0, Kt::kBlockN>(params, batch, n_block,
+                                                         [&](const Params& p, const SeqOrigin& origin) {
+                                                             bwd_block_seq<Kt, kCausal>(p, params, n_block, kv_head,
+                                                                                        batch, origin);
+                                                         });
 }
 
 }  // namespace flashkit

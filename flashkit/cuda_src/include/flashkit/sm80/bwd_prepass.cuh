@@ -2,31 +2,37 @@
 //   bwd_prepass:    dsum_i = rowsum(dO_i * O_i) (fp32), lse2_i = LSE_i * log2(e) (+inf where the row
 //                   sees no key or lies past seqlen_q), dq_accum rows and the block's semaphore zeroed
 //   bwd_convert_dq: dQ = dq_accum (already scaled by softmax_scale) in the input dtype
+// With FLASHKIT_VARLEN each CTA sees its packed sequence (varlen.cuh): q, o, dO, dQ and the LSE rows are
+// offset by the sequence's origin; the workspace keeps one padded slot per (sequence, head), sized by
+// max_seqlen_q (BwdWorkspace over the call's parameter block, not the sequence's view).
 #pragma once
 
 #include "flashkit/sm80/bwd_traits.cuh"
 #include "flashkit/tile.cuh"
+#include "flashkit/varlen.cuh"
 
 namespace flashkit {
 
 // +inf as a float bit pattern: exp2(s - (+inf)) = 0 for every finite or -inf s.
 #define FLASHKIT_POS_INF (__int_as_float(0x7f800000))
 
+// Query block m_block of (head, sequence `batch`); p: the sequence's view, origin: where its rows lie.
 template <class Kt>
-__device__ __forceinline__ void bwd_prepass(const Params& p, int m_block, int head, int batch) {
+__device__ __forceinline__ void bwd_prepass_block(const Params& p, const BwdWorkspace<Kt::kBlockM>& ws, int m_block,
+                                                  int head, int batch, const SeqOrigin& origin) {
     typedef typename Kt::Element Element;
     constexpr int kD = Kt::kHeadDim;
     constexpr int kPairs = kD / 2;   // 16-bit pairs per row
-    const BwdWorkspace<Kt::kBlockM> ws(p);
     const int tid = threadIdx.x;
     const int warp = tid / kWarpSize;
     const int lane = tid % kWarpSize;
     const int m0 = m_block * Kt::kBlockM;
     const index_t ws_row0 = ws.row0(p, batch, head) + m0;
-    const Element* dout = static_cast<const Element*>(p.bwd.dout) + batch * p.bwd.do_batch_stride +
-                          head * p.bwd.do_head_stride;
-    const Element* out = static_cast<const Element*>(p.o) + batch * p.o_batch_stride + head * p.o_head_stride;
-    const float* lse = p.lse + (static_cast<index_t>(batch) * p.heads + head) * p.seqlen_q;
+    const Element* dout = static_cast<const Element*>(p.bwd.dout) + origin.batch * p.bwd.do_batch_stride +
+                          head * p.bwd.do_head_stride + static_cast<index_t>(origin.q_row) * p.bwd.do_row_stride;
+    const Element* out = static_cast<const Element*>(p.o) + origin.batch * p.o_batch_stride +
+                         head * p.o_head_stride + static_cast<index_t>(origin.q_row) * p.o_row_stride;
+    const float* lse = p.lse + origin.batch * p.lse_batch_stride + head * p.lse_head_stride + origin.q_row;
 
     // One warp a row: dsum = sum_d dO * O.
     for (int r = warp; r < Kt::kBlockM; r += Kt::kWarps) {
@@ -58,15 +64,27 @@ __device__ __forceinline__ void bwd_prepass(const Params& p, int m_block, int he
     if (tid == 0) *ws.semaphore(p, batch, head, m_block) = 0;
 }
 
+// The pre-pass CTA of (query block, head, batch): with FLASHKIT_VARLEN of packed sequence `batch`, and
+// nothing past the sequence's last query block.
 template <class Kt>
-__device__ __forceinline__ void bwd_convert_dq(const Params& p, int m_block, int head, int batch) {
+__device__ __forceinline__ void bwd_prepass(const Params& params, int m_block, int head, int batch) {
+    const BwdWorkspace<Kt::kBlockM> ws(params);
+    for_sequence<FLASHKIT_VARLEN != 0, Kt::kBlockM>(params, batch, m_block,
+                                                    [&](const Params& p, const SeqOrigin& origin) {
+                                                        bwd_prepass_block<Kt>(p, ws, m_block, head, batch, origin);
+                                                    });
+}
+
+template <class Kt>
+__device__ __forceinline__ void bwd_convert_dq_block(const Params& p, const BwdWorkspace<Kt::kBlockM>& ws, int m_block,
+                                                     int head, int batch, const SeqOrigin& origin) {
     typedef typename Kt::Element Element;
     constexpr int kD = Kt::kHeadDim;
     constexpr int kPairs = kD / 2;
-    const BwdWorkspace<Kt::kBlockM> ws(p);
     const int m0 = m_block * Kt::kBlockM;
     const float2* acc = reinterpret_cast<const float2*>(ws.dq_accum + (ws.row0(p, batch, head) + m0) * kD);
-    Element* dq = static_cast<Element*>(p.bwd.dq) + batch * p.bwd.dq_batch_stride + head * p.bwd.dq_head_stride;
+    Element* dq = static_cast<Element*>(p.bwd.dq) + origin.batch * p.bwd.dq_batch_stride +
+                  head * p.bwd.dq_head_stride + static_cast<index_t>(origin.q_row) * p.bwd.dq_row_stride;
     const int rows = min(Kt::kBlockM, p.seqlen_q - m0);
     for (int i = threadIdx.x; i < rows * kPairs; i += Kt::kThreads) {
         const int r = i / kPairs;
@@ -74,6 +92,15 @@ __device__ __forceinline__ void bwd_convert_dq(const Params& p, int m_block, int
         const float2 x = acc[i];
         *reinterpret_cast<u32*>(dq + (m0 + r) * p.bwd.dq_row_stride + 2 * c) = pack_float2<Element>(x.x, x.y);
     }
+}
+
+template <class Kt>
+__device__ __forceinline__ void bwd_convert_dq(const Params& params, int m_block, int head, int batch) {
+    const BwdWorkspace<Kt::kBlockM> ws(params);
+    for_sequence<FLASHKIT_VARLEN != 0, Kt::kBlockM>(params, batch, m_block,
+                                                    [&](const Params& p, const SeqOrigin& origin) {
+                                                        bwd_convert_dq_block<Kt>(p, ws, m_block, head, batch, origin);
+                                                    });
 }
 
 }  // namespace flashkit

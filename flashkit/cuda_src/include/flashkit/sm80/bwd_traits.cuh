@@ -65,6 +65,9 @@ struct BwdTraits {
 //   semaphores (batch, heads, m_blocks) int32
 // lse2 = LSE * log2(e), +inf where a row sees no key or lies past seqlen_q (so that P = 0 there);
 // dsum = rowsum(dO * O). The pre-pass writes lse2 and dsum and zeroes dq_accum and the semaphores.
+// Varlen (FLASHKIT_VARLEN): batch = the packed sequences, seqlen_q = max_seqlen_q: sequence b's rows use
+// slot b (its first ceil(len_q / kBlockM) blocks); build it from the call's parameter block, never from a
+// sequence's view (varlen.cuh), whose seqlen_q is the sequence's own.
 template <int kBlockM>
 struct BwdWorkspace {
     float* dq_accum;
