@@ -13,7 +13,8 @@
 //   dS^T -> the shared dS^T tile [key][query] (buffer i % 2); named barrier over both consumers
 //   dQ[:, cols_c] = dS K[:, cols_c]         ss, both operands MN-major (MmaTT): A = dS^T tile read
 //                                           transposed, B = the K tile; consumer c takes head-dim
-//                                           columns [c kDqCols, (c + 1) kDqCols)
+//                                           columns [64 c, 64 c + 64) (hd128), or at hd64 every column
+//                                           over its own 64 keys, dQ_c = dS[:, keys_c] K[keys_c, :]
 //   dq_accum += scale dQ                    fp32 atomics (red.global.add.f32), in key-block order when
 //                                           p.bwd.deterministic (the semaphores of bwd_passes.cuh)
 // At the end: dK *= scale; dK, dV stored (16-bit) for the consumer's keys < seqlen_k.
@@ -155,13 +156,17 @@ struct BwdConsumer {
 
         gmma::fence_proxy_async();   // the dS^T stores (generic proxy), before wgmma (async proxy) reads them
         named_sync(kBwdDsReadyBarrier, Kt::kConsumerThreads);   // dS^T of every consumer in the tile
-        float dq[Kt::kDqTiles][4];   // dQ[:, this consumer's columns]: rows 16 warp + g (+ 8), columns 8 i + 2 t
+        float dq[Kt::kDqTiles][4];   // dQ: rows 16 warp + g (+ 8), columns dq_col0 + 8 i + 2 t
+        // k-steps over the keys this consumer's dQ sums: all of the block's (columns split) or its own (keys split)
+        const int dq_key0 = Kt::kDqSplitKeys ? k_row0 : 0;
         const u32 k_cols = k_tile + dq_column_offset();
         gmma::fence();
 #pragma unroll
-        for (int kk = 0; kk < Kt::kKeySteps; ++kk)   // dQ = dS K (keys 16 kk.. are k; both read MN-major)
-            gmma::MmaTT<Element, Kt::kDqCols>::ss(dq, DsTile::desc_mn_major(ds_tile, kk * Kt::kStepElems),
-                                                   KTile::desc_mn_major(k_cols, kk * Kt::kStepElems), kk > 0);
+        for (int kk = 0; kk < Kt::kDqKeySteps; ++kk) {   // dQ = dS K (keys are k; both read MN-major)
+            const int key = dq_key0 + kk * Kt::kStepElems;
+            gmma::MmaTT<Element, Kt::kDqCols>::ss(dq, DsTile::desc_mn_major(ds_tile, key),
+                                                   KTile::desc_mn_major(k_cols, key), kk > 0);
+        }
         gmma::commit();
         gmma::wait<0>();   // dV, dK, dQ done: Q_i and dO_i are free, the dS^T buffer read
         gmma::fence_accumulators(acc_dv);
@@ -172,16 +177,17 @@ struct BwdConsumer {
         add_dq(dq, head, m_block, ws_row);
     }
 
-    // Byte offset of this consumer's first dQ column in a K tile row: a whole 128 B panel at hd128; half a
-    // panel at hd64 (the descriptor's start moves inside the swizzled row, as the K-major k-steps' do).
+    // This consumer's first dQ column, and its byte offset in the K tile: panel `consumer` when the
+    // consumers split the columns (whole 128 B panels), column 0 when they split the keys.
+    __device__ __forceinline__ int dq_col0() const { return Kt::kDqSplitKeys ? 0 : consumer * Kt::kDqCols; }
     __device__ __forceinline__ int dq_column_offset() const {
-        const int bytes = consumer * Kt::kDqCols * Kt::kElemBytes;
-        return bytes / KTile::kPanelBytes * KTile::kPanelSize + bytes % KTile::kPanelBytes;
+        return dq_col0() * Kt::kElemBytes / KTile::kPanelBytes * KTile::kPanelSize;
     }
 
     // dq_accum rows of the visit += scale dQ (this consumer's columns), one red.global.add.f32 an element; in
     // key-block order when deterministic: key block j waits until the semaphore of (batch, head, m_block)
-    // reads j (every earlier key block visits m_block too, causal included), then adds and increments it.
+    // reads j (every earlier key block visits m_block too, causal included), then adds and increments it (at
+// hd64 both consumers add to each element: consumer 0's adds, then consumer 1's).
     __device__ __forceinline__ void add_dq(const float (&dq)[Kt::kDqTiles][4], int head, int m_block,
                                            index_t ws_row) const {
         const bool ordered = p.bwd.deterministic != 0;
@@ -196,7 +202,25 @@ struct BwdConsumer {
             }
             named_sync(kBwdDqOrderBarrier, Kt::kConsumerThreads);
         }
-        float* dq_rows = ws.dq_accum + ws_row * kD + consumer * Kt::kDqCols + col2;
+        float* dq_rows = ws.dq_accum + ws_row * kD + dq_col0() + col2;
+        if (ordered && Kt::kDqSplitKeys) {   // both consumers add to every element: consumer 0 first
+#pragma unroll 1
+            for (int c = 0; c < Kt::kConsumers; ++c) {
+                if (c == consumer) add_rows(dq_rows, dq);
+                __threadfence();
+                named_sync(kBwdDqOrderBarrier, Kt::kConsumerThreads);
+            }
+        } else {
+            add_rows(dq_rows, dq);
+        }
+        if (ordered) {
+            __threadfence();
+            named_sync(kBwdDqOrderBarrier, Kt::kConsumerThreads);
+            if (leader) atomicAdd(sema, 1);
+        }
+    }
+
+    __device__ __forceinline__ void add_rows(float* dq_rows, const float (&dq)[Kt::kDqTiles][4]) const {
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
             float* row = dq_rows + (warp_row + h * kFragRowHalf) * kD;
@@ -205,11 +229,6 @@ struct BwdConsumer {
                 atomicAdd(row + i * kMmaN, dq[i][2 * h] * p.softmax_scale);
                 atomicAdd(row + i * kMmaN + 1, dq[i][2 * h + 1] * p.softmax_scale);
             }
-        }
-        if (ordered) {
-            __threadfence();
-            named_sync(kBwdDqOrderBarrier, Kt::kConsumerThreads);
-            if (leader) atomicAdd(sema, 1);
         }
     }
 

@@ -6,7 +6,7 @@
 // the block: its rows of S^T, dP^T, dS^T and of the dK, dV accumulators. Warp w of a consumer owns keys
 // [16 w, 16 w + 16) of those (the m16n8 fragment conventions of fragment.cuh apply). Per visited query
 // block of kBlockM queries, dQ = dS K needs every key of the block: the consumers exchange dS^T through a
-// shared tile and split dQ's head-dim columns (kDqCols each).
+// shared tile and split dQ's head-dim columns (hd128; at hd64 its keys: kDqSplitKeys).
 // Shared memory, each tile 1024 B aligned in gmma::KMajorTile's layout (what TMA's 128 B swizzle writes):
 //   [ K: kBlockN rows | V: kBlockN rows | Q: kStages x kBlockM rows | dO: kStages x kBlockM rows |
 //     dS^T: 2 x (kBlockN rows of kBlockM 16-bit queries) | mbarriers: kv_full, the Q ring, the dO ring ]
@@ -49,8 +49,14 @@ struct BwdWsTraits {
     static constexpr int kKeySteps = kBlockN / kStepElems;          // k-steps over keys (dQ)
     static constexpr int kQTiles = kBlockM / kMmaN;                 // 8-query column tiles of S^T
     static constexpr int kDTiles = kHeadDim / kMmaN;                // 8-wide column tiles of dK, dV
-    static constexpr int kDqCols = kHeadDim / kConsumers;           // dQ columns per consumer (wgmma N)
+    // dQ = dS K per consumer: at hd128 the consumers split the head-dim columns (N = 64 each, one 128 B
+    // panel of the K tile, k = every key of the block); at hd64 half the columns would be N = 32 starting
+    // inside a swizzle atom, so they split the keys instead (N = 64, k = the consumer's own 64 keys) and both
+    // add into the same dq_accum elements.
+    static constexpr bool kDqSplitKeys = kHeadDim / kConsumers * kElemBytes < kTmaPanelBytes;
+    static constexpr int kDqCols = kDqSplitKeys ? kHeadDim : kHeadDim / kConsumers;   // wgmma N of dQ
     static constexpr int kDqTiles = kDqCols / kMmaN;
+    static constexpr int kDqKeySteps = (kDqSplitKeys ? kConsumerKeys : kBlockN) / kStepElems;   // dQ's k-steps
     static constexpr int kPanelElems = kTmaPanelBytes / kElemBytes;   // a TMA box's head-dim extent
 
     typedef gmma::KMajorTile<kBlockM, kRowBytes> QTile;                 // Q and dO: [query][d]
@@ -80,7 +86,7 @@ struct BwdWsTraits {
     static_assert(kConsumers == 2, "two consumer warpgroups of 64 keys (the register budgets assume two)");
     static_assert(kRowBytes % kTmaPanelBytes == 0, "head dims of whole 128 B panels (64, 128)");
     static_assert(kBlockM * kElemBytes == kTmaPanelBytes, "a dS^T row is one 128 B swizzle panel");
-    static_assert(kDqCols == 32 || kDqCols == 64, "dQ column halves of a wgmma N that MmaTT defines");
+    static_assert(kDqCols * kElemBytes == kTmaPanelBytes, "dQ's N: one 128 B panel of the K tile (MmaTT<T, 64>)");
     static_assert(kStages >= 2, "Q and dO of the next visit load under this one");
     static_assert((kProducerRegs + kConsumers * kConsumerRegs) * gmma::kWarpgroupThreads <= kRegisterFile,
                   "register budgets fit the register file");

@@ -161,11 +161,6 @@ __device__ __forceinline__ void fence_accumulators(float (&d)[kTiles][4]) {
 #define FLASHKIT_GMMA_N256_SS_PRED "%130"
 #define FLASHKIT_GMMA_N256_RS "{%128, %129, %130, %131}, %132"
 #define FLASHKIT_GMMA_N256_RS_PRED "%133"
-// N = 32: half the head-dim columns of the backward's dQ = dS K at hd64 (MmaTT only).
-#define FLASHKIT_GMMA_N32_ACC FLASHKIT_GMMA_ACC4(0), FLASHKIT_GMMA_ACC4(1), FLASHKIT_GMMA_ACC4(2), FLASHKIT_GMMA_ACC4(3)
-#define FLASHKIT_GMMA_N32_REGS "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}"
-#define FLASHKIT_GMMA_N32_SS "%16, %17"
-#define FLASHKIT_GMMA_N32_SS_PRED "%18"
 // N = 96 and 192: the P V product of head dims 96 and 192 (MmaBT only).
 #define FLASHKIT_GMMA_N96_ACC FLASHKIT_GMMA_ACC32(0), FLASHKIT_GMMA_ACC4(8), FLASHKIT_GMMA_ACC4(9), FLASHKIT_GMMA_ACC4(10), FLASHKIT_GMMA_ACC4(11)
 #define FLASHKIT_GMMA_N96_REGS "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47}"
@@ -246,7 +241,9 @@ FLASHKIT_GMMA_DEFINE_BT(half_t, 192, "k16.f32.f16.f16")
 // MmaTT<T, kN>::ss: D (+)= A B with both operands from shared memory read MN-major (transpose-a =
 // transpose-b = 1; 16-bit types only): A's rows are k, its M elements contiguous (the backward's dS^T
 // tile [key][query] read as dS), B's rows are k, its N elements contiguous (the K tile read as B of
-// dQ = dS K). The descriptors are KMajorTile::desc_mn_major of the stored tiles.
+// dQ = dS K). The descriptors are KMajorTile::desc_mn_major of the stored tiles. N = 64 only: one whole
+// 128 B swizzle atom along M and N, the canonical MN-major layout (a narrower N would start a descriptor
+// inside an atom).
 template <typename T, int kN>
 struct MmaTT;
 
@@ -262,9 +259,7 @@ struct MmaTT;
         }                                                                                         \
     };
 
-FLASHKIT_GMMA_DEFINE_TT(bfloat16_t, 32, "k16.f32.bf16.bf16")
 FLASHKIT_GMMA_DEFINE_TT(bfloat16_t, 64, "k16.f32.bf16.bf16")
-FLASHKIT_GMMA_DEFINE_TT(half_t, 32, "k16.f32.f16.f16")
 FLASHKIT_GMMA_DEFINE_TT(half_t, 64, "k16.f32.f16.f16")
 
 }  // namespace gmma
