@@ -68,18 +68,18 @@ struct BwdConsumer {
         return *reinterpret_cast<const float2*>(row_vec + ni * kMmaN + col2);
     }
 
-    // One visit: query block m_block of `head`, Q and dO in ring stage `visit`. One copy of the step serves
-    // masked and unmasked visits: the causal test is a select against a limit that no key passes on visits
-    // below the diagonal (a branch between masked and unmasked copies is divergent to ptxas, which then
-    // serializes the wgmma: C7519).
-    __device__ __forceinline__ void visit(const BwdCta<Kt>& cta, int visit, int head, int m_block) {
+    // Visit number `slot` of the CTA: query block m_block of `head`, Q and dO in ring stage slot % kStages,
+    // dS^T in buffer slot % 2. One copy of the step serves masked and unmasked visits: the causal test is a
+    // select against a limit that no key passes on visits below the diagonal (a branch between masked and
+    // unmasked copies is divergent to ptxas, which then serializes the wgmma: C7519).
+    __device__ __forceinline__ void visit(const BwdCta<Kt>& cta, int slot, int head, int m_block) {
         const int m0 = m_block * Kt::kBlockM;
         const index_t ws_row = ws.row0(p, batch, head) + m0;
         const u32 k_tile = cta.smem + Kt::kKOffset;
         const u32 v_tile = cta.smem + Kt::kVOffset;
-        const u32 q_tile = cta.q_tile(visit);
-        const u32 do_tile = cta.do_tile(visit);
-        const u32 ds_tile = cta.ds_tile(visit);
+        const u32 q_tile = cta.q_tile(slot);
+        const u32 do_tile = cta.do_tile(slot);
+        const u32 ds_tile = cta.ds_tile(slot);
         const int k_row0 = consumer * Kt::kConsumerKeys;   // the consumer's rows of the K and V tiles
 
         float2 lse2[Kt::kQTiles];   // read under the products
@@ -88,14 +88,14 @@ struct BwdConsumer {
 
         float s[Kt::kQTiles][4];    // S^T, then P^T: rows warp_row (+ 8), queries 8 ni + col2 (+ 1)
         float dp[Kt::kQTiles][4];   // dP^T
-        cta.q_ring.wait_full(visit);
+        cta.q_ring.wait_full(slot);
         gmma::fence();
 #pragma unroll
         for (int kk = 0; kk < Kt::kDSteps; ++kk)   // S^T = K_c Q^T
             gmma::Mma<Element, Kt::kBlockM>::ss(s, KTile::desc(k_tile, k_row0, kk * gmma::kKBytes),
                                                  QTile::desc(q_tile, 0, kk * gmma::kKBytes), kk > 0);
         gmma::commit();
-        cta.do_ring.wait_full(visit);
+        cta.do_ring.wait_full(slot);
 #pragma unroll
         for (int kk = 0; kk < Kt::kDSteps; ++kk)   // dP^T = V_c dO^T
             gmma::Mma<Element, Kt::kBlockM>::ss(dp, KTile::desc(v_tile, k_row0, kk * gmma::kKBytes),
@@ -172,8 +172,8 @@ struct BwdConsumer {
         gmma::fence_accumulators(acc_dv);
         gmma::fence_accumulators(acc_dk);
         gmma::fence_accumulators(dq);
-        cta.q_ring.release(visit);
-        cta.do_ring.release(visit);
+        cta.q_ring.release(slot);
+        cta.do_ring.release(slot);
         add_dq(dq, head, m_block, ws_row);
     }
 
