@@ -56,7 +56,7 @@ def attention_backward(dout: Any, q: Any, k: Any, v: Any, out: Any, lse: Any, *,
            **stride_fields("dv", dv)}
     config = make_config(spec, problem.dtype, problem.head_dim, causal, cc)
     launch(spec, build_module(spec, config, cc), config, problem,
-           LaunchInputs(qc, kc, vc, oc, lsec, extras={"bwd": bwd}))
+           LaunchInputs(qc, kc, vc, oc, lsec, extras={"bwd": bwd}, map_arrays={"dout": doc}))
     return dq, dk, dv
 
 

@@ -4,8 +4,9 @@ and cuDNN backward, in the same run, by the benchmark convention (batch x seqlen
 
 Each timing: CUDA events around one backward call (SDPA: torch.autograd.grad of a retained graph, so
 only the backward runs), warm-up, median, two input sets alternated.
-    flashkit bench --backward [--seqlen 2048,8192] [--head-dim 64,128] [--deterministic] [--json-out out.json]
-    python3 -m flashkit.bench.backward [--seqlens 2048 8192] [--head-dims 64 128] [--json out.json]
+    flashkit bench --backward [--seqlen 2048,8192] [--head-dim 64,128] [--deterministic] [--variant fa3_bwd]
+                              [--json-out out.json]
+    python3 -m flashkit.bench.backward [--seqlens 2048 8192] [--head-dims 64 128] [--variant fa3_bwd] [--json out.json]
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ def median_ms(fn, warmup=3, iters=10):
     return time_torch(fn, warmup, iters)
 
 
-def bench_one(seqlen, hd, causal, deterministic=False):
+def bench_one(seqlen, hd, causal, deterministic=False, variant=None):
     import torch
     import torch.nn.functional as F
     from torch.nn.attention import SDPBackend, sdpa_kernel
@@ -36,11 +37,12 @@ def bench_one(seqlen, hd, causal, deterministic=False):
                        for _ in range(4))
         out, lse = flashkit.attention(q, k, v, causal=causal, return_lse=True, variant="fa2")
         sets.append((q, k, v, do, torch.from_dlpack(out), torch.from_dlpack(lse)))
-    row = {"seqlen": seqlen, "head_dim": hd, "causal": causal, "batch": batch, "heads": heads}
+    row = {"seqlen": seqlen, "head_dim": hd, "causal": causal, "batch": batch, "heads": heads, "variant": variant}
 
     def fk(i):
         q, k, v, do, out, lse = sets[i % 2]
-        flashkit.attention_backward(do, q, k, v, out, lse, causal=causal, deterministic=deterministic)
+        flashkit.attention_backward(do, q, k, v, out, lse, causal=causal, deterministic=deterministic,
+                                    variant=variant)
     row["flashkit_ms"] = median_ms(fk)
     for name, backend in (("flash", SDPBackend.FLASH_ATTENTION), ("cudnn", SDPBackend.CUDNN_ATTENTION)):
         try:
@@ -76,17 +78,18 @@ def main(argv=None):
     ap.add_argument("--seqlens", type=int, nargs="+", default=[2048, 8192])
     ap.add_argument("--head-dims", type=int, nargs="+", default=[64, 128])
     ap.add_argument("--deterministic", action="store_true")
+    ap.add_argument("--variant", default=None, help="a backward variant (default: what flashkit selects)")
     ap.add_argument("--json")
     args = ap.parse_args(argv)
     import torch
     print(f"# {torch.cuda.get_device_name()}  torch {torch.__version__}  bf16  backward only  "
-          f"deterministic={args.deterministic}")
+          f"deterministic={args.deterministic}  variant={args.variant or 'selected'}")
     rows = []
     fmt = lambda x: f"{x:7.1f}" if x else "    n/a"  # noqa: E731
     for hd in args.head_dims:
         for causal in (False, True):
             for s in args.seqlens:
-                r = bench_one(s, hd, causal, args.deterministic)
+                r = bench_one(s, hd, causal, args.deterministic, args.variant)
                 rows.append(r)
                 print(f"hd{hd:<4} {'causal' if causal else 'full  '} s{s:<6} flashkit {fmt(r['flashkit_tflops'])} "
                       f"flash {fmt(r['flash_tflops'])} cudnn {fmt(r['cudnn_tflops'])} TFLOP/s   "

@@ -34,7 +34,7 @@ def _ints(values: tuple[str, ...]) -> list[int]:
 @click.option("--functors", is_flag=True, help="Drop-in functors against the built-ins and flex_attention "
                                                "(flashkit.bench.functors; first seqlen and head dim given).")
 @click.option("--backward", is_flag=True, help="attention_backward against PyTorch SDPA's flash and cuDNN backward "
-                                               "(flashkit.bench.backward; --seqlen, --head-dim).")
+                                               "(flashkit.bench.backward; --seqlen, --head-dim, --variant).")
 @click.option("--deterministic", is_flag=True, help="With --backward: the deterministic backward.")
 @one_line_errors
 def command(variants, head_dims, seqlens, causal, density, dtype, compare, iters, warmup, as_json, json_out,
@@ -46,6 +46,7 @@ def command(variants, head_dims, seqlens, causal, density, dtype, compare, iters
         argv = (["--seqlens", *map(str, _ints(seqlens))] if seqlens else []) + (
             ["--head-dims", *map(str, _ints(head_dims))] if head_dims else [])
         argv += (["--deterministic"] if deterministic else []) + (["--json", json_out] if json_out else [])
+        argv += ["--variant", variants[0]] if variants else []
         backward_bench.main(argv)
         return
     if functors:

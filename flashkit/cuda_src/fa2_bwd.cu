@@ -13,7 +13,7 @@ workspace: dq_accum
 ---*/
 // FlashAttention-2 backward (Dao, 2023), three stages in launch order:
 //   prepass    grid (ceil(seqlen_q / block_m), heads, batch): dsum = rowsum(dO O), lse2 = LSE log2(e),
-//              dq_accum and the semaphores zeroed (bwd_prepass.cuh)
+//              dq_accum and the semaphores zeroed (bwd_passes.cuh)
 //   main       grid (ceil(seqlen_k / block_n), kv_heads, batch): one CTA per key block holds dK, dV in
 //              registers while it walks the query blocks of its group's heads, recomputing P from the
 //              LSE; dQ through fp32 atomics (bwd_mainloop.cuh)

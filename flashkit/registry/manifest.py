@@ -27,7 +27,7 @@ REQUIRED = ("name", "summary", "entry", "arch", "dtypes", "head_dims", "features
 KNOWN = set(REQUIRED) | {"priority", "overrides", "workspace", "requires", "tensor_maps", "limits"}
 # limits: upper bounds of a request where a variant is the right choice (a decode kernel: short queries).
 LIMIT_KEYS = ("seqlen_q", "packed_rows")   # packed_rows: seqlen_q * heads / kv_heads
-TENSOR_MAP_NAMES = ("q", "k", "v", "o")   # kernel arguments after Params, in this order
+TENSOR_MAP_NAMES = ("q", "k", "v", "o", "dout")   # kernel arguments after Params, in this order (dout: backward)
 
 
 def launch_value_ok(name: str, value) -> bool:

@@ -87,6 +87,7 @@ class LaunchInputs:
     out: Any
     lse: Any = None
     extras: dict[str, int] = field(default_factory=dict)
+    map_arrays: dict[str, Any] = field(default_factory=dict)   # tensor-map arrays beyond q, k, v, o (dout)
 
 
 def launch(spec: KernelSpec, loaded: LoadedKernel, config: BuildConfig, p: Problem, io: LaunchInputs) -> None:
@@ -154,7 +155,7 @@ class PreparedLaunch:
         self.block = block
         self.smem_bytes = smem_bytes
         self.workspace_bytes = workspace_bytes
-        self.maps = maps                      # (tensor index in q, k, v, o; MapGeometry with address 0)
+        self.maps = maps                      # (tensor index in q, k, v, o, or None; MapGeometry)
         self._words = params.block()
         from cupy.cuda.function import CPointer   # a kernel argument passed as the bytes at an address
         self._block_arg = CPointer(self._words.ctypes.data)
@@ -181,15 +182,24 @@ class PreparedLaunch:
         if found is None:
             if len(self._maps_at) >= MAX_MAP_ADDRESSES:
                 self._maps_at.clear()
-            found = self._maps_at[ptrs] = tuple(encode(replace(g, address=ptrs[i])) for i, g in self.maps)
+            found = self._maps_at[ptrs] = tuple(encode(g if i is None else replace(g, address=ptrs[i]))
+                                                for i, g in self.maps)
         return found
 
 
 def tensor_map_layouts(spec: KernelSpec, cfg: dict[str, int], p: Problem, io: LaunchInputs) -> tuple:
     """(tensor index in q, k, v, o; geometry with address 0) of each tensor map, checked on io's arrays:
-    a later call of the same signature (strides, 16-byte alignment) only puts its address in."""
+    a later call of the same signature (strides, 16-byte alignment) only puts its address in. A map of
+    another tensor (the backward's dout, from io.map_arrays) keeps its address: (None, geometry)."""
     out_dtype = dtype_of_storage(io.out.dtype)
     arrays = {"q": (io.q, p.dtype), "k": (io.k, p.dtype), "v": (io.v, p.dtype),
               "o": (io.out, out_dtype.name if out_dtype else p.dtype)}
-    return tuple((MAP_TENSORS.index(t), replace(array_geometry(arrays[t][0], arrays[t][1], rows), address=0))
-                 for t, rows in spec.tensor_map_rows(cfg).items())
+    layouts = []
+    for t, rows in spec.tensor_map_rows(cfg).items():
+        if t in MAP_TENSORS:
+            layouts.append((MAP_TENSORS.index(t), replace(array_geometry(arrays[t][0], arrays[t][1], rows), address=0)))
+        elif t in io.map_arrays:
+            layouts.append((None, array_geometry(io.map_arrays[t], p.dtype, rows)))
+        else:
+            raise ValueError(f"{spec.name}: tensor map {t!r} needs the array in LaunchInputs.map_arrays")
+    return tuple(layouts)

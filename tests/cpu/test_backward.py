@@ -1,5 +1,6 @@
-"""backward.py: attention_backward refuses bad inputs before any compile or launch; the fa2_bwd manifest and
-selection (never a backward kernel for a forward call, nor the reverse); the reference backward."""
+"""backward.py: attention_backward refuses bad inputs before any compile or launch; the fa2_bwd and fa3_bwd
+manifests and selection (never a backward kernel for a forward call, nor the reverse; fa3_bwd on sm_90 only,
+behind fa2_bwd until the GPU tier verifies it); fa3_bwd's launch on a fake H100; the reference backward."""
 
 from __future__ import annotations
 
@@ -73,6 +74,73 @@ def test_fa2_bwd_manifest():
     assert spec.supports("backward") and spec.requires == {"backward": True}
     assert spec.grids == ("q_blocks", "kv_tiles", "q_blocks") and len(spec.entries) == 3
     assert spec.workspace == "dq_accum" and spec.supports("gqa") and spec.supports("causal")
+
+
+def test_fa3_bwd_manifest():
+    specs = discover_kernels(refresh=True).specs
+    spec = specs["fa3_bwd"]
+    assert spec.supports("backward") and spec.requires == {"backward": True}
+    assert spec.arch_min == spec.arch_max == (9, 0) and spec.target((9, 0)) == "sm_90a"
+    assert spec.entries == ("flashkit_fa3_bwd_prepass", "flashkit_fa3_bwd_main", "flashkit_fa3_bwd_convert_dq")
+    assert spec.grids == ("q_blocks", "kv_tiles", "q_blocks") and spec.workspace == "dq_accum"
+    assert spec.supports("gqa") and spec.supports("causal") and tuple(spec.head_dims.values) == (64, 128)
+    launch = spec.launch_config((9, 0), 128, ())
+    assert launch["block_m"] == 64 and launch["block_n"] == 128 and launch["warps"] == 12   # 1 producer + 2 consumers
+    assert spec.tensor_map_rows(launch) == {"q": 64, "k": 128, "v": 128, "dout": 64}
+    # An unverified draft: below fa2_bwd until tests/gpu/test_backward.py -k fa3_bwd passes on a GPU.
+    assert spec.priority < specs["fa2_bwd"].priority
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("head_dim", [64, 128])
+def test_fa3_bwd_fits_backward_calls_on_sm90_only(causal, head_dim):
+    specs = discover_kernels().specs
+    base = dict(dtype="bfloat16", head_dim=head_dim, seqlen_q=1000, seqlen_k=777, heads=8, kv_heads=2,
+                causal=causal, backward=True)
+    on_h100 = select_kernel(Request(cc=(9, 0), **base), specs)
+    assert "fa3_bwd" not in on_h100.rejected   # fits; fa2_bwd outranks it while it is a draft
+    assert on_h100.chosen.name == "fa2_bwd"
+    assert select_kernel(Request(cc=(9, 0), **base), specs, variant="fa3_bwd").chosen.name == "fa3_bwd"
+    for cc in ((8, 0), (8, 9), (10, 0)):   # wgmma and setmaxnreg: sm_90a only
+        sel = select_kernel(Request(cc=cc, **base), specs)
+        assert sel.chosen.name == "fa2_bwd" and "fa3_bwd" in sel.rejected
+        with pytest.raises(UnsupportedError, match="fa3_bwd"):
+            select_kernel(Request(cc=cc, **base), specs, variant="fa3_bwd")
+
+
+def test_fa3_bwd_refuses_forward_calls_and_other_head_dims():
+    specs = discover_kernels().specs
+    base = dict(dtype="bfloat16", seqlen_q=1000, seqlen_k=1000, heads=8, kv_heads=8, cc=(9, 0))
+    assert "fa3_bwd" in select_kernel(Request(head_dim=128, **base), specs).rejected
+    assert any("head_dim=96" in r for r in reasons_of(specs["fa3_bwd"], Request(head_dim=96, backward=True, **base)))
+
+
+def reasons_of(spec, request):
+    from flashkit.registry.select import reasons
+    return reasons(spec, request)
+
+
+def test_fa3_bwd_launches_three_entries_with_the_dout_map(monkeypatch):
+    """On a fake H100 (tests/cpu/runtime/fake_device.py): prepass, main, convert_dq, each with Params and the
+    tensor maps of q, k, v and dout (the fake encoder writes a map's address into its first word)."""
+    pytest.importorskip("cupy")
+    from .runtime.fake_device import Recorder, fake, installed
+    with installed(monkeypatch.setattr):
+        monkeypatch.setattr(backward, "device_info", lambda: FAKE_H100)
+        monkeypatch.setattr(backward, "build_module", lambda spec, config, cc: build.LoadedKernel(
+            [Recorder(e) for e in spec.entries], 1024))
+        b, sq, sk, h, hk, d = 2, 1000, 300, 8, 2, 128
+        q, k, v = fake((b, sq, h, d)), fake((b, sk, hk, d)), fake((b, sk, hk, d))
+        dout, out, lse = fake((b, sq, h, d)), fake((b, sq, h, d)), fake((b, h, sq), np.float32)
+        flashkit.attention_backward(dout, q, k, v, out, lse, causal=True, variant="fa3_bwd")
+        launches = list(Recorder.launches)
+    assert [name for name, *_ in launches] == ["flashkit_fa3_bwd_prepass", "flashkit_fa3_bwd_main",
+                                               "flashkit_fa3_bwd_convert_dq"]
+    assert [grid for _, grid, *_ in launches] == [(16, h, b), (3, hk, b), (16, h, b)]
+    assert all(block == (384, 1, 1) for _, _, block, *_ in launches)
+    for *_, maps in launches:
+        addresses = [int.from_bytes(m[:8], "little") for m in maps]
+        assert addresses == [q.data.ptr, k.data.ptr, v.data.ptr, dout.data.ptr]
 
 
 @pytest.mark.parametrize("causal", [False, True])

@@ -1,7 +1,9 @@
-"""attention_backward (fa2_bwd) against the float64 reference backward, by DESIGN's rule:
+"""attention_backward (fa2_bwd, and fa3_bwd on sm_90) against the float64 reference backward, by DESIGN's rule:
 max|grad - ref| <= 2 max|plain - ref| + atol for each of dq, dk, dv, with plain the same backward in the
 input precision; fresh random inputs; outputs come from NaN-poisoned memory; no NaN or Inf anywhere.
 out and lse come from the fa2 forward, as a training step would have them.
+fa3_bwd (the Hopper draft) runs only where the device is sm_90 (its manifest's arch); select it with
+`-k fa3_bwd`.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import pytest
 pytestmark = pytest.mark.gpu
 
 DTYPES = ["float16", "bfloat16"]
+VARIANTS = ["fa2_bwd", "fa3_bwd"]
 HEAD_DIMS = [64, 128]
 # (batch, seqlen_q, seqlen_k, heads, kv_heads)
 SHAPES = [
@@ -23,14 +26,24 @@ SHAPES = [
 
 def _cases():
     out = []
-    for i, shape in enumerate(SHAPES):
-        for hd in HEAD_DIMS:
-            for causal in (False, True):
-                dtype = DTYPES[(i + hd // 64 + causal) % 2]   # both dtypes over the matrix, half the runs
-                out.append(pytest.param(shape, hd, causal, dtype,
-                                        id=f"b{shape[0]}-sq{shape[1]}-sk{shape[2]}-h{shape[3]}:{shape[4]}-hd{hd}"
-                                           f"-{'causal' if causal else 'full'}-{dtype}"))
+    for variant in VARIANTS:
+        for i, shape in enumerate(SHAPES):
+            for hd in HEAD_DIMS:
+                for causal in (False, True):
+                    dtype = DTYPES[(i + hd // 64 + causal) % 2]   # both dtypes over the matrix, half the runs
+                    out.append(pytest.param(variant, shape, hd, causal, dtype,
+                                            id=f"{variant}-b{shape[0]}-sq{shape[1]}-sk{shape[2]}-h{shape[3]}:"
+                                               f"{shape[4]}-hd{hd}-{'causal' if causal else 'full'}-{dtype}"))
     return out
+
+
+def require(variant):
+    """Skip a variant this device's architecture does not run (fa3_bwd: sm_90 only)."""
+    from flashkit.registry import discover_kernels
+    from flashkit.runtime.device import device_info
+    cc = device_info().cc
+    if not discover_kernels().specs[variant].runs_on(cc):
+        pytest.skip(f"{variant} does not run on compute capability {cc[0]}.{cc[1]}")
 
 
 def _inputs(shape, hd, dtype, seed):
@@ -43,48 +56,75 @@ def _inputs(shape, hd, dtype, seed):
     return mk((b, sq, h, hd)), mk((b, sk, hk, hd)), mk((b, sk, hk, hd)), mk((b, sq, h, hd))
 
 
-def run_backward(shape, hd, causal, dtype, seed, deterministic=False):
+def run_backward(shape, hd, causal, dtype, seed, deterministic=False, variant="fa2_bwd"):
     import cupy as cp
     import flashkit
     from flashkit.verify.backward import poison_pool
     q, k, v, dout = _inputs(shape, hd, dtype, seed)
     out, lse = flashkit.attention(q, k, v, causal=causal, return_lse=True, variant="fa2")
     poison_pool((q, k, v))
-    grads = flashkit.attention_backward(dout, q, k, v, out, lse, causal=causal, deterministic=deterministic)
+    grads = flashkit.attention_backward(dout, q, k, v, out, lse, causal=causal, deterministic=deterministic,
+                                        variant=variant)
     cp.cuda.Device().synchronize()
     return (q, k, v, dout), grads
 
 
-def judge(inputs, grads, hd, causal, dtype):
+def judge(inputs, grads, hd, causal, dtype, variant="fa2_bwd"):
     from flashkit.verify.backward import judge_gradients
-    result = judge_gradients("fa2_bwd", "", inputs, grads, hd, causal, dtype)
+    result = judge_gradients(variant, "", inputs, grads, hd, causal, dtype)
     return result.passed, result.note
 
 
-@pytest.mark.parametrize("shape,hd,causal,dtype", _cases())
-def test_backward_matches_reference(shape, hd, causal, dtype):
+@pytest.mark.parametrize("variant,shape,hd,causal,dtype", _cases())
+def test_backward_matches_reference(variant, shape, hd, causal, dtype):
+    require(variant)
     seed = zlib.crc32(f"{shape}{hd}{causal}{dtype}".encode())
-    inputs, grads = run_backward(shape, hd, causal, dtype, seed)
-    ok, report = judge(inputs, grads, hd, causal, dtype)
+    inputs, grads = run_backward(shape, hd, causal, dtype, seed, variant=variant)
+    ok, report = judge(inputs, grads, hd, causal, dtype, variant)
     assert ok, report
 
 
+# fa3_bwd's own risks: visits past the 2-stage rings' first rounds (many heads a group, many query blocks), the
+# hd64 dQ key split (both consumers add), the ragged key block's second consumer (keys 64.. all past seqlen_k),
+# a query block crossing the diagonal for one consumer only.
+FA3_SHAPES = [(1, 4097, 4097, 4, 1), (2, 300, 70, 8, 8), (1, 64, 192, 2, 1), (3, 777, 1500, 4, 1)]
+
+
+@pytest.mark.parametrize("shape", FA3_SHAPES, ids=lambda s: "b{}-sq{}-sk{}-h{}:{}".format(*s))
+@pytest.mark.parametrize("hd", HEAD_DIMS)
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_fa3_bwd_pipeline_shapes(shape, hd, causal):
+    require("fa3_bwd")
+    dtype = DTYPES[(hd // 64 + causal) % 2]
+    inputs, grads = run_backward(shape, hd, causal, dtype, zlib.crc32(f"fa3{shape}{hd}{causal}".encode()),
+                                 variant="fa3_bwd")
+    ok, report = judge(inputs, grads, hd, causal, dtype, "fa3_bwd")
+    assert ok, report
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.parametrize("hd", HEAD_DIMS)
 @pytest.mark.parametrize("causal", [False, True])
-def test_deterministic_is_bit_identical(causal):
+def test_deterministic_is_bit_identical(variant, hd, causal):
     import cupy as cp
-    shape, hd, dtype = (2, 1000, 1000, 8, 2), 128, "bfloat16"
-    inputs, first = run_backward(shape, hd, causal, dtype, 7, deterministic=True)
-    ok, report = judge(inputs, first, hd, causal, dtype)
+    require(variant)
+    if variant == "fa2_bwd" and hd != 128:
+        pytest.skip("fa2_bwd: one head dim is enough (its dQ order does not depend on it)")
+    shape, dtype = (2, 1000, 1000, 8, 2), "bfloat16"
+    inputs, first = run_backward(shape, hd, causal, dtype, 7, deterministic=True, variant=variant)
+    ok, report = judge(inputs, first, hd, causal, dtype, variant)
     assert ok, report
     for _ in range(3):
-        _, again = run_backward(shape, hd, causal, dtype, 7, deterministic=True)
+        _, again = run_backward(shape, hd, causal, dtype, 7, deterministic=True, variant=variant)
         for name, a, b in zip(("dq", "dk", "dv"), first, again):
             assert bool((a.view(cp.uint16) == b.view(cp.uint16)).all()), f"{name} differs between runs"
 
 
-def test_strided_views_and_torch_tensors():
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_strided_views_and_torch_tensors(variant):
     """dout and out as strided views (heads sliced out of a wider tensor); torch tensors through DLPack."""
     torch = pytest.importorskip("torch")
+    require(variant)
     import cupy as cp
     import flashkit
     g = torch.Generator(device="cuda").manual_seed(3)
@@ -94,7 +134,7 @@ def test_strided_views_and_torch_tensors():
     v = torch.randn(2, 200, 2, 64, device="cuda", generator=g, dtype=torch.bfloat16)
     dout = torch.randn(2, 300, 8, 64, device="cuda", generator=g, dtype=torch.bfloat16)[:, :, 4:]
     out, lse = flashkit.attention(q, k, v, causal=True, return_lse=True, variant="fa2")
-    grads = flashkit.attention_backward(dout, q, k, v, out, lse, causal=True)
+    grads = flashkit.attention_backward(dout, q, k, v, out, lse, causal=True, variant=variant)
     inputs = tuple(cp.from_dlpack(x) for x in (q, k, v, dout))
-    ok, report = judge(inputs, grads, 64, True, "bfloat16")
+    ok, report = judge(inputs, grads, 64, True, "bfloat16", variant)
     assert ok, report

@@ -238,5 +238,29 @@ FLASHKIT_GMMA_DEFINE_BT(bfloat16_t, 192, "k16.f32.bf16.bf16")
 FLASHKIT_GMMA_DEFINE_BT(half_t, 96, "k16.f32.f16.f16")
 FLASHKIT_GMMA_DEFINE_BT(half_t, 192, "k16.f32.f16.f16")
 
+// MmaTT<T, kN>::ss: D (+)= A B with both operands from shared memory read MN-major (transpose-a =
+// transpose-b = 1; 16-bit types only): A's rows are k, its M elements contiguous (the backward's dS^T
+// tile [key][query] read as dS), B's rows are k, its N elements contiguous (the K tile read as B of
+// dQ = dS K). The descriptors are KMajorTile::desc_mn_major of the stored tiles. N = 64 only: one whole
+// 128 B swizzle atom along M and N, the canonical MN-major layout (a narrower N would start a descriptor
+// inside an atom).
+template <typename T, int kN>
+struct MmaTT;
+
+#define FLASHKIT_GMMA_DEFINE_TT(T, N, SHAPE_TYPES)                                                    \
+    template <>                                                                                   \
+    struct MmaTT<T, N> {                                                                          \
+        __device__ __forceinline__ static void ss(float (&d)[N / 8][4], u64 a, u64 b, int accumulate) { \
+            asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, " FLASHKIT_GMMA_N##N##_SS_PRED ", 0;\n"     \
+                         "wgmma.mma_async.sync.aligned.m64n" #N SHAPE_TYPES " " FLASHKIT_GMMA_N##N##_REGS   \
+                         ", " FLASHKIT_GMMA_N##N##_SS ", p, 1, 1, 1, 1;\n}\n"                         \
+                         : FLASHKIT_GMMA_N##N##_ACC                                                 \
+                         : "l"(a), "l"(b), "r"(accumulate));                                        \
+        }                                                                                         \
+    };
+
+FLASHKIT_GMMA_DEFINE_TT(bfloat16_t, 64, "k16.f32.bf16.bf16")
+FLASHKIT_GMMA_DEFINE_TT(half_t, 64, "k16.f32.f16.f16")
+
 }  // namespace gmma
 }  // namespace flashkit

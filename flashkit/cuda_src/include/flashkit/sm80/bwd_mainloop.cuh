@@ -20,9 +20,10 @@
 // `batch` (the sequence) indexes the workspace.
 #pragma once
 
-#include "flashkit/sm80/bwd_prepass.cuh"
+#include "flashkit/sm80/bwd_traits.cuh"
 #include "flashkit/fragment.cuh"
 #include "flashkit/sm80/mma.cuh"
+#include "flashkit/tile.cuh"
 
 namespace flashkit {
 
@@ -51,18 +52,6 @@ template <int kCols>
 __device__ __forceinline__ LdsmLane<kCols> ldsm_rows8x2(int lane) {
     return LdsmLane<kCols>((lane / 16) * 8 + lane % 8, (lane / 8) % 2, lane);
 }
-
-// Causal, bottom-right aligned: key j is visible to query i iff j <= i + seqlen_k - seqlen_q.
-template <bool kCausal>
-struct BwdCausal {
-    // First query block that sees any key of the block starting at key n0 (m_blocks: none does).
-    __device__ __forceinline__ static int first_m_block(const Params& p, int n0, int block_m) {
-        if (!kCausal) return 0;
-        const int q_lo = n0 - (p.seqlen_k - p.seqlen_q);   // smallest query that sees key n0
-        if (q_lo >= p.seqlen_q) return (p.seqlen_q + block_m - 1) / block_m;
-        return q_lo > 0 ? q_lo / block_m : 0;
-    }
-};
 
 template <class Kt, bool kCausal>
 struct BwdMainloop {

@@ -11,6 +11,7 @@
 // Q, dO, lse2 and dsum are double-buffered: query block i + 1 streams in under block i.
 #pragma once
 
+#include "flashkit/bwd_passes.cuh"
 #include "flashkit/traits.cuh"
 
 namespace flashkit {
@@ -58,39 +59,6 @@ struct BwdTraits {
     static_assert(kHeadDim % 64 == 0, "head dim: multiple of 64 (swizzle spans 8 chunks of a row)");
     static_assert(kWarps % kDqWarpsM == 0 && kDTiles % (2 * kDqWarpsD) == 0, "dQ tile splits evenly");
     static_assert(kBlockM * 4 / kChunkBytes <= kWarpSize, "one warp loads lse2 and dsum");
-};
-
-// The workspace (manifest kind dq_accum), all fp32 over seqlen_q padded to whole query blocks:
-//   dq_accum (batch, heads, seqlen_pad, D) | lse2 (batch, heads, seqlen_pad) | dsum (same) |
-//   semaphores (batch, heads, m_blocks) int32
-// lse2 = LSE * log2(e), +inf where a row sees no key or lies past seqlen_q (so that P = 0 there);
-// dsum = rowsum(dO * O). The pre-pass writes lse2 and dsum and zeroes dq_accum and the semaphores.
-// Varlen (FLASHKIT_VARLEN): batch = the packed sequences, seqlen_q = max_seqlen_q: sequence b's rows use
-// slot b (its first ceil(len_q / kBlockM) blocks); build it from the call's parameter block, never from a
-// sequence's view (varlen.cuh), whose seqlen_q is the sequence's own.
-template <int kBlockM>
-struct BwdWorkspace {
-    float* dq_accum;
-    float* lse2;
-    float* dsum;
-    int* sema;
-    int m_blocks, seqlen_pad;
-    __device__ __forceinline__ BwdWorkspace(const Params& p) {
-        m_blocks = (p.seqlen_q + kBlockM - 1) / kBlockM;
-        seqlen_pad = m_blocks * kBlockM;
-        const index_t rows = static_cast<index_t>(p.batch) * p.heads * seqlen_pad;
-        dq_accum = static_cast<float*>(p.workspace);
-        lse2 = dq_accum + rows * p.head_dim;
-        dsum = lse2 + rows;
-        sema = reinterpret_cast<int*>(dsum + rows);
-    }
-    // First padded row of (batch, head).
-    __device__ __forceinline__ index_t row0(const Params& p, int batch, int head) const {
-        return (static_cast<index_t>(batch) * p.heads + head) * seqlen_pad;
-    }
-    __device__ __forceinline__ int* semaphore(const Params& p, int batch, int head, int m_block) const {
-        return sema + (static_cast<index_t>(batch) * p.heads + head) * m_blocks + m_block;
-    }
 };
 
 #if defined(FLASHKIT_HEAD_DIM) && defined(FLASHKIT_BLOCK_M) && defined(FLASHKIT_BLOCK_N) && \

@@ -1,17 +1,80 @@
-// The backward's two light passes around the main kernel, one CTA per (query block, head, batch):
+// What every backward kernel family shares (fa2_bwd's mma.sync main loop in sm80/, fa3_bwd's wgmma one in
+// hopper/): the dq_accum workspace, the causal geometry of a key block, and the two light passes around the
+// main kernel, one CTA per (query block, head, batch):
 //   bwd_prepass:    dsum_i = rowsum(dO_i * O_i) (fp32), lse2_i = LSE_i * log2(e) (+inf where the row
 //                   sees no key or lies past seqlen_q), dq_accum rows and the block's semaphore zeroed
 //   bwd_convert_dq: dQ = dq_accum (already scaled by softmax_scale) in the input dtype
 // With FLASHKIT_VARLEN each CTA sees its packed sequence (varlen.cuh): q, o, dO, dQ and the LSE rows are
 // offset by the sequence's origin; the workspace keeps one padded slot per (sequence, head), sized by
 // max_seqlen_q (BwdWorkspace over the call's parameter block, not the sequence's view).
+// The passes read of their traits Kt only Element, kHeadDim, kBlockM, kWarps and kThreads (BwdPassTraits).
 #pragma once
 
-#include "flashkit/sm80/bwd_traits.cuh"
-#include "flashkit/tile.cuh"
+#include "flashkit/params.cuh"
+#include "flashkit/traits.cuh"
 #include "flashkit/varlen.cuh"
 
 namespace flashkit {
+
+// The geometry the passes need, for a main kernel whose own traits carry more (or other) constraints.
+template <typename Element_, int kHeadDim_, int kBlockM_, int kWarps_>
+struct BwdPassTraits {
+    typedef Element_ Element;
+    static constexpr int kHeadDim = kHeadDim_;
+    static constexpr int kBlockM = kBlockM_;
+    static constexpr int kWarps = kWarps_;
+    static constexpr int kThreads = kWarps * kWarpSize;
+};
+
+// The workspace (manifest kind dq_accum), all fp32 over seqlen_q padded to whole query blocks:
+//   dq_accum (batch, heads, seqlen_pad, D) | lse2 (batch, heads, seqlen_pad) | dsum (same) |
+//   semaphores (batch, heads, m_blocks) int32
+// lse2 = LSE * log2(e), +inf where a row sees no key or lies past seqlen_q (so that P = 0 there);
+// dsum = rowsum(dO * O). The pre-pass writes lse2 and dsum and zeroes dq_accum and the semaphores.
+// Varlen (FLASHKIT_VARLEN): batch = the packed sequences, seqlen_q = max_seqlen_q: sequence b's rows use
+// slot b (its first ceil(len_q / kBlockM) blocks); build it from the call's parameter block, never from a
+// sequence's view (varlen.cuh), whose seqlen_q is the sequence's own.
+template <int kBlockM>
+struct BwdWorkspace {
+    float* dq_accum;
+    float* lse2;
+    float* dsum;
+    int* sema;
+    int m_blocks, seqlen_pad;
+    __device__ __forceinline__ BwdWorkspace(const Params& p) {
+        m_blocks = (p.seqlen_q + kBlockM - 1) / kBlockM;
+        seqlen_pad = m_blocks * kBlockM;
+        const index_t rows = static_cast<index_t>(p.batch) * p.heads * seqlen_pad;
+        dq_accum = static_cast<float*>(p.workspace);
+        lse2 = dq_accum + rows * p.head_dim;
+        dsum = lse2 + rows;
+        sema = reinterpret_cast<int*>(dsum + rows);
+    }
+    // First padded row of (batch, head).
+    __device__ __forceinline__ index_t row0(const Params& p, int batch, int head) const {
+        return (static_cast<index_t>(batch) * p.heads + head) * seqlen_pad;
+    }
+    __device__ __forceinline__ int* semaphore(const Params& p, int batch, int head, int m_block) const {
+        return sema + (static_cast<index_t>(batch) * p.heads + head) * m_blocks + m_block;
+    }
+};
+
+// Causal, bottom-right aligned: key j is visible to query i iff j <= i + seqlen_k - seqlen_q.
+template <bool kCausal>
+struct BwdCausal {
+    // First query block that sees any key of the block starting at key n0 (m_blocks: none does).
+    __device__ __forceinline__ static int first_m_block(const Params& p, int n0, int block_m) {
+        if (!kCausal) return 0;
+        const int q_lo = n0 - (p.seqlen_k - p.seqlen_q);   // smallest query that sees key n0
+        if (q_lo >= p.seqlen_q) return (p.seqlen_q + block_m - 1) / block_m;
+        return q_lo > 0 ? q_lo / block_m : 0;
+    }
+    // Whether tile (query block at m0, key block at n0) crosses the diagonal.
+    __device__ __forceinline__ static bool crosses(const Params& p, int m0, int n0, int block_n) {
+        return kCausal && n0 + block_n - 1 > m0 + p.seqlen_k - p.seqlen_q;
+    }
+};
+
 
 // +inf as a float bit pattern: exp2(s - (+inf)) = 0 for every finite or -inf s.
 #define FLASHKIT_POS_INF (__int_as_float(0x7f800000))

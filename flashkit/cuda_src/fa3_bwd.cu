@@ -1,0 +1,58 @@
+/*---
+name: fa3_bwd
+summary: FlashAttention-3 backward on Hopper (sm_90a) - TMA producer, two consumer warpgroups on wgmma, dQ by fp32 atomics
+entry: [flashkit_fa3_bwd_prepass, flashkit_fa3_bwd_main, flashkit_fa3_bwd_convert_dq]
+arch: {min: "9.0", max: "9.0", targets: {"9.0": sm_90a}}
+dtypes: [float16, bfloat16]
+head_dims: [64, 128]
+features: {causal: true, block_sparse: false, fp8: false, backward: true, lse: false, gqa: true}
+requires: {backward: true}
+# DRAFT, not yet run on a GPU: priority below fa2_bwd's 50, so fa2_bwd stays the default backward and
+# this variant runs only when asked for (variant="fa3_bwd"). Raise it above 50 once the GPU tier
+# (tests/gpu/test_backward.py -k fa3_bwd, flashkit verify --backward --variant fa3_bwd) has verified it.
+priority: 40
+launch: {grid: [q_blocks, kv_tiles, q_blocks], block_m: 64, block_n: 128, warps: 12, stages: 2}   # 1 producer + 2 consumers
+tensor_maps: {q: block_m, k: block_n, v: block_n, dout: block_m}   # box rows
+workspace: dq_accum
+---*/
+// FlashAttention-3's backward (Shah et al., 2024, section 3 and appendix) on the warp-specialized Hopper
+// core, three stages in launch order, one Params block and the same tensor maps for each:
+//   prepass    grid (ceil(seqlen_q / block_m), heads, batch): dsum = rowsum(dO O), lse2 = LSE log2(e),
+//              dq_accum and the semaphores zeroed (bwd_passes.cuh, shared with fa2_bwd)
+//   main       grid (ceil(seqlen_k / block_n), kv_heads, batch): one CTA per key block; a producer thread
+//              streams Q and dO by TMA, two consumer warpgroups of 64 keys each keep dK, dV in registers
+//              over every query head of the group and every visible query block, dQ by fp32 atomics
+//              (hopper/ws_backward.cuh)
+//   convert_dq grid (ceil(seqlen_q / block_m), heads, batch): dQ = dq_accum in the input dtype
+// Causal (FLASHKIT_CAUSAL) skips the query blocks above the diagonal and masks the tiles crossing it.
+#include "flashkit/bwd_passes.cuh"
+#include "flashkit/hopper/ws_backward.cuh"
+
+typedef flashkit::hopper::BwdWsTraits<flashkit::Element, FLASHKIT_HEAD_DIM, FLASHKIT_BLOCK_M, FLASHKIT_BLOCK_N,
+                                      FLASHKIT_STAGES>
+    Traits;
+// The passes run on the main kernel's block of threads (the runtime launches every entry with one block).
+typedef flashkit::BwdPassTraits<flashkit::Element, FLASHKIT_HEAD_DIM, FLASHKIT_BLOCK_M, FLASHKIT_WARPS> PassTraits;
+static_assert(FLASHKIT_WARPS * flashkit::kWarpSize == Traits::kThreads, "warps: a producer and two consumers");
+
+FLASHKIT_EXPORT_SMEM_BYTES(Traits::kSmemBytes);
+
+// Every entry takes the maps (the runtime passes the same arguments to each); only main reads them.
+#define FLASHKIT_FA3_BWD_ARGS                                                                                 \
+    const flashkit::Params params, const __grid_constant__ flashkit::hopper::TensorMap q_map,                 \
+        const __grid_constant__ flashkit::hopper::TensorMap k_map,                                            \
+        const __grid_constant__ flashkit::hopper::TensorMap v_map,                                            \
+        const __grid_constant__ flashkit::hopper::TensorMap do_map
+
+extern "C" __global__ void __launch_bounds__(Traits::kThreads) flashkit_fa3_bwd_prepass(FLASHKIT_FA3_BWD_ARGS) {
+    flashkit::bwd_prepass<PassTraits>(params, blockIdx.x, blockIdx.y, blockIdx.z);
+}
+
+extern "C" __global__ void __launch_bounds__(Traits::kThreads, 1) flashkit_fa3_bwd_main(FLASHKIT_FA3_BWD_ARGS) {
+    flashkit::hopper::ws_backward<Traits, FLASHKIT_CAUSAL != 0>(params, {q_map, k_map, v_map, do_map}, blockIdx.x,
+                                                                 blockIdx.y, blockIdx.z);
+}
+
+extern "C" __global__ void __launch_bounds__(Traits::kThreads) flashkit_fa3_bwd_convert_dq(FLASHKIT_FA3_BWD_ARGS) {
+    flashkit::bwd_convert_dq<PassTraits>(params, blockIdx.x, blockIdx.y, blockIdx.z);
+}

@@ -1,0 +1,256 @@
+// One consumer warpgroup of the warp-specialized Hopper backward (FlashAttention-3's backward, with
+// FlashAttention-2's algorithm 2): it owns kConsumerKeys = 64 keys of the CTA's key block (rows key0 ..)
+// and keeps their dK, dV in fp32 registers over every visit. Per visit (query block of 64 queries, Q and
+// dO in ring stage i), with lse2 = LSE log2(e) and dsum = rowsum(dO O) from the pre-pass (bwd_passes.cuh):
+//   S^T  = K_c Q^T                          wgmma m64n64k16 ss, K rows key0.. and Q both K-major
+//   dP^T = V_c dO^T                         the same, V and dO
+//   P^T  = exp2(S^T scale log2(e) - lse2)   columns are queries; 0 where key > query + seqlen_k - seqlen_q
+//                                           (causal, bottom-right aligned) on the tiles crossing it
+//   dV  += P^T dO                           rs: P^T as 16-bit A fragments, dO read MN-major (as the
+//                                           forward reads V: desc_mn_major)
+//   dS^T = P^T (dP^T - dsum)                (P^T rounded to 16 bits once, reused here as fa2_bwd does)
+//   dK  += dS^T Q                           rs, Q read MN-major
+//   dS^T -> the shared dS^T tile [key][query] (buffer i % 2); named barrier over both consumers
+//   dQ[:, cols_c] = dS K[:, cols_c]         ss, both operands MN-major (MmaTT): A = dS^T tile read
+//                                           transposed, B = the K tile; consumer c takes head-dim
+//                                           columns [64 c, 64 c + 64) (hd128), or at hd64 every column
+//                                           over its own 64 keys, dQ_c = dS[:, keys_c] K[keys_c, :]
+//   dq_accum += scale dQ                    fp32 atomics (red.global.add.f32), in key-block order when
+//                                           p.bwd.deterministic (the semaphores of bwd_passes.cuh)
+// At the end: dK *= scale; dK, dV stored (16-bit) for the consumer's keys < seqlen_k.
+// Ordering of the dS^T buffers: a consumer writes buffer i % 2 in visit i after visit i - 1's barrier,
+// which the other consumer passed only after its visit i - 2 products (the last reads of that buffer)
+// completed (wgmma wait 0 precedes its next barrier arrival).
+#pragma once
+
+#include "flashkit/fragment.cuh"
+#include "flashkit/hopper/bwd_cta.cuh"
+
+namespace flashkit {
+namespace hopper {
+
+template <class Kt, bool kCausal>
+struct BwdConsumer {
+    typedef typename Kt::Element Element;
+    typedef typename Kt::QTile QTile;
+    typedef typename Kt::KTile KTile;
+    typedef typename Kt::DsTile DsTile;
+    static constexpr int kD = Kt::kHeadDim;
+    static constexpr int kNoMaskShift = 1 << 30;   // a causal shift that masks no key
+
+    const Params& p;
+    const BwdWorkspace<Kt::kBlockM> ws;
+    int batch, kv_head, n_block;
+    int consumer;   // 0 .. kConsumers - 1
+    int key0;       // first key (within the sequence) of this consumer's rows
+    int tid;        // thread within the warpgroup
+    int warp_row;   // 16 warp + g: this thread's first row (key) within the consumer's 64, the other + 8
+    int col2;       // 2 t: this thread's first column within an 8-wide column tile
+
+    float acc_dk[Kt::kDTiles][4];   // dK of the consumer's keys, wgmma accumulator layout
+    float acc_dv[Kt::kDTiles][4];
+
+    __device__ __forceinline__ BwdConsumer(const Params& p_, int consumer_, int n_block_, int kv_head_, int batch_)
+        : p(p_), ws(p_), batch(batch_), kv_head(kv_head_), n_block(n_block_), consumer(consumer_) {
+        key0 = n_block * Kt::kBlockN + consumer * Kt::kConsumerKeys;
+        tid = threadIdx.x % gmma::kWarpgroupThreads;
+        const int lane = tid % kWarpSize;
+        warp_row = tid / kWarpSize * kMmaM + lane / kQuadLanes;
+        col2 = kFragCols * (lane % kQuadLanes);
+#pragma unroll
+        for (int nd = 0; nd < Kt::kDTiles; ++nd)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) acc_dk[nd][e] = acc_dv[nd][e] = 0.f;
+    }
+
+    // This thread's two values of a per-query row vector (lse2, dsum) in column tile ni, from global memory.
+    __device__ __forceinline__ float2 query_pair(const float* row_vec, int ni) const {
+        return *reinterpret_cast<const float2*>(row_vec + ni * kMmaN + col2);
+    }
+
+    // Visit number `slot` of the CTA: query block m_block of `head`, Q and dO in ring stage slot % kStages,
+    // dS^T in buffer slot % 2. One copy of the step serves masked and unmasked visits: the causal test is a
+    // select against a limit that no key passes on visits below the diagonal (a branch between masked and
+    // unmasked copies is divergent to ptxas, which then serializes the wgmma: C7519).
+    __device__ __forceinline__ void visit(const BwdCta<Kt>& cta, int slot, int head, int m_block) {
+        const int m0 = m_block * Kt::kBlockM;
+        const index_t ws_row = ws.row0(p, batch, head) + m0;
+        const u32 k_tile = cta.smem + Kt::kKOffset;
+        const u32 v_tile = cta.smem + Kt::kVOffset;
+        const u32 q_tile = cta.q_tile(slot);
+        const u32 do_tile = cta.do_tile(slot);
+        const u32 ds_tile = cta.ds_tile(slot);
+        const int k_row0 = consumer * Kt::kConsumerKeys;   // the consumer's rows of the K and V tiles
+
+        float2 lse2[Kt::kQTiles];   // read under the products
+#pragma unroll
+        for (int ni = 0; ni < Kt::kQTiles; ++ni) lse2[ni] = query_pair(ws.lse2 + ws_row, ni);
+
+        float s[Kt::kQTiles][4];    // S^T, then P^T: rows warp_row (+ 8), queries 8 ni + col2 (+ 1)
+        float dp[Kt::kQTiles][4];   // dP^T
+        cta.q_ring.wait_full(slot);
+        gmma::fence();
+#pragma unroll
+        for (int kk = 0; kk < Kt::kDSteps; ++kk)   // S^T = K_c Q^T
+            gmma::Mma<Element, Kt::kBlockM>::ss(s, KTile::desc(k_tile, k_row0, kk * gmma::kKBytes),
+                                                 QTile::desc(q_tile, 0, kk * gmma::kKBytes), kk > 0);
+        gmma::commit();
+        cta.do_ring.wait_full(slot);
+#pragma unroll
+        for (int kk = 0; kk < Kt::kDSteps; ++kk)   // dP^T = V_c dO^T
+            gmma::Mma<Element, Kt::kBlockM>::ss(dp, KTile::desc(v_tile, k_row0, kk * gmma::kKBytes),
+                                                 QTile::desc(do_tile, 0, kk * gmma::kKBytes), kk > 0);
+        gmma::commit();
+
+        gmma::wait<1>();   // S^T landed; dP^T still running
+        gmma::fence_accumulators(s);
+        // key > query + shift -> P = 0 (causal, bottom-right aligned), shift past every key where the visit
+        // does not cross the diagonal; as one register: key - query - shift = over + 8 h - (8 ni + e % 2).
+        const int shift = BwdCausal<kCausal>::crosses(p, m0, key0, Kt::kConsumerKeys) ? p.seqlen_k - p.seqlen_q
+                                                                                      : kNoMaskShift;
+        const int over = key0 + warp_row - (m0 + col2) - shift;
+#pragma unroll
+        for (int ni = 0; ni < Kt::kQTiles; ++ni)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {   // P^T = exp2(S^T c - lse2), 0 above the causal diagonal
+                const float x = fast_exp2(fmaf(s[ni][e], p.softmax_scale_log2, -(e % 2 ? lse2[ni].y : lse2[ni].x)));
+                if constexpr (kCausal) s[ni][e] = over + (e / 2) * kFragRowHalf - (ni * kMmaN + e % 2) > 0 ? 0.f : x;
+                else s[ni][e] = x;
+            }
+        u32 pt[Kt::kQSteps][4];   // P^T as 16-bit A fragments: pt[kk][2 j + h] = rows + 8 h, column tile 2 kk + j
+#pragma unroll
+        for (int kk = 0; kk < Kt::kQSteps; ++kk) pack_a_fragment<Element>(pt[kk], s, kk);
+        gmma::fence();
+#pragma unroll
+        for (int kk = 0; kk < Kt::kQSteps; ++kk)   // dV += P^T dO (queries 16 kk.. are k, dO read MN-major)
+            gmma::MmaBT<Element, kD>::rs(acc_dv, pt[kk], QTile::desc_mn_major(do_tile, kk * Kt::kStepElems), 1);
+        gmma::commit();
+
+        gmma::wait<1>();   // dP^T landed; dV still running
+        gmma::fence_accumulators(dp);
+        const float* dsum = ws.dsum + ws_row;
+        u32 ds[Kt::kQSteps][4];   // dS^T, the A fragments of dK += dS^T Q (pt's layout)
+#pragma unroll
+        for (int kk = 0; kk < Kt::kQSteps; ++kk)
+#pragma unroll
+            for (int j = 0; j < 2; ++j) {
+                const int ni = 2 * kk + j;
+                const float2 d = query_pair(dsum, ni);
+#pragma unroll
+                for (int h = 0; h < 2; ++h) {   // dS^T = P^T (dP^T - dsum), to the shared dS^T tile
+                    float p0, p1;
+                    unpack_float2<Element>(pt[kk][2 * j + h], p0, p1);
+                    ds[kk][2 * j + h] = pack_float2<Element>(p0 * (dp[ni][2 * h] - d.x), p1 * (dp[ni][2 * h + 1] - d.y));
+                    const int row = k_row0 + warp_row + h * kFragRowHalf;
+                    asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(ds_tile + DsTile::chunk_offset(row, ni) +
+                                                                 col2 * Kt::kElemBytes),
+                                 "r"(ds[kk][2 * j + h])
+                                 : "memory");
+                }
+            }
+        gmma::fence();
+#pragma unroll
+        for (int kk = 0; kk < Kt::kQSteps; ++kk)   // dK += dS^T Q (Q read MN-major)
+            gmma::MmaBT<Element, kD>::rs(acc_dk, ds[kk], QTile::desc_mn_major(q_tile, kk * Kt::kStepElems), 1);
+        gmma::commit();
+
+        gmma::fence_proxy_async();   // the dS^T stores (generic proxy), before wgmma (async proxy) reads them
+        named_sync(kBwdDsReadyBarrier, Kt::kConsumerThreads);   // dS^T of every consumer in the tile
+        float dq[Kt::kDqTiles][4];   // dQ: rows 16 warp + g (+ 8), columns dq_col0 + 8 i + 2 t
+        // k-steps over the keys this consumer's dQ sums: all of the block's (columns split) or its own (keys split)
+        const int dq_key0 = Kt::kDqSplitKeys ? k_row0 : 0;
+        const u32 k_cols = k_tile + dq_column_offset();
+        gmma::fence();
+#pragma unroll
+        for (int kk = 0; kk < Kt::kDqKeySteps; ++kk) {   // dQ = dS K (keys are k; both read MN-major)
+            const int key = dq_key0 + kk * Kt::kStepElems;
+            gmma::MmaTT<Element, Kt::kDqCols>::ss(dq, DsTile::desc_mn_major(ds_tile, key),
+                                                   KTile::desc_mn_major(k_cols, key), kk > 0);
+        }
+        gmma::commit();
+        gmma::wait<0>();   // dV, dK, dQ done: Q_i and dO_i are free, the dS^T buffer read
+        gmma::fence_accumulators(acc_dv);
+        gmma::fence_accumulators(acc_dk);
+        gmma::fence_accumulators(dq);
+        cta.q_ring.release(slot);
+        cta.do_ring.release(slot);
+        add_dq(dq, head, m_block, ws_row);
+    }
+
+    // This consumer's first dQ column, and its byte offset in the K tile: panel `consumer` when the
+    // consumers split the columns (whole 128 B panels), column 0 when they split the keys.
+    __device__ __forceinline__ int dq_col0() const { return Kt::kDqSplitKeys ? 0 : consumer * Kt::kDqCols; }
+    __device__ __forceinline__ int dq_column_offset() const {
+        return dq_col0() * Kt::kElemBytes / KTile::kPanelBytes * KTile::kPanelSize;
+    }
+
+    // dq_accum rows of the visit += scale dQ (this consumer's columns), one red.global.add.f32 an element; in
+    // key-block order when deterministic: key block j waits until the semaphore of (batch, head, m_block)
+    // reads j (every earlier key block visits m_block too, causal included), then adds and increments it (at
+// hd64 both consumers add to each element: consumer 0's adds, then consumer 1's).
+    __device__ __forceinline__ void add_dq(const float (&dq)[Kt::kDqTiles][4], int head, int m_block,
+                                           index_t ws_row) const {
+        const bool ordered = p.bwd.deterministic != 0;
+        const bool leader = consumer == 0 && tid == 0;
+        int* sema = ws.semaphore(p, batch, head, m_block);
+        if (ordered) {
+            if (leader) {
+                int seen;
+                do {
+                    asm volatile("ld.acquire.gpu.global.s32 %0, [%1];\n" : "=r"(seen) : "l"(sema) : "memory");
+                } while (seen != n_block);
+            }
+            named_sync(kBwdDqOrderBarrier, Kt::kConsumerThreads);
+        }
+        float* dq_rows = ws.dq_accum + ws_row * kD + dq_col0() + col2;
+        if (ordered && Kt::kDqSplitKeys) {   // both consumers add to every element: consumer 0 first
+#pragma unroll 1
+            for (int c = 0; c < Kt::kConsumers; ++c) {
+                if (c == consumer) add_rows(dq_rows, dq);
+                __threadfence();
+                named_sync(kBwdDqOrderBarrier, Kt::kConsumerThreads);
+            }
+        } else {
+            add_rows(dq_rows, dq);
+        }
+        if (ordered) {
+            __threadfence();
+            named_sync(kBwdDqOrderBarrier, Kt::kConsumerThreads);
+            if (leader) atomicAdd(sema, 1);
+        }
+    }
+
+    __device__ __forceinline__ void add_rows(float* dq_rows, const float (&dq)[Kt::kDqTiles][4]) const {
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            float* row = dq_rows + (warp_row + h * kFragRowHalf) * kD;
+#pragma unroll
+            for (int i = 0; i < Kt::kDqTiles; ++i) {
+                atomicAdd(row + i * kMmaN, dq[i][2 * h] * p.softmax_scale);
+                atomicAdd(row + i * kMmaN + 1, dq[i][2 * h + 1] * p.softmax_scale);
+            }
+        }
+    }
+
+    // dK = scale dK, dV of the consumer's keys < seqlen_k, 16-bit, straight from the accumulators.
+    __device__ __forceinline__ void store_dk_dv() const {
+        Element* dk = static_cast<Element*>(p.bwd.dk) + batch * p.bwd.dk_batch_stride + kv_head * p.bwd.dk_head_stride;
+        Element* dv = static_cast<Element*>(p.bwd.dv) + batch * p.bwd.dv_batch_stride + kv_head * p.bwd.dv_head_stride;
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            const int key = key0 + warp_row + h * kFragRowHalf;
+            if (key >= p.seqlen_k) continue;
+#pragma unroll
+            for (int nd = 0; nd < Kt::kDTiles; ++nd) {
+                const int col = nd * kMmaN + col2;
+                *reinterpret_cast<u32*>(dk + key * p.bwd.dk_row_stride + col) = pack_float2<Element>(
+                    acc_dk[nd][2 * h] * p.softmax_scale, acc_dk[nd][2 * h + 1] * p.softmax_scale);
+                *reinterpret_cast<u32*>(dv + key * p.bwd.dv_row_stride + col) =
+                    pack_float2<Element>(acc_dv[nd][2 * h], acc_dv[nd][2 * h + 1]);
+            }
+        }
+    }
+};
+
+}  // namespace hopper
+}  // namespace flashkit

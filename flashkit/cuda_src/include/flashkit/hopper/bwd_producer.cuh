@@ -1,0 +1,37 @@
+// The producer of the warp-specialized Hopper backward: one thread of the producer warpgroup issues every
+// TMA load of the CTA. K and V of the key block load once (kv_full); then visit i loads Q_i and dO_i of
+// (visits.head(i), visits.m_block(i)) into stage i % kStages of their rings as soon as every consumer has
+// handed that stage back. Rows past seqlen_q or seqlen_k read as zeros (TMA's out-of-bounds fill): with the
+// pre-pass's lse2 = +inf there, P = 0 on those rows and no element mask is needed for ragged tails.
+// lse2 and dsum are not staged: the consumers read their 16 query columns of each from global memory.
+#pragma once
+
+#include "flashkit/hopper/bwd_cta.cuh"
+#include "flashkit/hopper/ws_producer.cuh"   // load_tile
+
+namespace flashkit {
+namespace hopper {
+
+template <class Kt, class Visits>
+__device__ __forceinline__ void bwd_produce(const BwdCta<Kt>& cta, const BackwardMaps& maps, const Visits& visits,
+                                            int n_block, int kv_head, int batch) {
+    typedef typename Kt::KTile KTile;
+    typedef typename Kt::QTile QTile;
+    if (visits.total == 0) return;   // no consumer waits: nothing may land in shared memory
+    prefetch_tensor_map(maps.q);
+    prefetch_tensor_map(maps.k);
+    prefetch_tensor_map(maps.v);
+    prefetch_tensor_map(maps.dout);
+    const TileCoords kv_at{n_block * Kt::kBlockN, kv_head, batch};
+    mbarrier_arrive_expect_tx(cta.kv_full, 2 * KTile::kBytes);
+    load_tile<Kt, KTile>(cta.smem + Kt::kKOffset, maps.k, cta.kv_full, kv_at);
+    load_tile<Kt, KTile>(cta.smem + Kt::kVOffset, maps.v, cta.kv_full, kv_at);
+    for (int i = 0; i < visits.total; ++i) {
+        const TileCoords q_at{visits.m_block(i) * Kt::kBlockM, visits.head(i), batch};
+        load_tile<Kt, QTile>(cta.q_tile(i), maps.q, cta.q_ring.acquire(i, QTile::kBytes), q_at);
+        load_tile<Kt, QTile>(cta.do_tile(i), maps.dout, cta.do_ring.acquire(i, QTile::kBytes), q_at);
+    }
+}
+
+}  // namespace hopper
+}  // namespace flashkit

@@ -1,0 +1,97 @@
+// Tile geometry, thread roles, register budgets and shared-memory layout of the warp-specialized Hopper
+// backward (FlashAttention-3's backward; fa3_bwd.cu).
+//
+// One CTA per (key block of kBlockN keys, kv head, batch): one producer warpgroup (its thread 0 issues every
+// TMA load) and kConsumers = kBlockN / 64 consumer warpgroups, consumer c owning keys [64 c, 64 c + 64) of
+// the block: its rows of S^T, dP^T, dS^T and of the dK, dV accumulators. Warp w of a consumer owns keys
+// [16 w, 16 w + 16) of those (the m16n8 fragment conventions of fragment.cuh apply). Per visited query
+// block of kBlockM queries, dQ = dS K needs every key of the block: the consumers exchange dS^T through a
+// shared tile and split dQ's head-dim columns (hd128; at hd64 its keys: kDqSplitKeys).
+// Shared memory, each tile 1024 B aligned in gmma::KMajorTile's layout (what TMA's 128 B swizzle writes):
+//   [ K: kBlockN rows | V: kBlockN rows | Q: kStages x kBlockM rows | dO: kStages x kBlockM rows |
+//     dS^T: 2 x (kBlockN rows of kBlockM 16-bit queries) | mbarriers: kv_full, the Q ring, the dO ring ]
+// dS^T is double-buffered by visit parity, so one named barrier a visit orders its writes and reads (see
+// bwd_consumer.cuh).
+#pragma once
+
+#include "flashkit/hopper/ws_traits.cuh"   // TileCoords, kRegisterFile, the stage ring, tma, wgmma
+
+namespace flashkit {
+namespace hopper {
+
+// Named barrier ids of the backward (0 is __syncthreads): dS^T of a visit complete in shared memory (every
+// consumer thread), and the deterministic dQ order (every consumer thread, around the semaphore).
+constexpr int kBwdDsReadyBarrier = 1;
+constexpr int kBwdDqOrderBarrier = 2;
+
+template <typename Element_, int kHeadDim_, int kBlockM_, int kBlockN_, int kStages_>
+struct BwdWsTraits {
+    typedef Element_ Element;
+    static constexpr int kElemBytes = static_cast<int>(sizeof(Element));
+    static constexpr int kHeadDim = kHeadDim_;
+    static constexpr int kBlockM = kBlockM_;   // queries per visited block
+    static constexpr int kBlockN = kBlockN_;   // keys per CTA
+    static constexpr int kStages = kStages_;   // Q and dO stages
+
+    static constexpr int kConsumerKeys = gmma::kWarpgroupRows;   // keys (wgmma rows) per consumer
+    static constexpr int kConsumers = kBlockN / kConsumerKeys;
+    static constexpr int kConsumerThreads = kConsumers * gmma::kWarpgroupThreads;
+    static constexpr int kThreads = kConsumerThreads + gmma::kWarpgroupThreads;   // + the producer warpgroup
+    static constexpr int kWarps = kThreads / kWarpSize;
+    // setmaxnreg budgets (multiples of 8), as the forward's two-consumer split: 24 + 2 x 240 of 512 a lane.
+    static constexpr int kProducerRegs = 24;
+    static constexpr int kConsumerRegs = 240;
+
+    static constexpr int kRowBytes = kHeadDim * kElemBytes;         // a Q, dO, K or V row
+    static constexpr int kStepElems = gmma::kKBytes / kElemBytes;   // k of one wgmma (16)
+    static constexpr int kDSteps = kRowBytes / gmma::kKBytes;       // k-steps over the head dim (S^T, dP^T)
+    static constexpr int kQSteps = kBlockM / kStepElems;            // k-steps over queries (dV, dK)
+    static constexpr int kKeySteps = kBlockN / kStepElems;          // k-steps over keys (dQ)
+    static constexpr int kQTiles = kBlockM / kMmaN;                 // 8-query column tiles of S^T
+    static constexpr int kDTiles = kHeadDim / kMmaN;                // 8-wide column tiles of dK, dV
+    // dQ = dS K per consumer: at hd128 the consumers split the head-dim columns (N = 64 each, one 128 B
+    // panel of the K tile, k = every key of the block); at hd64 half the columns would be N = 32 starting
+    // inside a swizzle atom, so they split the keys instead (N = 64, k = the consumer's own 64 keys) and both
+    // add into the same dq_accum elements.
+    static constexpr bool kDqSplitKeys = kHeadDim / kConsumers * kElemBytes < kTmaPanelBytes;
+    static constexpr int kDqCols = kDqSplitKeys ? kHeadDim : kHeadDim / kConsumers;   // wgmma N of dQ
+    static constexpr int kDqTiles = kDqCols / kMmaN;
+    static constexpr int kDqKeySteps = (kDqSplitKeys ? kConsumerKeys : kBlockN) / kStepElems;   // dQ's k-steps
+    static constexpr int kPanelElems = kTmaPanelBytes / kElemBytes;   // a TMA box's head-dim extent
+
+    typedef gmma::KMajorTile<kBlockM, kRowBytes> QTile;                 // Q and dO: [query][d]
+    typedef gmma::KMajorTile<kBlockN, kRowBytes> KTile;                 // K and V: [key][d]
+    typedef gmma::KMajorTile<kBlockN, kBlockM * kElemBytes> DsTile;     // dS^T: [key][query]
+    typedef StageRing<kStages> Ring;
+
+    __host__ __device__ static constexpr int align(int bytes) {
+        return (bytes + gmma::kTileAlign - 1) / gmma::kTileAlign * gmma::kTileAlign;
+    }
+    static constexpr int kKVTileBytes = align(KTile::kBytes);
+    static constexpr int kQStageBytes = align(QTile::kBytes);
+    static constexpr int kDsBufferBytes = align(DsTile::kBytes);
+    static constexpr int kDsBuffers = 2;
+    static constexpr int kKOffset = 0;
+    static constexpr int kVOffset = kKOffset + kKVTileBytes;
+    static constexpr int kQOffset = kVOffset + kKVTileBytes;
+    static constexpr int kDoOffset = kQOffset + kStages * kQStageBytes;
+    static constexpr int kDsOffset = kDoOffset + kStages * kQStageBytes;
+    static constexpr int kKvBarOffset = kDsOffset + kDsBuffers * kDsBufferBytes;   // kv_full
+    static constexpr int kQRingOffset = kKvBarOffset + kBarrierBytes;
+    static constexpr int kDoRingOffset = kQRingOffset + Ring::kBytes;
+    static constexpr int kSmemBytes = kDoRingOffset + Ring::kBytes + gmma::kTileAlign;   // + alignment slack
+
+    static_assert(kElemBytes == 2, "16-bit inputs (wgmma's transposed operands are 16-bit only)");
+    static_assert(kBlockM == gmma::kWarpgroupRows, "one wgmma row block of queries: dQ's M is 64");
+    static_assert(kConsumers == 2, "two consumer warpgroups of 64 keys (the register budgets assume two)");
+    static_assert(kRowBytes % kTmaPanelBytes == 0, "head dims of whole 128 B panels (64, 128)");
+    static_assert(kBlockM * kElemBytes == kTmaPanelBytes, "a dS^T row is one 128 B swizzle panel");
+    static_assert(kDqCols * kElemBytes == kTmaPanelBytes, "dQ's N: one 128 B panel of the K tile (MmaTT<T, 64>)");
+    static_assert(kStages >= 2, "Q and dO of the next visit load under this one");
+    static_assert((kProducerRegs + kConsumers * kConsumerRegs) * gmma::kWarpgroupThreads <= kRegisterFile,
+                  "register budgets fit the register file");
+    static_assert(kSmemBytes <= 227 * 1024, "shared memory of one CTA");
+};
+
+}  // namespace hopper
+}  // namespace flashkit
