@@ -7,10 +7,11 @@ dtypes: [float16, bfloat16]
 head_dims: [64, 128]
 features: {causal: true, block_sparse: false, fp8: false, backward: true, lse: false, gqa: true}
 requires: {backward: true}
-# DRAFT, not yet run on a GPU: priority below fa2_bwd's 50, so fa2_bwd stays the default backward and
-# this variant runs only when asked for (variant="fa3_bwd"). Raise it above 50 once the GPU tier
-# (tests/gpu/test_backward.py -k fa3_bwd, flashkit verify --backward --variant fa3_bwd) has verified it.
-priority: 40
+# Verified on the H100 (GPU tier and verify --backward, 2026-11-23). Measured in one run (BENCHMARKS.md):
+# at hd128 1.2-1.3x fa2_bwd's TFLOP/s, so it outranks fa2_bwd there; at hd64 0.63x of it (both consumers
+# add dQ of the whole head dim), so fa2_bwd stays the hd64 backward.
+priority: 60
+priority_by_head_dim: {hd64: 40}
 launch: {grid: [q_blocks, kv_tiles, q_blocks], block_m: 64, block_n: 128, warps: 12, stages: 2}   # 1 producer + 2 consumers
 tensor_maps: {q: block_m, k: block_n, v: block_n, dout: block_m}   # box rows
 workspace: dq_accum
