@@ -37,6 +37,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--no-single", action="store_true", help="skip the one-GPU baseline")
     ap.add_argument("--variant", default=None, help="force flashkit's kernel (default: the registry's choice)")
+    ap.add_argument("--backward", action="store_true",
+                    help="also time forward + backward (ring_attention's autograd against one GPU's flashkit.torch)")
     ap.add_argument("--json-out", default=None)
     return ap.parse_args(argv)
 
@@ -132,6 +134,54 @@ def bench_case(torch, args, seqlen: int, causal: bool, rank: int, world: int, de
     return row
 
 
+def bench_backward_case(torch, args, seqlen: int, causal: bool, rank: int, world: int, device) -> dict:
+    """Forward + backward through autograd: ring_attention on zigzag shards against flashkit.torch.attention on
+    the whole sequence on one GPU (FLOPs: forward 1 + backward 2.5 times 4 B H S^2 D, halved when causal)."""
+    from ..torch import attention as fk_attention
+    from .ring import ring_attention
+    from .sharding import shard_zigzag
+    dtype = getattr(torch, args.dtype)
+    b, h, hk, d = args.batch, args.heads, args.kv_heads, args.head_dim
+    gen = torch.Generator(device=device).manual_seed(4321 + seqlen)
+    full = [torch.randn((b, seqlen, n, d), generator=gen, device=device, dtype=torch.float32).to(dtype)
+            for n in (h, hk, hk, h)]   # q, k, v, dout
+    scale = d ** -0.5
+    flops = 3.5 * 4.0 * b * h * seqlen * seqlen * d * (0.5 if causal else 1.0)
+
+    def train_step(fn, q, k, v, dout):
+        leaves = [x.detach().requires_grad_() for x in (q, k, v)]
+        fn(*leaves).backward(dout)
+
+    row = {"variant": "default", "seqlen": seqlen, "batch": b, "heads": h, "kv_heads": hk, "head_dim": d,
+           "dtype": args.dtype, "causal": causal, "world_size": world, "pass": "forward+backward"}
+    if not args.no_single:
+        single = lambda *x: fk_attention(*x, causal=causal, softmax_scale=scale)  # noqa: E731
+        row["single_s"] = slowest(torch, timed(torch, lambda: train_step(single, *full), args.iters, args.warmup),
+                                  device)
+    shards = [shard_zigzag(x, rank, world) for x in full]
+    del full
+    torch.cuda.empty_cache()
+    ring = lambda *x: ring_attention(*x, causal=causal, softmax_scale=scale)  # noqa: E731
+    ring_rank = every_rank(torch, timed(torch, lambda: train_step(ring, *shards), args.iters, args.warmup),
+                           device, world)
+    row.update(ring_s=max(ring_rank), ring_rank_s=ring_rank, tokens_per_s=b * seqlen / max(ring_rank),
+               ring_tflops_per_gpu=flops / world / max(ring_rank) / 1e12)
+    if "single_s" in row:
+        row.update(single_tflops=flops / row["single_s"] / 1e12, speedup=row["single_s"] / row["ring_s"])
+    return row
+
+
+def format_backward_row(r: dict) -> str:
+    single = f"{r['single_s'] * 1e3:8.2f} {r['single_tflops']:6.1f} {r['speedup']:5.2f}x" if "single_s" in r \
+        else "       -      -      -"
+    return (f"{r['seqlen']:>7} {'causal' if r['causal'] else 'full':>6} {single} {r['ring_s'] * 1e3:8.2f} "
+            f"{r['tokens_per_s'] / 1e6:7.3f}M {r['ring_tflops_per_gpu']:6.1f}")
+
+
+BACKWARD_HEADER = (f"{'seqlen':>7} {'mask':>6} {'1gpu_ms':>8} {'TF/gpu':>6} {'speed':>6} {'ring_ms':>8} "
+                   f"{'tok/s':>8} {'TF/gpu':>6}")
+
+
 def format_row(r: dict) -> str:
     single = f"{r['single_s'] * 1e3:8.2f} {r['speedup']:5.2f}x" if "single_s" in r else "      -      -"
     hidden = f"{100 * r['hidden_share']:5.1f}%" if r.get("hidden_share") is not None else "    -"
@@ -177,6 +227,17 @@ def main(argv: list[str] | None = None) -> int:
             if rank == 0:
                 print(format_row(row), flush=True)
             torch.cuda.empty_cache()
+    if args.backward:
+        if rank == 0:
+            print("# forward + backward (autograd), 1 GPU's flashkit.torch.attention against ring_attention", flush=True)
+            print(BACKWARD_HEADER, flush=True)
+        for seqlen in (int(s) for s in args.seqlen.split(",")):
+            for causal in causal_modes:
+                row = bench_backward_case(torch, args, seqlen, causal, rank, world, device)
+                rows.append(row)
+                if rank == 0:
+                    print(format_backward_row(row), flush=True)
+                torch.cuda.empty_cache()
     if rank == 0 and args.json_out:
         with open(args.json_out, "w") as f:
             json.dump({"world_size": world, "device": torch.cuda.get_device_name(device),
