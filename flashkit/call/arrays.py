@@ -98,6 +98,9 @@ def to_cupy(x: Any, name: str):
     if _is_torch_fp8(x):
         import torch
         x = x.view(torch.uint8)
+    if getattr(x, "requires_grad", False) is True:   # torch exports neither DLPack nor the interface of these
+        raise InputError(f"{name}: a tensor that requires grad; flashkit.attention is not differentiable: use "
+                         f"flashkit.torch.attention for autograd, or pass {name}.detach()")
     if hasattr(x, "__dlpack__"):
         try:
             return cupy.from_dlpack(x)

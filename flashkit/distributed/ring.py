@@ -190,7 +190,7 @@ def _ring_function(torch):
     class RingAttention(torch.autograd.Function):
         @staticmethod
         def forward(ctx, q, k, v, ring):
-            out, lse = _forward(q, k, v, ring)
+            out, lse = _forward(q.detach(), k.detach(), v.detach(), ring)   # flashkit's kernels see plain tensors
             ctx.save_for_backward(q, k, v, out, lse)
             ctx.ring = ring
             ctx.mark_non_differentiable(lse)
