@@ -117,7 +117,8 @@ def check_case(case, rank: int, world: int, device, seed: int, variant: str | No
             "ring_first_call_s": round(ring_s, 3), "note": ring_r.note}
 
 
-GRAD_CASES = [(1, 2048, 4, 2, 64, "bfloat16", c) for c in (False, True)]   # (batch, seqlen, h, kv_h, d, dtype, causal)
+# (batch, seqlen, h, kv_h, d, dtype, causal): hd64 runs fa2_bwd's steps, hd128 fa3_bwd's (on sm_90)
+GRAD_CASES = [(1, 2048, 4, 2, 64, "bfloat16", c) for c in (False, True)] + [(1, 4096, 8, 2, 128, "bfloat16", True)]
 
 
 def check_grad_case(case, rank: int, world: int, device, seed: int) -> dict:
