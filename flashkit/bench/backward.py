@@ -4,9 +4,9 @@ and cuDNN backward, in the same run, by the benchmark convention (batch x seqlen
 
 Each timing: CUDA events around one backward call (SDPA: torch.autograd.grad of a retained graph, so
 only the backward runs), warm-up, median, two input sets alternated.
-    flashkit bench --backward [--seqlen 2048,8192] [--head-dim 64,128] [--deterministic] [--variant fa3_bwd]
+    flashkit bench --backward [--seqlen 2048,8192] [--head-dim 64,128] [--deterministic] [--variant fa3_bwd --variant fa2_bwd]
                               [--json-out out.json]
-    python3 -m flashkit.bench.backward [--seqlens 2048 8192] [--head-dims 64 128] [--variant fa3_bwd] [--json out.json]
+    python3 -m flashkit.bench.backward [--seqlens 2048 8192] [--head-dims 64 128] [--variant fa3_bwd fa2_bwd] [--json out.json]
 """
 
 from __future__ import annotations
@@ -23,7 +23,9 @@ def median_ms(fn, warmup=3, iters=10):
     return time_torch(fn, warmup, iters)
 
 
-def bench_one(seqlen, hd, causal, deterministic=False, variant=None):
+def bench_one(seqlen, hd, causal, deterministic=False, variants=(None,)):
+    """One row per flashkit variant (None: the selected one), each against PyTorch's flash and cuDNN backward
+    timed in the same call on the same inputs."""
     import torch
     import torch.nn.functional as F
     from torch.nn.attention import SDPBackend, sdpa_kernel
@@ -37,13 +39,7 @@ def bench_one(seqlen, hd, causal, deterministic=False, variant=None):
                        for _ in range(4))
         out, lse = flashkit.attention(q, k, v, causal=causal, return_lse=True, variant="fa2")
         sets.append((q, k, v, do, torch.from_dlpack(out), torch.from_dlpack(lse)))
-    row = {"seqlen": seqlen, "head_dim": hd, "causal": causal, "batch": batch, "heads": heads, "variant": variant}
-
-    def fk(i):
-        q, k, v, do, out, lse = sets[i % 2]
-        flashkit.attention_backward(do, q, k, v, out, lse, causal=causal, deterministic=deterministic,
-                                    variant=variant)
-    row["flashkit_ms"] = median_ms(fk)
+    base = {"seqlen": seqlen, "head_dim": hd, "causal": causal, "batch": batch, "heads": heads}
     for name, backend in (("flash", SDPBackend.FLASH_ATTENTION), ("cudnn", SDPBackend.CUDNN_ATTENTION)):
         try:
             graphs = []
@@ -56,16 +52,23 @@ def bench_one(seqlen, hd, causal, deterministic=False, variant=None):
             def tb(i):
                 o, ins, g = graphs[i % 2]
                 torch.autograd.grad(o, ins, g, retain_graph=True)
-            row[f"{name}_ms"] = median_ms(tb)
+            base[f"{name}_ms"] = median_ms(tb)
         except Exception as e:   # a backend that does not take the shape
-            row[f"{name}_ms"] = None
-            row[f"{name}_error"] = f"{type(e).__name__}: {str(e).splitlines()[0][:120]}"
-    for key in ("flashkit", "flash", "cudnn"):
-        ms = row.get(f"{key}_ms")
-        row[f"{key}_tflops"] = flops / ms / 1e9 if ms else None
-    for key in ("flash", "cudnn"):
-        row[f"vs_{key}"] = row[f"{key}_ms"] / row["flashkit_ms"] if row.get(f"{key}_ms") else None
-    return row
+            base[f"{name}_ms"] = None
+            base[f"{name}_error"] = f"{type(e).__name__}: {str(e).splitlines()[0][:120]}"
+        base[f"{name}_tflops"] = flops / base[f"{name}_ms"] / 1e9 if base[f"{name}_ms"] else None
+    rows = []
+    for variant in variants:
+        def fk(i):
+            q, k, v, do, out, lse = sets[i % 2]
+            flashkit.attention_backward(do, q, k, v, out, lse, causal=causal, deterministic=deterministic,
+                                        variant=variant)
+        row = dict(base, variant=variant, flashkit_ms=median_ms(fk))
+        row["flashkit_tflops"] = flops / row["flashkit_ms"] / 1e9
+        for key in ("flash", "cudnn"):
+            row[f"vs_{key}"] = row[f"{key}_ms"] / row["flashkit_ms"] if row.get(f"{key}_ms") else None
+        rows.append(row)
+    return rows
 
 
 def backward_flops(batch: int, heads: int, seqlen: int, head_dim: int, causal: bool) -> float:
@@ -78,22 +81,23 @@ def main(argv=None):
     ap.add_argument("--seqlens", type=int, nargs="+", default=[2048, 8192])
     ap.add_argument("--head-dims", type=int, nargs="+", default=[64, 128])
     ap.add_argument("--deterministic", action="store_true")
-    ap.add_argument("--variant", default=None, help="a backward variant (default: what flashkit selects)")
+    ap.add_argument("--variant", nargs="+", default=None,
+                    help="backward variants, each timed in the same call as PyTorch (default: what flashkit selects)")
     ap.add_argument("--json")
     args = ap.parse_args(argv)
     import torch
     print(f"# {torch.cuda.get_device_name()}  torch {torch.__version__}  bf16  backward only  "
-          f"deterministic={args.deterministic}  variant={args.variant or 'selected'}")
+          f"deterministic={args.deterministic}  variants={','.join(args.variant or ['selected'])}")
     rows = []
     fmt = lambda x: f"{x:7.1f}" if x else "    n/a"  # noqa: E731
     for hd in args.head_dims:
         for causal in (False, True):
             for s in args.seqlens:
-                r = bench_one(s, hd, causal, args.deterministic, args.variant)
-                rows.append(r)
-                print(f"hd{hd:<4} {'causal' if causal else 'full  '} s{s:<6} flashkit {fmt(r['flashkit_tflops'])} "
-                      f"flash {fmt(r['flash_tflops'])} cudnn {fmt(r['cudnn_tflops'])} TFLOP/s   "
-                      f"x flash {r['vs_flash'] or 0:.2f}  x cudnn {r['vs_cudnn'] or 0:.2f}", flush=True)
+                for r in bench_one(s, hd, causal, args.deterministic, tuple(args.variant or [None])):
+                    rows.append(r)
+                    print(f"hd{hd:<4} {'causal' if causal else 'full  '} s{s:<6} {r['variant'] or 'flashkit':<9}"
+                          f"{fmt(r['flashkit_tflops'])} flash {fmt(r['flash_tflops'])} cudnn {fmt(r['cudnn_tflops'])}"
+                          f" TFLOP/s   x flash {r['vs_flash'] or 0:.2f}  x cudnn {r['vs_cudnn'] or 0:.2f}", flush=True)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(rows, f, indent=1)

@@ -46,7 +46,7 @@ def command(variants, head_dims, seqlens, causal, density, dtype, compare, iters
         argv = (["--seqlens", *map(str, _ints(seqlens))] if seqlens else []) + (
             ["--head-dims", *map(str, _ints(head_dims))] if head_dims else [])
         argv += (["--deterministic"] if deterministic else []) + (["--json", json_out] if json_out else [])
-        argv += ["--variant", variants[0]] if variants else []
+        argv += ["--variant", *variants] if variants else []
         backward_bench.main(argv)
         return
     if functors:
