@@ -15,7 +15,7 @@
 //                                           transposed, B = the K tile; consumer c takes head-dim
 //                                           columns [64 c, 64 c + 64) (hd128), or at hd64 every column
 //                                           over its own 64 keys, dQ_c = dS[:, keys_c] K[keys_c, :]
-//   dq_accum += scale dQ                    fp32 atomics (red.global.add.f32), in key-block order when
+//   dq_accum += scale dQ                    fp32 vector reductions (red.global.add.v4.f32), in key-block order when
 //                                           p.bwd.deterministic (the semaphores of bwd_passes.cuh)
 // At the end: dK *= scale; dK, dV stored (16-bit) for the consumer's keys < seqlen_k.
 // Ordering of the dS^T buffers: a consumer writes buffer i % 2 in visit i after visit i - 1's barrier,
@@ -25,6 +25,7 @@
 
 #include "flashkit/fragment.cuh"
 #include "flashkit/hopper/bwd_cta.cuh"
+#include "flashkit/reduce.cuh"
 
 namespace flashkit {
 namespace hopper {
@@ -184,7 +185,7 @@ struct BwdConsumer {
         return dq_col0() * Kt::kElemBytes / KTile::kPanelBytes * KTile::kPanelSize;
     }
 
-    // dq_accum rows of the visit += scale dQ (this consumer's columns), one red.global.add.f32 an element; in
+    // dq_accum rows of the visit += scale dQ (this consumer's columns), 16 bytes a reduction (add_rows); in
     // key-block order when deterministic: key block j waits until the semaphore of (batch, head, m_block)
     // reads j (every earlier key block visits m_block too, causal included), then adds and increments it (at
 // hd64 both consumers add to each element: consumer 0's adds, then consumer 1's).
@@ -220,16 +221,12 @@ struct BwdConsumer {
         }
     }
 
+    // One 8-column tile a red_add_fragment (reduce.cuh: 16 bytes a reduction on sm_90).
     __device__ __forceinline__ void add_rows(float* dq_rows, const float (&dq)[Kt::kDqTiles][4]) const {
+        float* row = dq_rows + warp_row * kD;
 #pragma unroll
-        for (int h = 0; h < 2; ++h) {
-            float* row = dq_rows + (warp_row + h * kFragRowHalf) * kD;
-#pragma unroll
-            for (int i = 0; i < Kt::kDqTiles; ++i) {
-                atomicAdd(row + i * kMmaN, dq[i][2 * h] * p.softmax_scale);
-                atomicAdd(row + i * kMmaN + 1, dq[i][2 * h + 1] * p.softmax_scale);
-            }
-        }
+        for (int i = 0; i < Kt::kDqTiles; ++i)
+            red_add_fragment(row + i * kMmaN, kD, tid, dq[i][0], dq[i][1], dq[i][2], dq[i][3], p.softmax_scale);
     }
 
     // dK = scale dK, dV of the consumer's keys < seqlen_k, 16-bit, straight from the accumulators.

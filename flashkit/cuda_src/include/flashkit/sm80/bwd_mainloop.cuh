@@ -23,6 +23,7 @@
 #include "flashkit/sm80/bwd_traits.cuh"
 #include "flashkit/fragment.cuh"
 #include "flashkit/sm80/mma.cuh"
+#include "flashkit/reduce.cuh"
 #include "flashkit/tile.cuh"
 
 namespace flashkit {
@@ -213,16 +214,13 @@ struct BwdMainloop {
         const int g = lane / kQuadLanes;
         const int c2 = kFragCols * (lane % kQuadLanes);
 #pragma unroll
-        for (int mt = 0; mt < Kt::kDqMTiles; ++mt)
+        for (int mt = 0; mt < Kt::kDqMTiles; ++mt) {
+            float* row = dq + ((mt * Kt::kDqWarpsM + wm) * kMmaM + g) * kD + d0 + c2;
 #pragma unroll
-            for (int h = 0; h < 2; ++h) {
-                float* row = dq + ((mt * Kt::kDqWarpsM + wm) * kMmaM + g + h * kFragRowHalf) * kD + d0 + c2;
-#pragma unroll
-                for (int nd = 0; nd < Kt::kDqDTiles; ++nd) {
-                    atomicAdd(row + nd * kMmaN, acc[mt][nd][2 * h] * p.softmax_scale);
-                    atomicAdd(row + nd * kMmaN + 1, acc[mt][nd][2 * h + 1] * p.softmax_scale);
-                }
-            }
+            for (int nd = 0; nd < Kt::kDqDTiles; ++nd)   // reduce.cuh: 16 bytes a reduction on sm_90
+                red_add_fragment(row + nd * kMmaN, kD, lane, acc[mt][nd][0], acc[mt][nd][1], acc[mt][nd][2],
+                                 acc[mt][nd][3], p.softmax_scale);
+        }
         if (ordered) {
             __threadfence();
             __syncthreads();
