@@ -12,9 +12,7 @@ def describe_spec(spec, cc) -> dict:
     runs = None
     if cc is not None:
         runs = "yes" if spec.runs_on(cc) else f"no: needs compute capability {spec.arch_requirement()}"
-    return {"name": spec.name, "priority": spec.priority,
-            **({"priority_by_head_dim": dict(spec.priority_by_head_dim)} if spec.priority_by_head_dim else {}),
-            "summary": spec.summary,
+    return {"name": spec.name, "priority": spec.priority, "summary": spec.summary,
             "arch_min": f"{spec.arch_min[0]}.{spec.arch_min[1]}", "dtypes": list(spec.dtypes),
             "head_dims": spec.head_dims.describe(),
             "features": [f for f, on in spec.features.items() if on],

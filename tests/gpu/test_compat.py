@@ -145,13 +145,6 @@ def test_varlen_against_per_sequence_calls(causal):
         assert float((out[None, rows].float() - dense.float()).abs().max()) <= bound, f"seq {b}"
 
 
-def test_varlen_with_a_gradient_says_it_is_forward_only():
-    q, k, v, cu_q, cu_k = _packed(LENS_Q, LENS_K)
-    q.requires_grad_()
-    with pytest.raises(flashkit.UnsupportedError, match="varlen attention is forward only"):
-        fa.flash_attn_varlen_func(q, k, v, cu_q, cu_k, max(LENS_Q), max(LENS_K))
-
-
 @pytest.mark.parametrize("page", [16, 64])
 def test_kvcache_paged_and_contiguous_against_the_reference(page):
     """Three sequences with 5, 40 and 100 cached keys and one new token each, written through a shuffled block table."""
