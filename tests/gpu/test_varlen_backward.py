@@ -58,8 +58,9 @@ def _varlen_grads(case, q, k, v, dout, cu_q, cu_k, causal, deterministic=False):
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("hd", [64, 128])
 def test_packed_gradients_equal_each_sequence_alone(causal, hd):
-    """Bit-identical to attention_backward on each sequence as a batch of one, given the same out and LSE rows
-    (deterministic mode on both sides: the dQ sums run in the same key-block order)."""
+    """Bit-identical to fa2_bwd's dense build on each sequence as a batch of one, given the same out and LSE rows
+    (deterministic mode on both sides: the dQ sums run in the same key-block order; fa2_bwd serves every varlen
+    backward, so the dense call names it rather than take the sm_90 default, fa3_bwd)."""
     import cupy as cp
     import flashkit
     case = VarlenBackwardCase("alone", (1, 17, 65, 0, 129, 200), (64, 1, 130, 33, 129, 17), heads=8, kv_heads=2)
@@ -73,7 +74,7 @@ def test_packed_gradients_equal_each_sequence_alone(causal, hd):
             continue
         lse_b = cp.ascontiguousarray(lse[None, :, qs])
         alone = flashkit.attention_backward(dout[None, qs], q[None, qs], k[None, ks], v[None, ks], out[None, qs],
-                                            lse_b, causal=causal, deterministic=True)
+                                            lse_b, causal=causal, deterministic=True, variant="fa2_bwd")
         for name, packed, one in zip(("dq", "dk", "dv"), (dq[qs], dk[ks], dv[ks]), alone):
             assert bool((packed.view(cp.uint16) == one[0].view(cp.uint16)).all()), f"{name} of sequence {b}"
 

@@ -83,13 +83,9 @@ struct BwdConsumer {
         const u32 ds_tile = cta.ds_tile(slot);
         const int k_row0 = consumer * Kt::kConsumerKeys;   // the consumer's rows of the K and V tiles
 
-        float2 lse2[Kt::kQTiles];   // lse2 and dsum: read here, their latency under the products
-        float2 dsum[Kt::kQTiles];
+        float2 lse2[Kt::kQTiles];   // read under the products
 #pragma unroll
-        for (int ni = 0; ni < Kt::kQTiles; ++ni) {
-            lse2[ni] = query_pair(ws.lse2 + ws_row, ni);
-            dsum[ni] = query_pair(ws.dsum + ws_row, ni);
-        }
+        for (int ni = 0; ni < Kt::kQTiles; ++ni) lse2[ni] = query_pair(ws.lse2 + ws_row, ni);
 
         float s[Kt::kQTiles][4];    // S^T, then P^T: rows warp_row (+ 8), queries 8 ni + col2 (+ 1)
         float dp[Kt::kQTiles][4];   // dP^T
@@ -133,13 +129,14 @@ struct BwdConsumer {
 
         gmma::wait<1>();   // dP^T landed; dV still running
         gmma::fence_accumulators(dp);
+        const float* dsum = ws.dsum + ws_row;
         u32 ds[Kt::kQSteps][4];   // dS^T, the A fragments of dK += dS^T Q (pt's layout)
 #pragma unroll
         for (int kk = 0; kk < Kt::kQSteps; ++kk)
 #pragma unroll
             for (int j = 0; j < 2; ++j) {
                 const int ni = 2 * kk + j;
-                const float2 d = dsum[ni];
+                const float2 d = query_pair(dsum, ni);
 #pragma unroll
                 for (int h = 0; h < 2; ++h) {   // dS^T = P^T (dP^T - dsum), to the shared dS^T tile
                     float p0, p1;
