@@ -219,24 +219,19 @@ def main(argv: list[str] | None = None) -> int:
         print(f"# ring attention bench: {world} x {name}, torch {torch.__version__}, "
               f"b{args.batch} h{args.heads} kv{args.kv_heads} d{args.head_dim} {args.dtype}, "
               f"kernel {args.variant or _default_kernel(args, device)}", flush=True)
-        print(HEADER, flush=True)
-    for seqlen in (int(s) for s in args.seqlen.split(",")):
-        for causal in causal_modes:
-            row = bench_case(torch, args, seqlen, causal, rank, world, device)
-            rows.append(row)
-            if rank == 0:
-                print(format_row(row), flush=True)
-            torch.cuda.empty_cache()
+    passes = [(None, HEADER, bench_case, format_row)]
     if args.backward:
+        passes.append(("# forward + backward (autograd), 1 GPU's flashkit.torch.attention against ring_attention",
+                       BACKWARD_HEADER, bench_backward_case, format_backward_row))
+    for title, header, case, fmt in passes:
         if rank == 0:
-            print("# forward + backward (autograd), 1 GPU's flashkit.torch.attention against ring_attention", flush=True)
-            print(BACKWARD_HEADER, flush=True)
+            print("\n".join(line for line in (title, header) if line), flush=True)
         for seqlen in (int(s) for s in args.seqlen.split(",")):
             for causal in causal_modes:
-                row = bench_backward_case(torch, args, seqlen, causal, rank, world, device)
+                row = case(torch, args, seqlen, causal, rank, world, device)
                 rows.append(row)
                 if rank == 0:
-                    print(format_backward_row(row), flush=True)
+                    print(fmt(row), flush=True)
                 torch.cuda.empty_cache()
     if rank == 0 and args.json_out:
         with open(args.json_out, "w") as f:

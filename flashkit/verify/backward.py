@@ -18,6 +18,7 @@ from ..runtime.device import cupy_module
 from .harness import ERROR_FACTOR, QUICK_SHAPES, SHAPES, Check, CheckResult, Shape, random_qkv, register_family
 from .reference import output_atol
 from .reference_backward import plain_backward, reference_backward
+from .varlen import packed_qkv
 
 GRADIENTS = ("dq", "dk", "dv")
 
@@ -118,11 +119,8 @@ def varlen_backward_check(spec: KernelSpec, case: VarlenBackwardCase, head_dim: 
         xp = cupy_module()
         rng = xp.random.default_rng(seed)
         storage = BY_NAME[dtype].storage
-        tq, tk = sum(case.lens_q), sum(case.keys)
-        q = rng.standard_normal((tq, case.heads, head_dim), dtype=xp.float32).astype(storage)
-        k, v = (rng.standard_normal((tk, case.kv_heads, head_dim), dtype=xp.float32).astype(storage) for _ in "kv")
+        q, k, v, cu_q, cu_k = packed_qkv(case, rng, xp, storage, head_dim)
         dout = rng.standard_normal(q.shape, dtype=xp.float32).astype(storage)
-        cu_q, cu_k = (xp.asarray([0] + list(itertools.accumulate(n)), dtype=xp.int32) for n in (case.lens_q, case.keys))
         out, lse = attention_varlen(q, k, v, cu_q, cu_k, max(case.lens_q), max(case.keys), causal=causal,
                                     return_lse=True)
         poison_pool((q, k, v))

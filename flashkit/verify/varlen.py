@@ -52,6 +52,16 @@ def _offsets(lens, xp):
     return xp.asarray([0] + list(itertools.accumulate(lens)), dtype=xp.int32)
 
 
+def packed_qkv(case, rng, xp, storage, head_dim: int, head_dim_v: int | None = None):
+    """Random packed q (total_q, heads, head_dim), k and v (total_k, kv_heads, head_dim / head_dim_v) in the storage
+    dtype, and the cu_seqlens of case's lengths (any case with lens_q, keys, heads and kv_heads)."""
+    tq, tk = sum(case.lens_q), sum(case.keys)
+    q = rng.standard_normal((tq, case.heads, head_dim), dtype=xp.float32).astype(storage)
+    k, v = (rng.standard_normal((tk, case.kv_heads, d), dtype=xp.float32).astype(storage)
+            for d in (head_dim, head_dim_v or head_dim))
+    return q, k, v, _offsets(case.lens_q, xp), _offsets(case.keys, xp)
+
+
 def varlen_check(spec: KernelSpec, case: VarlenCase, head_dim: int, dtype: str, causal: bool,
                  head_dim_v: int | None = None) -> Check:
     label = f"{case.label()} {head_dims_label(head_dim, head_dim_v)} {dtype}" + (" causal" if causal else "")
@@ -60,13 +70,8 @@ def varlen_check(spec: KernelSpec, case: VarlenCase, head_dim: int, dtype: str, 
         from ..varlen import attention_varlen
         xp = cupy_module()
         rng = xp.random.default_rng(seed)
-        storage = BY_NAME[dtype].storage
-        tq, tk = sum(case.lens_q), sum(case.keys)
-        q = rng.standard_normal((tq, case.heads, head_dim), dtype=xp.float32).astype(storage)
-        k, v = (rng.standard_normal((tk, case.kv_heads, d), dtype=xp.float32).astype(storage)
-                for d in (head_dim, head_dim_v or head_dim))
+        q, k, v, cu_q, cu_k = packed_qkv(case, rng, xp, BY_NAME[dtype].storage, head_dim, head_dim_v)
         slopes = (0.5 * rng.random((len(case.lens_q), case.heads))).astype(xp.float32) if case.alibi else None
-        cu_q, cu_k = _offsets(case.lens_q, xp), _offsets(case.keys, xp)
         out = xp.full(q.shape[:2] + v.shape[2:], xp.nan, dtype=q.dtype)   # poisoned: unwritten stays NaN
         out, lse = attention_varlen(q, k, v, cu_q, cu_k, max(case.lens_q), max(case.keys), causal=causal,
                                     return_lse=True, out=out, variant=spec.name, window_size=case.window,

@@ -42,14 +42,20 @@ __device__ __forceinline__ Params sequence_view(const Params& p, int b, SeqOrigi
     return s;
 }
 
-// body(params, origin) for query block m_block of sequence b: with kVarlen through the sequence's view,
-// and only when the block holds rows of the sequence; without, on the parameter block as it is.
-template <bool kVarlen, int kBlockM, class Body>
-__device__ __forceinline__ void for_sequence(const Params& p, int b, int m_block, Body&& body) {
+// Which rows of a sequence a CTA's block counts: its queries (the forward and the backward's passes, grid
+// (ceil(max_seqlen_q / block_m), heads, batch)) or its keys (the backward's K/V-outer grid, (ceil(max_seqlen_k /
+// block_n), kv_heads, batch): a sequence with keys but no queries still runs its key blocks, which write
+// dK = dV = 0).
+enum class SeqRows { kQueries, kKeys };
+
+// body(params, origin) for block `block` (of kBlock rows) of sequence b: with kVarlen through the sequence's
+// view, and only when the block holds rows of the sequence; without, on the parameter block as it is.
+template <bool kVarlen, int kBlock, SeqRows kRows = SeqRows::kQueries, class Body>
+__device__ __forceinline__ void for_sequence(const Params& p, int b, int block, Body&& body) {
     if constexpr (kVarlen) {
         SeqOrigin origin;
         const Params view = sequence_view(p, b, origin);
-        if (m_block * kBlockM < view.seqlen_q) body(view, origin);
+        if (block * kBlock < (kRows == SeqRows::kKeys ? view.seqlen_k : view.seqlen_q)) body(view, origin);
     } else {
         body(p, SeqOrigin{0, 0, b});
     }
@@ -64,20 +70,6 @@ __device__ __forceinline__ void reload_range(const int* cu_seqlens, int b, int& 
     asm volatile("ld.global.s32 %0, [%1];\n" : "=r"(r1) : "l"(cu_seqlens + b + 1));
     row0 = r0;
     len = r1 - r0;
-}
-
-// body(params, origin) for key block n_block of sequence b (the backward's K/V-outer grid, (ceil(max_seqlen_k /
-// block_n), kv_heads, batch)): with kVarlen through the sequence's view, and only when the block holds keys of
-// the sequence (a sequence with keys but no queries still runs its key blocks: their dK = dV = 0 are written).
-template <bool kVarlen, int kBlockN, class Body>
-__device__ __forceinline__ void for_sequence_keys(const Params& p, int b, int n_block, Body&& body) {
-    if constexpr (kVarlen) {
-        SeqOrigin origin;
-        const Params view = sequence_view(p, b, origin);
-        if (n_block * kBlockN < view.seqlen_k) body(view, origin);
-    } else {
-        body(p, SeqOrigin{0, 0, b});
-    }
 }
 
 }  // namespace flashkit

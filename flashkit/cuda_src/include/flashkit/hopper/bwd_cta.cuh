@@ -42,17 +42,14 @@ struct BwdVisits {
 };
 
 template <class Kt>
-struct BwdCta {
+struct BwdCta : WsRoles {   // smem: the layout in bwd_traits.cuh
     typedef typename Kt::Ring Ring;
-    u32 smem;        // 1024 B aligned base of the layout in bwd_traits.cuh
-    int tid;
-    int warpgroup;   // 0: producer; 1..kConsumers: consumer warpgroup - 1
     Ring q_ring, do_ring;
     u32 kv_full;
 
     // Every thread: carve shared memory, set the barriers up (thread 0) and publish them.
     __device__ __forceinline__ explicit BwdCta(u32 smem_)
-        : smem(smem_), tid(threadIdx.x), warpgroup(tid / gmma::kWarpgroupThreads), q_ring(smem_ + Kt::kQRingOffset),
+        : WsRoles(smem_), q_ring(smem_ + Kt::kQRingOffset),
           do_ring(smem_ + Kt::kDoRingOffset), kv_full(smem_ + Kt::kKvBarOffset) {
         if (tid == 0) {
             mbarrier_init(kv_full, 1);
@@ -62,9 +59,6 @@ struct BwdCta {
         }
         __syncthreads();
     }
-    __device__ __forceinline__ bool producer() const { return warpgroup == 0; }
-    __device__ __forceinline__ bool issuer() const { return tid == 0; }   // the producer thread that loads
-    __device__ __forceinline__ int consumer() const { return warpgroup - 1; }
     __device__ __forceinline__ u32 q_tile(int visit) const {
         return smem + Kt::kQOffset + Ring::stage(visit) * Kt::kQStageBytes;
     }

@@ -21,11 +21,8 @@ struct ForwardMaps {
 };
 
 template <class Kt>
-struct WsCta {
+struct WsCta : WsRoles {   // smem: the layout in ws_traits.cuh
     typedef typename Kt::Ring Ring;
-    u32 smem;        // 1024 B aligned base of the layout in ws_traits.cuh
-    int tid;
-    int warpgroup;   // 0: producer; 1..kConsumers: consumer warpgroup - 1
     Ring k_ring, v_ring;
     u32 q_full, q_empty;
     int ring_pos = 0;
@@ -34,7 +31,7 @@ struct WsCta {
     // Every thread: carve shared memory, set the barriers up (thread 0) and publish them. (The roles then
     // move registers with setmaxnreg, each on its own branch: ws_forward.cuh.)
     __device__ __forceinline__ explicit WsCta(u32 smem_)
-        : smem(smem_), tid(threadIdx.x), warpgroup(tid / gmma::kWarpgroupThreads), k_ring(smem_ + Kt::kKRingOffset),
+        : WsRoles(smem_), k_ring(smem_ + Kt::kKRingOffset),
           v_ring(smem_ + Kt::kVRingOffset), q_full(smem_ + Kt::kQBarOffset), q_empty(smem_ + Kt::kQEmptyBarOffset) {
         if (tid == 0) {
             mbarrier_init(q_full, 1);
@@ -46,9 +43,6 @@ struct WsCta {
         }
         __syncthreads();
     }
-    __device__ __forceinline__ bool producer() const { return warpgroup == 0; }
-    __device__ __forceinline__ bool issuer() const { return tid == 0; }   // the producer thread that loads
-    __device__ __forceinline__ int consumer() const { return warpgroup - 1; }
     // After a tile of n_blocks visits, on every role.
     __device__ __forceinline__ void advance(int n_blocks) {
         ring_pos += n_blocks;

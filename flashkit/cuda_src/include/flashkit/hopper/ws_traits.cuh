@@ -34,6 +34,20 @@ constexpr int kEpilogueBarrierBase = kSchedulerBarrierBase + kMaxConsumers;
 constexpr int kRegisterFile = 65536;   // 32-bit registers of one SM
 
 // Where a tile starts in a contract tensor: the TMA coordinates past the head-dim panel.
+// The roles of a warp-specialized CTA, shared by the forward (ws_cta.cuh) and the backward (bwd_cta.cuh):
+// warpgroup 0 produces (its thread 0 issues every load), warpgroups 1 .. kConsumers consume.
+struct WsRoles {
+    u32 smem;        // 1024 B aligned base of the CTA's shared-memory layout
+    int tid;
+    int warpgroup;   // 0: producer; 1..kConsumers: consumer warpgroup - 1
+
+    __device__ __forceinline__ explicit WsRoles(u32 smem_)
+        : smem(smem_), tid(threadIdx.x), warpgroup(tid / gmma::kWarpgroupThreads) {}
+    __device__ __forceinline__ bool producer() const { return warpgroup == 0; }
+    __device__ __forceinline__ bool issuer() const { return tid == 0; }   // the producer thread that loads
+    __device__ __forceinline__ int consumer() const { return warpgroup - 1; }
+};
+
 struct TileCoords {
     int row;    // first row (query or key index)
     int head;   // head (Q, O) or kv head (K, V)

@@ -14,7 +14,7 @@
 // The tail rows of the last blocks need no element mask: Q, dO rows past seqlen_q are zero-filled
 // with lse2 = +inf (P = 0), and K, V rows past seqlen_k are zero (their dK, dV rows are not stored,
 // their dQ terms are dS * 0).
-// With FLASHKIT_VARLEN a CTA runs a key block of one packed sequence (varlen.cuh's for_sequence_keys): the
+// With FLASHKIT_VARLEN a CTA runs a key block of one packed sequence (varlen.cuh's for_sequence over keys): the
 // parameter block is the sequence's view (its lengths; causal bottom-right aligned per sequence), and every
 // tensor row is offset by the sequence's origin (q_row0 / k_row0, ints) in the tensors' batch t_batch;
 // `batch` (the sequence) indexes the workspace.
@@ -370,11 +370,10 @@ __device__ __forceinline__ void bwd_block_seq(const Params& p, const Params& cal
 // and nothing past the sequence's last key block.
 template <class Kt, bool kCausal>
 __device__ __forceinline__ void bwd_block(const Params& params, int n_block, int kv_head, int batch) {
-    for_sequence_keys<FLASHKIT_VARLEN != 0, Kt::kBlockN>(params, batch, n_block,
-                                                         [&](const Params& p, const SeqOrigin& origin) {
-                                                             bwd_block_seq<Kt, kCausal>(p, params, n_block, kv_head,
-                                                                                        batch, origin);
-                                                         });
+    for_sequence<FLASHKIT_VARLEN != 0, Kt::kBlockN, SeqRows::kKeys>(
+        params, batch, n_block, [&](const Params& p, const SeqOrigin& origin) {
+            bwd_block_seq<Kt, kCausal>(p, params, n_block, kv_head, batch, origin);
+        });
 }
 
 }  // namespace flashkit
