@@ -8,7 +8,7 @@ from typing import Any
 
 from .call.arrays import describe, to_cupy
 from .call.dtypes import BY_NAME, FLOAT8_E4M3, dtype_by_name
-from .call.validate import Problem, check_flag, check_scale, validate_inputs
+from .call.validate import Problem, check_flag, check_scale, check_variant, validate_inputs
 from .errors import CompileError, FallbackWarning, InputError
 from .features.mods import launch_fields as mod_launch_fields
 from .features.mods import mods_of
@@ -67,8 +67,7 @@ def attention(q: Any, k: Any, v: Any, *, causal: bool = False, softmax_scale: fl
                          "scales, not both")
     if fp8_options is not None and (not fp8 or not isinstance(fp8_options, dict)):
         raise InputError("fp8_options: expected a dict (block, hadamard, seed) together with fp8=True")
-    if variant is not None and not isinstance(variant, str):
-        raise InputError(f"variant: expected a variant name (str), got {type(variant).__name__}")
+    check_variant(variant)
     q_meta = describe(q, "q")
     problem = validate_inputs(q_meta, describe(k, "k"), describe(v, "v"), softmax_scale, prequantized)
     check_head_dim_v(problem.head_dim, problem.head_dim_v, discover_kernels().specs)

@@ -13,7 +13,7 @@ from .registry import discover_kernels, select_kernel
 from .runtime.build import build_module, make_config
 from .runtime.device import cupy_module, device_info
 from .runtime.launch import LaunchInputs, launch, stride_fields
-from .call.validate import Problem, check_device, check_flag, check_on_gpu, validate_inputs
+from .call.validate import Problem, check_device, check_flag, check_on_gpu, check_variant, validate_inputs
 from .features.varlen import check_values, kernel_fields, validate_varlen
 
 LSE_DTYPE = "float32"
@@ -30,8 +30,7 @@ def attention_backward(dout: Any, q: Any, k: Any, v: Any, out: Any, lse: Any, *,
     Returns CuPy arrays shaped like q, k, v.
     """
     causal, deterministic = check_flag(causal, "causal"), check_flag(deterministic, "deterministic")
-    if variant is not None and not isinstance(variant, str):
-        raise InputError(f"variant: expected a variant name (str), got {type(variant).__name__}")
+    check_variant(variant)
     q_meta = describe(q, "q")
     problem = validate_inputs(q_meta, describe(k, "k"), describe(v, "v"), softmax_scale)
     check_same_head_dims(problem)
@@ -47,16 +46,8 @@ def attention_backward(dout: Any, q: Any, k: Any, v: Any, out: Any, lse: Any, *,
                            ((q, "q"), (k, "k"), (v, "v"), (dout, "dout"), (out, "out")))
     lsec = cupy.ascontiguousarray(to_cupy(lse, "lse"))
     storage = BY_NAME[problem.dtype].storage
-    dq = cupy.empty(qc.shape, dtype=storage)
-    dk = cupy.empty(kc.shape, dtype=storage)
-    dv = cupy.empty(vc.shape, dtype=storage)
-    bwd = {"dout": doc.data.ptr, "dq": dq.data.ptr, "dk": dk.data.ptr, "dv": dv.data.ptr,
-           "deterministic": int(deterministic),
-           **stride_fields("do", doc), **stride_fields("dq", dq), **stride_fields("dk", dk),
-           **stride_fields("dv", dv)}
-    config = make_config(spec, problem.dtype, problem.head_dim, causal, cc)
-    launch(spec, build_module(spec, config, cc), config, problem,
-           LaunchInputs(qc, kc, vc, oc, lsec, extras={"bwd": bwd}, map_arrays={"dout": doc}))
+    dq, dk, dv = (cupy.empty(x.shape, dtype=storage) for x in (qc, kc, vc))
+    _launch_backward(spec, cc, problem, causal, deterministic, (qc, kc, vc, doc, oc, lsec), (dq, dk, dv))
     return dq, dk, dv
 
 
@@ -75,8 +66,7 @@ def attention_varlen_backward(dout: Any, q: Any, k: Any, v: Any, out: Any, lse: 
     """
     causal, deterministic = check_flag(causal, "causal"), check_flag(deterministic, "deterministic")
     check_indices = check_flag(check_indices, "check_indices")
-    if variant is not None and not isinstance(variant, str):
-        raise InputError(f"variant: expected a variant name (str), got {type(variant).__name__}")
+    check_variant(variant)
     q_meta, k_meta, v_meta = describe(q, "q"), describe(k, "k"), describe(v, "v")
     call = validate_varlen(q_meta, k_meta, v_meta, describe(cu_seqlens_q, "cu_seqlens_q"),
                            describe(cu_seqlens_k, "cu_seqlens_k"), max_seqlen_q, max_seqlen_k, softmax_scale)
@@ -103,14 +93,25 @@ def attention_varlen_backward(dout: Any, q: Any, k: Any, v: Any, out: Any, lse: 
     qc, kc, vc, doc, oc = (_aligned(to_cupy(x, n))[None] for x, n in
                            ((q, "q"), (k, "k"), (v, "v"), (dout, "dout"), (out, "out")))
     lsec = cupy.ascontiguousarray(to_cupy(lse, "lse"))
+    _launch_backward(spec, cc, problem, causal, deterministic, (qc, kc, vc, doc, oc, lsec),
+                     (dq[None], dk[None], dv[None]), mods=("varlen",),
+                     extras=kernel_fields(cu_q, cu_k, call.total_q))
+    return dq, dk, dv
+
+
+def _launch_backward(spec, cc, problem: Problem, causal: bool, deterministic: bool, inputs: tuple, grads: tuple,
+                     mods: tuple[str, ...] = (), extras: dict | None = None) -> None:
+    """Launch a backward variant: inputs = (q, k, v, dout, out, lse) and grads = (dq, dk, dv) as its kernels
+    index them (Params.bwd carries the gradients' pointers and strides, dout also as a tensor map)."""
+    qc, kc, vc, doc, oc, lsec = inputs
+    dq, dk, dv = grads
     bwd = {"dout": doc.data.ptr, "dq": dq.data.ptr, "dk": dk.data.ptr, "dv": dv.data.ptr,
            "deterministic": int(deterministic),
-           **stride_fields("do", doc), **stride_fields("dq", dq[None]), **stride_fields("dk", dk[None]),
-           **stride_fields("dv", dv[None])}
-    config = make_config(spec, problem.dtype, problem.head_dim, causal, cc, mods=("varlen",))
-    extras = {**kernel_fields(cu_q, cu_k, call.total_q), "bwd": bwd}
-    launch(spec, build_module(spec, config, cc), config, problem, LaunchInputs(qc, kc, vc, oc, lsec, extras=extras))
-    return dq, dk, dv
+           **stride_fields("do", doc), **stride_fields("dq", dq), **stride_fields("dk", dk),
+           **stride_fields("dv", dv)}
+    config = make_config(spec, problem.dtype, problem.head_dim, causal, cc, mods=mods)
+    launch(spec, build_module(spec, config, cc), config, problem,
+           LaunchInputs(qc, kc, vc, oc, lsec, extras={**(extras or {}), "bwd": bwd}, map_arrays={"dout": doc}))
 
 
 def check_same_head_dims(p: Problem) -> None:

@@ -13,7 +13,7 @@ import numpy as np
 
 from .api import _aligned, _output, request_for, run
 from .call.arrays import describe, to_cupy
-from .call.validate import check_flag
+from .call.validate import check_flag, check_variant
 from .errors import InputError
 from .features.kv_cache import (append_new, check_values, describe_seqlens, kernel_fields, seqlens_array,
                                 validate_kvcache)
@@ -36,8 +36,7 @@ def attention_with_kvcache(q: Any, k_cache: Any, v_cache: Any, *, cache_seqlens:
     """
     causal, return_lse = check_flag(causal, "causal"), check_flag(return_lse, "return_lse")
     check_indices = check_flag(check_indices, "check_indices")
-    if variant is not None and not isinstance(variant, str):
-        raise InputError(f"variant: expected a variant name (str), got {type(variant).__name__}")
+    check_variant(variant)
     key = _kvcache_key(q, k_cache, v_cache, cache_seqlens, block_table, k_new, v_new, out, causal, return_lse,
                        softmax_scale, variant)
     if key is not None and (cached := CALLS.get(key)) is not None:   # this signature validated and selected before

@@ -10,8 +10,7 @@ from typing import Any
 
 from .api import _aligned, _output, request_for, run
 from .call.arrays import describe, to_cupy
-from .call.validate import check_flag
-from .errors import InputError
+from .call.validate import check_flag, check_variant
 from .features.mods import launch_fields as mod_launch_fields
 from .features.mods import mods_of
 from .features.varlen import check_values, kernel_fields, validate_varlen
@@ -42,8 +41,7 @@ def attention_varlen(q: Any, k: Any, v: Any, cu_seqlens_q: Any, cu_seqlens_k: An
     """
     causal, return_lse = check_flag(causal, "causal"), check_flag(return_lse, "return_lse")
     check_indices = check_flag(check_indices, "check_indices")
-    if variant is not None and not isinstance(variant, str):
-        raise InputError(f"variant: expected a variant name (str), got {type(variant).__name__}")
+    check_variant(variant)
     q_meta = describe(q, "q")
     call = validate_varlen(q_meta, describe(k, "k"), describe(v, "v"), describe(cu_seqlens_q, "cu_seqlens_q"),
                            describe(cu_seqlens_k, "cu_seqlens_k"), max_seqlen_q, max_seqlen_k, softmax_scale)

@@ -1,6 +1,7 @@
 """One small call of every variant this GPU runs, on odd shapes: the workload compute-sanitizer checks.
 
-Usage: compute-sanitizer --tool memcheck|racecheck|synccheck --error-exitcode 1 python3 scripts/sanitize.py
+Usage: compute-sanitizer --tool memcheck|racecheck|synccheck --error-exitcode 1 python3 scripts/sanitize.py [VARIANT ...]
+(no variant named: every variant this GPU runs)
 """
 
 from __future__ import annotations
@@ -39,10 +40,10 @@ def forward(spec, head_dim: int, causal: bool) -> None:
                 raise
 
 
-def main() -> None:
+def main(names: list[str]) -> None:
     cc = device_info().cc
     for spec in variants():
-        if not spec.runs_on(cc):
+        if not spec.runs_on(cc) or (names and spec.name not in names):
             continue
         head_dim = 128 if 128 in spec.head_dims else spec.head_dims.examples()[0]
         for causal in spec.causal_options():
@@ -60,4 +61,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    import sys
+    main(sys.argv[1:])

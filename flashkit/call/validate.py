@@ -103,6 +103,12 @@ def check_scale(softmax_scale: float | None, head_dim: int) -> float:
     return float(softmax_scale)
 
 
+def check_variant(variant) -> None:
+    """variant=: None (the registry chooses) or a variant's name."""
+    if variant is not None and not isinstance(variant, str):
+        raise InputError(f"variant: expected a variant name (str), got {type(variant).__name__}")
+
+
 def check_flag(value, name: str) -> bool:
     if value is True or value is False:   # the common case first: every call checks its flags
         return value

@@ -32,7 +32,6 @@ workspace: none
 // With `persistent` (FLASHKIT_PERSISTENT) one CTA an SM walks its share of the tiles (tile_scheduler.cuh).
 // With FLASHKIT_HEAD_DIM_V (head_dim_v), V and O have a head dim of their own, below Q's and K's (ws_traits.cuh).
 #include "flashkit/functor.cuh"
-#include "flashkit/hopper/tile_scheduler.cuh"
 #include "flashkit/hopper/ws_forward.cuh"
 
 // V and O of FLASHKIT_HEAD_DIM_V (traits.cuh: FLASHKIT_HEAD_DIM unless the call's head_dim_v differs).
@@ -49,26 +48,11 @@ static_assert(FLASHKIT_WARPS * flashkit::kWarpSize == Traits::kThreads, "warps: 
 
 FLASHKIT_EXPORT_SMEM_BYTES(Traits::kSmemBytes);
 
-// The CTA's tiles (causal: each head's heaviest block first), each with its sequence's view and its mask.
-struct Fa3Tiles {
-    const flashkit::Params& params;
-    template <class Visit>
-    __device__ __forceinline__ void operator()(const Visit& visit) const {
-        const flashkit::hopper::SnakeScheduler<Traits::kBlockM, FLASHKIT_CAUSAL != 0> scheduler(params);
-        scheduler.for_each_tile([&](const flashkit::hopper::TileIndex& t) {
-            flashkit::for_sequence<FLASHKIT_VARLEN != 0, Traits::kBlockM>(
-                params, t.batch, t.m_block, [&](const flashkit::Params& p, const flashkit::SeqOrigin& origin) {
-                    visit(p, flashkit::make_mask<FwdMask>(p, t.m_block, t.head, t.batch), t.m_block, t.head,
-                          t.batch, origin);
-                });
-        });
-    }
-};
-
 extern "C" __global__ void __launch_bounds__(Traits::kThreads, 1)
     flashkit_fa3_fwd(const flashkit::Params params, const __grid_constant__ flashkit::hopper::TensorMap q_map,
                      const __grid_constant__ flashkit::hopper::TensorMap k_map,
                      const __grid_constant__ flashkit::hopper::TensorMap v_map,
                      const __grid_constant__ flashkit::hopper::TensorMap o_map) {
-    flashkit::hopper::ws_forward_tiles<Traits, flashkit::FwdScoreMod>({q_map, k_map, v_map, o_map}, Fa3Tiles{params});
+    typedef flashkit::hopper::ScheduledTiles<FwdMask, Traits::kBlockM, FLASHKIT_CAUSAL != 0, FLASHKIT_VARLEN != 0> Tiles;
+    flashkit::hopper::ws_forward_tiles<Traits, flashkit::FwdScoreMod>({q_map, k_map, v_map, o_map}, Tiles{params});
 }

@@ -27,7 +27,9 @@ REQUIRED = ("name", "summary", "entry", "arch", "dtypes", "head_dims", "features
 KNOWN = set(REQUIRED) | {"priority", "overrides", "workspace", "requires", "tensor_maps", "limits"}
 # limits: upper bounds of a request where a variant is the right choice (a decode kernel: short queries).
 LIMIT_KEYS = ("seqlen_q", "packed_rows")   # packed_rows: seqlen_q * heads / kv_heads
-TENSOR_MAP_NAMES = ("q", "k", "v", "o", "dout")   # kernel arguments after Params, in this order (dout: backward)
+# Kernel arguments after Params, in this order (dout: the backward's; vt: V transposed in the workspace, fp8 on wgmma).
+TENSOR_MAP_NAMES = ("q", "k", "v", "o", "dout", "vt")
+MAP_ROWS_HEAD_DIM = "head_dim"   # box rows of a map whose rows are the head dim (vt)
 
 
 def launch_value_ok(name: str, value) -> bool:
@@ -118,9 +120,10 @@ class KernelSpec:
     tensor_maps: dict[str, int | str] = field(default_factory=dict)   # tensor -> box rows (int or launch key)
     limits: dict[str, int] = field(default_factory=dict)   # LIMIT_KEYS -> largest value served
 
-    def tensor_map_rows(self, launch: dict[str, int]) -> dict[str, int]:
-        """Box rows of each tensor map the entry takes, in argument order, launch keys resolved."""
-        return {t: launch[r] if isinstance(r, str) else r
+    def tensor_map_rows(self, launch: dict[str, int], head_dim: int = 0) -> dict[str, int]:
+        """Box rows of each tensor map the entry takes, in argument order, launch keys (and head_dim) resolved."""
+        values = {**launch, MAP_ROWS_HEAD_DIM: head_dim}
+        return {t: values[r] if isinstance(r, str) else r
                 for t in TENSOR_MAP_NAMES if (r := self.tensor_maps.get(t)) is not None}
 
     def supports(self, feature: str) -> bool:
@@ -284,10 +287,10 @@ def spec_from(path: Path, data: dict) -> KernelSpec:
         raise bad("workspace", f"one of {', '.join(WORKSPACE_KINDS)}")
     tensor_maps = data.get("tensor_maps") or {}
     if not isinstance(tensor_maps, dict) or any(
-            t not in TENSOR_MAP_NAMES or not ((isinstance(r, int) and r > 0) or r in ints)
+            t not in TENSOR_MAP_NAMES or not ((isinstance(r, int) and r > 0) or r in ints or r == MAP_ROWS_HEAD_DIM)
             for t, r in tensor_maps.items()):
         raise bad("tensor_maps", f"a mapping of tensors ({', '.join(TENSOR_MAP_NAMES)}) to box rows "
-                                 "(a positive int or a launch key such as block_m)")
+                                 f"(a positive int, a launch key such as block_m, or {MAP_ROWS_HEAD_DIM})")
     limits = data.get("limits") or {}
     if not isinstance(limits, dict) or any(k not in LIMIT_KEYS or not isinstance(v, int) or isinstance(v, bool)
                                            or v <= 0 for k, v in limits.items()):

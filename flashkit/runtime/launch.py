@@ -16,7 +16,7 @@ from .kv_split import SMEM_RESERVED as SPLIT_SMEM_RESERVED
 from .kv_split import plan as split_plan
 from .params import ParamTemplate, make_params, merge_fields
 from .tile_balance import persistent_balances
-from .tma import array_geometry, encode
+from .tma import array_geometry, encode, padded_keys, transposed_v_geometry
 
 LOG2E = 1.4426950408889634
 WARP_SIZE = 32
@@ -49,8 +49,7 @@ def grid_for(kind: str, p: Problem, cfg: dict[str, int]) -> tuple[int, int, int]
 
 def workspace_bytes(kind: str, p: Problem, cfg: dict[str, int]) -> int:
     if kind == "v_transposed":   # V as (batch, kv_heads, head_dim, keys), keys padded to block_n
-        keys = -(-p.seqlen_k // cfg["block_n"]) * cfg["block_n"]
-        return p.batch * p.kv_heads * p.head_dim * keys * BY_NAME[p.dtype].itemsize
+        return p.batch * p.kv_heads * p.head_dim * padded_keys(p.seqlen_k, cfg["block_n"]) * BY_NAME[p.dtype].itemsize
     if kind == "scores":
         return p.batch * p.heads * p.seqlen_q * p.seqlen_k * FLOAT32_BYTES
     if kind == "running_state":
@@ -132,7 +131,9 @@ def prepare_launch(spec: KernelSpec, loaded: LoadedKernel, config: BuildConfig, 
 
 
 POINTER_FIELDS = ("q", "k", "v", "o", "lse", "workspace")
-MAP_TENSORS = ("q", "k", "v", "o")
+# Tensor maps whose address changes per call: the index of that pointer in a launch's pointers (POINTER_FIELDS
+# order; vt: the workspace, where the pre-pass writes V transposed).
+MAP_POINTERS = {"q": 0, "k": 1, "v": 2, "o": 3, "vt": POINTER_FIELDS.index("workspace")}
 
 
 MAX_MAP_ADDRESSES = 64           # address tuples whose encoded tensor maps a PreparedLaunch keeps at hand
@@ -155,7 +156,8 @@ class PreparedLaunch:
         self.block = block
         self.smem_bytes = smem_bytes
         self.workspace_bytes = workspace_bytes
-        self.maps = maps                      # (tensor index in q, k, v, o, or None; MapGeometry)
+        self.maps = maps                      # (pointer index (MAP_POINTERS), or None; MapGeometry)
+        self._map_pointers = tuple(sorted({i for i, _ in maps if i is not None}))
         self._words = params.block()
         from cupy.cuda.function import CPointer   # a kernel argument passed as the bytes at an address
         self._block_arg = CPointer(self._words.ctypes.data)
@@ -171,33 +173,37 @@ class PreparedLaunch:
                     workspace.data.ptr if workspace is not None else 0) + extra
         with self._lock:
             self.params.write(self._words, pointers)
-            args = (self._block_arg, *self._encoded(pointers[:len(MAP_TENSORS)])) if self.maps else (self._block_arg,)
+            args = (self._block_arg, *self._encoded(pointers)) if self.maps else (self._block_arg,)
             for fn, grid in self.grids:
                 fn(grid, self.block, args, shared_mem=self.smem_bytes)
 
-    def _encoded(self, ptrs: tuple[int, ...]) -> tuple:
-        """The tensor maps at these addresses; a repeated address tuple (a memory pool hands the same blocks
+    def _encoded(self, pointers: tuple[int, ...]) -> tuple:
+        """The tensor maps at the call's addresses; a repeated address tuple (a memory pool hands the same blocks
         back) costs a dictionary look-up instead of building and hashing a geometry per map."""
+        ptrs = tuple(pointers[i] for i in self._map_pointers)
         found = self._maps_at.get(ptrs)
         if found is None:
             if len(self._maps_at) >= MAX_MAP_ADDRESSES:
                 self._maps_at.clear()
-            found = self._maps_at[ptrs] = tuple(encode(g if i is None else replace(g, address=ptrs[i]))
+            found = self._maps_at[ptrs] = tuple(encode(g if i is None else replace(g, address=pointers[i]))
                                                 for i, g in self.maps)
         return found
 
 
 def tensor_map_layouts(spec: KernelSpec, cfg: dict[str, int], p: Problem, io: LaunchInputs) -> tuple:
-    """(tensor index in q, k, v, o; geometry with address 0) of each tensor map, checked on io's arrays:
+    """(pointer index in MAP_POINTERS; geometry with address 0) of each tensor map, checked on io's arrays:
     a later call of the same signature (strides, 16-byte alignment) only puts its address in. A map of
     another tensor (the backward's dout, from io.map_arrays) keeps its address: (None, geometry)."""
     out_dtype = dtype_of_storage(io.out.dtype)
     arrays = {"q": (io.q, p.dtype), "k": (io.k, p.dtype), "v": (io.v, p.dtype),
               "o": (io.out, out_dtype.name if out_dtype else p.dtype)}
     layouts = []
-    for t, rows in spec.tensor_map_rows(cfg).items():
-        if t in MAP_TENSORS:
-            layouts.append((MAP_TENSORS.index(t), replace(array_geometry(arrays[t][0], arrays[t][1], rows), address=0)))
+    for t, rows in spec.tensor_map_rows(cfg, p.head_dim).items():
+        if t == "vt":
+            layouts.append((MAP_POINTERS[t], transposed_v_geometry(p.dtype, BY_NAME[p.dtype].itemsize, p.batch, p.kv_heads,
+                                                                  p.head_dim, p.seqlen_k, cfg["block_n"])))
+        elif t in arrays:
+            layouts.append((MAP_POINTERS[t], replace(array_geometry(arrays[t][0], arrays[t][1], rows), address=0)))
         elif t in io.map_arrays:
             layouts.append((None, array_geometry(io.map_arrays[t], p.dtype, rows)))
         else:

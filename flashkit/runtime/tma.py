@@ -26,6 +26,7 @@ MAX_STRIDE = 1 << 40         # TMA: strides below 2^40 bytes
 TENSOR_MAP_DTYPE = np.dtype((np.void, 128))   # CUtensorMap: 128 opaque bytes, passed by value
 MISSING_BINDING = ("needs NVIDIA's cuda-bindings for TMA tensor maps "
                    "(pip install 'flashkit[cuda13]' or 'flashkit[cuda12]')")
+SWIZZLES = (128, 64)          # panel bytes a box may span: TMA's 128- and 64-byte swizzle modes
 DTYPE_NAMES = {"float16": "FLOAT16", "bfloat16": "BFLOAT16", "float8_e4m3": "UINT8"}
 
 
@@ -38,11 +39,13 @@ class MapGeometry:
     dims: tuple[int, int, int, int]        # (head_dim, seqlen, heads, batch)
     strides: tuple[int, int, int]          # bytes between rows, heads, batches
     box: tuple[int, int, int, int]         # (panel elements, rows, 1, 1)
+    swizzle: int = PANEL_BYTES             # the swizzle span: the panel's bytes (128, or 64 for a 64-byte panel)
 
 
 def map_geometry(address: int, shape: tuple[int, ...], strides: tuple[int, ...], itemsize: int,
-                 dtype: str, rows: int) -> MapGeometry:
-    """The tensor map of a (batch, seqlen, heads, head_dim) tensor with byte strides, or ValueError why not."""
+                 dtype: str, rows: int, panel_bytes: int = PANEL_BYTES) -> MapGeometry:
+    """The tensor map of a (batch, seqlen, heads, head_dim) tensor with byte strides, or ValueError why not.
+    Its box: one panel of panel_bytes (128, or 64: the 64-byte swizzle) of the innermost dimension by `rows`."""
     batch, seqlen, heads, head_dim = shape
     if dtype not in DTYPE_NAMES:
         raise ValueError(f"TMA maps take {', '.join(DTYPE_NAMES)}, not {dtype}")
@@ -62,8 +65,10 @@ def map_geometry(address: int, shape: tuple[int, ...], strides: tuple[int, ...],
         if s <= 0 or s % STRIDE_ALIGN or s >= MAX_STRIDE:
             raise ValueError(f"the {name} stride ({s} bytes) must be a positive multiple of {STRIDE_ALIGN} "
                              f"below 2^40")
+    if panel_bytes not in SWIZZLES:
+        raise ValueError(f"panels of {', '.join(map(str, SWIZZLES))} bytes, not {panel_bytes}")
     return MapGeometry(dtype, address, (head_dim, seqlen, heads, batch), (row_b, head_b, batch_b),
-                       (PANEL_BYTES // itemsize, rows, 1, 1))
+                       (panel_bytes // itemsize, rows, 1, 1), panel_bytes)
 
 
 def array_geometry(arr: Any, dtype: str, rows: int) -> MapGeometry:
@@ -93,10 +98,27 @@ def encode(geometry: MapGeometry) -> np.void:
         [cu.cuuint64_t(s) for s in geometry.strides], [cu.cuuint32_t(b) for b in geometry.box],
         [cu.cuuint32_t(1)] * len(geometry.dims),
         cu.CUtensorMapInterleave.CU_TENSOR_MAP_INTERLEAVE_NONE,
-        cu.CUtensorMapSwizzle.CU_TENSOR_MAP_SWIZZLE_128B,
+        getattr(cu.CUtensorMapSwizzle, f"CU_TENSOR_MAP_SWIZZLE_{geometry.swizzle}B"),
         cu.CUtensorMapL2promotion.CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
         cu.CUtensorMapFloatOOBfill.CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE)
     if err != cu.CUresult.CUDA_SUCCESS:
         raise DeviceError(f"cuTensorMapEncodeTiled failed ({err.name}) for {geometry}")
     words = np.array([int(w) for w in tensor_map.opaque], dtype=np.uint64)
     return words.view(TENSOR_MAP_DTYPE)[0]
+
+
+def padded_keys(seqlen_k: int, block_n: int) -> int:
+    """Keys a row of the transposed V holds: seqlen_k padded to whole block_n tiles (zeros past the last key)."""
+    return -(-seqlen_k // block_n) * block_n
+
+
+def transposed_v_geometry(dtype: str, itemsize: int, batch: int, kv_heads: int, head_dim: int, seqlen_k: int,
+                          block_n: int) -> MapGeometry:
+    """The map of V transposed into the workspace (the v_transposed workspace, hopper/v_transpose.cuh):
+    (batch, kv_heads, head_dim, keys) seen as (batch, rows = head_dim, heads = kv_heads, keys), a box of
+    one panel of keys (a block_n tile: 128 or 64 bytes, swizzled alike) by every head-dim row; address 0 (the
+    workspace's, each call)."""
+    keys = padded_keys(seqlen_k, block_n)
+    row = keys * itemsize
+    return map_geometry(0, (batch, head_dim, kv_heads, keys), (kv_heads * head_dim * row, row, head_dim * row, itemsize),
+                        itemsize, dtype, head_dim, panel_bytes=block_n * itemsize)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from flashkit.runtime.tma import MapGeometry, map_geometry
+from flashkit.runtime.tma import MapGeometry, map_geometry, transposed_v_geometry
 
 BF16 = 2
 
@@ -49,3 +49,18 @@ def test_a_head_dim_inside_a_panel_keeps_the_panel_box():
     """hd96 of bf16 (192 B): two 64-element boxes, the second read past the end as TMA's zero fill."""
     g = map_geometry(0, (2, 10, 2, 96), contiguous(2, 10, 2, 96), BF16, "bfloat16", 128)
     assert g.dims[0] == 96 and g.box == (64, 128, 1, 1)
+
+
+@pytest.mark.parametrize("block_n,swizzle", [(128, 128), (64, 64)])
+def test_transposed_v_in_the_workspace(block_n, swizzle):
+    """fp8's V^T (batch, kv_heads, head_dim, keys padded to block_n), 1-byte keys: a box of one tile's keys (a 128-
+    or 64-byte panel, swizzled alike) by every head-dim row."""
+    g = transposed_v_geometry("float8_e4m3", 1, 2, 3, 256, 300, block_n)
+    keys = -(-300 // block_n) * block_n
+    assert g.dims == (keys, 256, 3, 2) and g.strides == (keys, 256 * keys, 3 * 256 * keys)
+    assert g.box == (block_n, 256, 1, 1) and g.swizzle == swizzle and g.address == 0
+
+
+def test_panels_are_128_or_64_bytes():
+    with pytest.raises(ValueError, match="panels of"):
+        map_geometry(0, (2, 10, 2, 64), contiguous(2, 10, 2, 64), BF16, "bfloat16", 64, panel_bytes=32)

@@ -69,12 +69,20 @@ struct BwdCausal {
         if (q_lo >= p.seqlen_q) return (p.seqlen_q + block_m - 1) / block_m;
         return q_lo > 0 ? q_lo / block_m : 0;
     }
-    // Whether tile (query block at m0, key block at n0) crosses the diagonal.
-    __device__ __forceinline__ static bool crosses(const Params& p, int m0, int n0, int block_n) {
-        return kCausal && n0 + block_n - 1 > m0 + p.seqlen_k - p.seqlen_q;
+    // Whether tile (query block at m0, key block at n0) crosses the diagonal; offset = seqlen_k - seqlen_q.
+    __device__ __forceinline__ static bool crosses(int offset, int m0, int n0, int block_n) {
+        return kCausal && n0 + block_n - 1 > m0 + offset;
     }
 };
 
+// Deterministic dQ: spin until the semaphore of (batch, head, m_block) reads `want` (the key blocks before
+// this one have added their dQ), with acquire semantics so that their adds are visible first.
+__device__ __forceinline__ void wait_semaphore(const int* sema, int want) {
+    int seen;
+    do {
+        asm volatile("ld.acquire.gpu.global.s32 %0, [%1];\n" : "=r"(seen) : "l"(sema) : "memory");
+    } while (seen != want);
+}
 
 // +inf as a float bit pattern: exp2(s - (+inf)) = 0 for every finite or -inf s.
 #define FLASHKIT_POS_INF (__int_as_float(0x7f800000))

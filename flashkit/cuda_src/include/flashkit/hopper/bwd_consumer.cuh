@@ -15,8 +15,8 @@
 //                                           transposed, B = the K tile; consumer c takes head-dim
 //                                           columns [64 c, 64 c + 64) (hd128), or at hd64 every column
 //                                           over its own 64 keys, dQ_c = dS[:, keys_c] K[keys_c, :]
-//   dq_accum += scale dQ                    fp32 vector reductions (red.global.add.v4.f32), in key-block order when
-//                                           p.bwd.deterministic (the semaphores of bwd_passes.cuh)
+//   dq_accum += scale dQ                    fp32 vector reductions (red.global.add.v4.f32), in key-block
+//                                           order when p.bwd.deterministic (bwd_passes.cuh's semaphores)
 // At the end: dK *= scale; dK, dV stored (16-bit) for the consumer's keys < seqlen_k.
 // Ordering of the dS^T buffers: a consumer writes buffer i % 2 in visit i after visit i - 1's barrier,
 // which the other consumer passed only after its visit i - 2 products (the last reads of that buffer)
@@ -107,8 +107,9 @@ struct BwdConsumer {
         gmma::fence_accumulators(s);
         // key > query + shift -> P = 0 (causal, bottom-right aligned), shift past every key where the visit
         // does not cross the diagonal; as one register: key - query - shift = over + 8 h - (8 ni + e % 2).
-        const int shift = BwdCausal<kCausal>::crosses(p, m0, key0, Kt::kConsumerKeys) ? p.seqlen_k - p.seqlen_q
-                                                                                      : kNoMaskShift;
+        const int shift = BwdCausal<kCausal>::crosses(p.seqlen_k - p.seqlen_q, m0, key0, Kt::kConsumerKeys)
+                              ? p.seqlen_k - p.seqlen_q
+                              : kNoMaskShift;
         const int over = key0 + warp_row - (m0 + col2) - shift;
 #pragma unroll
         for (int ni = 0; ni < Kt::kQTiles; ++ni)
@@ -188,19 +189,14 @@ struct BwdConsumer {
     // dq_accum rows of the visit += scale dQ (this consumer's columns), 16 bytes a reduction (add_rows); in
     // key-block order when deterministic: key block j waits until the semaphore of (batch, head, m_block)
     // reads j (every earlier key block visits m_block too, causal included), then adds and increments it (at
-// hd64 both consumers add to each element: consumer 0's adds, then consumer 1's).
+    // hd64 both consumers add to each element: consumer 0's adds, then consumer 1's).
     __device__ __forceinline__ void add_dq(const float (&dq)[Kt::kDqTiles][4], int head, int m_block,
                                            index_t ws_row) const {
         const bool ordered = p.bwd.deterministic != 0;
         const bool leader = consumer == 0 && tid == 0;
         int* sema = ws.semaphore(p, batch, head, m_block);
         if (ordered) {
-            if (leader) {
-                int seen;
-                do {
-                    asm volatile("ld.acquire.gpu.global.s32 %0, [%1];\n" : "=r"(seen) : "l"(sema) : "memory");
-                } while (seen != n_block);
-            }
+            if (leader) wait_semaphore(sema, n_block);
             named_sync(kBwdDqOrderBarrier, Kt::kConsumerThreads);
         }
         float* dq_rows = ws.dq_accum + ws_row * kD + dq_col0() + col2;

@@ -1,7 +1,7 @@
 // Epilogue of a consumer warpgroup of the warp-specialized Hopper forward: O (already divided by
 // l; kHeadDimV columns) -> output type -> its own 64 rows of the O staging tile (Kt::kOOffset: a tile of its
 // own, or the Q tile, no longer read once the consumer's last S product has completed), in the swizzled panel
-// layout TMA's 128 B swizzle reads (O's kVPanels panels, the first of the tile's); then one thread stores the
+// layout TMA's 128 B swizzle reads (Kt::OTile, kOPanels panels); then one thread stores the
 // rows with TMA, which clips rows past seqlen_q (and columns past head_dim_v). The LSE goes straight from
 // registers.
 // A packed varlen sequence (varlen.cuh) ends inside the tensor TMA sees, so the 64-row group holding its
@@ -18,7 +18,7 @@
 namespace flashkit {
 namespace hopper {
 
-// The first `rows` (< 64) rows of the staged group at tile row group_row0, from the swizzled Q tile to O
+// The first `rows` (< 64) rows of the staged group at tile row group_row0, from the swizzled O tile to O
 // (rows of the sequence at `origin`), one 16 B chunk a thread at a time.
 template <class Kt>
 __device__ __forceinline__ void store_rows(u32 tile, int group_row0, int rows, const Params& p, const TileCoords& q_at,
@@ -34,7 +34,7 @@ __device__ __forceinline__ void store_rows(u32 tile, int group_row0, int rows, c
         uint4 v;
         asm volatile("ld.shared.v4.b32 {%0, %1, %2, %3}, [%4];\n"
                      : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-                     : "r"(tile + Kt::QTile::chunk_offset(group_row0 + r, chunk)));
+                     : "r"(tile + Kt::OTile::chunk_offset(group_row0 + r, chunk)));
         *reinterpret_cast<uint4*>(o + r * p.o_row_stride + chunk * kChunkElems) = v;
     }
 }
@@ -45,7 +45,7 @@ __device__ __forceinline__ void store_output_tma(const float (&o)[1][Kt::kDTiles
                                                  const TileCoords& q_at, const SeqOrigin& origin,
                                                  int tid_in_group) {
     typedef typename Kt::OutT OutT;
-    typedef typename Kt::QTile QTile;
+    typedef typename Kt::OTile OTile;
     const int warp = tid_in_group / kWarpSize;
     const int lane = tid_in_group % kWarpSize;
     const int g = lane / kQuadLanes;
@@ -65,7 +65,7 @@ __device__ __forceinline__ void store_output_tma(const float (&o)[1][Kt::kDTiles
         const int row = group_row0 + warp * Kt::kWarpRows + h * kFragRowHalf + g;
 #pragma unroll
         for (int nd = 0; nd < Kt::kDTiles; ++nd) {   // column tile nd: 8 elements = one 16 B chunk
-            const u32 addr = o_tile + QTile::chunk_offset(row, nd) + t * kFragCols * sizeof(OutT);
+            const u32 addr = o_tile + OTile::chunk_offset(row, nd) + t * kFragCols * sizeof(OutT);
             asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(addr), "r"(pack_float2<OutT>(o[0][nd][2 * h], o[0][nd][2 * h + 1]))
                          : "memory");
         }
@@ -81,9 +81,9 @@ __device__ __forceinline__ void store_output_tma(const float (&o)[1][Kt::kDTiles
     }
     if (tid_in_group == 0 && rows_left > 0) {
 #pragma unroll
-        for (int pnl = 0; pnl < Kt::kVPanels; ++pnl)
-            tma_store(o_map, o_tile + pnl * QTile::kPanelSize + group_row0 * QTile::kPanelBytes,
-                      pnl * Kt::kPanelElems, origin.q_row + q_at.row + group_row0, q_at.head, origin.batch);
+        for (int pnl = 0; pnl < Kt::kOPanels; ++pnl)
+            tma_store(o_map, o_tile + pnl * OTile::kPanelSize + group_row0 * OTile::kPanelBytes,
+                      pnl * Kt::kOPanelElems, origin.q_row + q_at.row + group_row0, q_at.head, origin.batch);
         tma_store_commit();
         if constexpr (!Kt::kOwnOTile) tma_store_wait_read();
     }

@@ -11,6 +11,7 @@
 // the register budget of the setmaxnreg that dominates it, so the roles must not share code after it.
 #pragma once
 
+#include "flashkit/hopper/tile_scheduler.cuh"
 #include "flashkit/hopper/tma_epilogue.cuh"
 #include "flashkit/hopper/ws_cta.cuh"
 #include "flashkit/hopper/ws_mainloop.cuh"
@@ -40,8 +41,10 @@ __device__ __forceinline__ void produce_tile(WsCta<Kt>& cta, const Params& p, co
     cta.advance(n_blocks);
 }
 
-// The same tile on a consumer warpgroup; ScoreMod (score_mod.cuh) modifies the scores before the softmax.
-template <class Kt, class ScoreMod, class Mask>
+// The same tile on a consumer warpgroup. Mainloop: the precision's products and softmax (ws_mainloop.cuh's
+// WsMainloop for 16-bit inputs; fp8_ws_mainloop.cuh's for e4m3), with ScoreMod (score_mod.cuh) modifying the
+// scores before the softmax.
+template <class Kt, class ScoreMod, template <class, class, class> class Mainloop, class Mask>
 __device__ __forceinline__ void consume_tile(WsCta<Kt>& cta, const Params& p, const ForwardMaps& maps,
                                              const Mask& mask, int m_block, int head, int batch,
                                              const SeqOrigin& origin) {
@@ -50,7 +53,7 @@ __device__ __forceinline__ void consume_tile(WsCta<Kt>& cta, const Params& p, co
     const int consumer = cta.consumer();
     const int tid_in_group = cta.tid % gmma::kWarpgroupThreads;
     const int lane = cta.tid % kWarpSize;
-    WsMainloop<Kt, Mask, ScoreMod> loop(mask, p, head, batch, cta.smem, consumer);
+    Mainloop<Kt, Mask, ScoreMod> loop(mask, p, head, batch, cta.smem, consumer, q_at.row);
     mbarrier_wait(cta.q_full, static_cast<u32>(cta.tiles) & 1u);   // Q landed (or an empty tile announced)
     if (n_blocks > 0) {   // (with kOwnOTile, hands Q back after its last S)
         const int row0 = q_at.row + consumer * gmma::kWarpgroupRows + tid_in_group / kWarpSize * Kt::kWarpRows +
@@ -61,7 +64,7 @@ __device__ __forceinline__ void consume_tile(WsCta<Kt>& cta, const Params& p, co
         mbarrier_arrive(cta.q_empty);
     }
     float lse[1][2];
-    loop.softmax.finalize(loop.acc_o, p.softmax_scale_log2, lse);
+    loop.finalize(lse);
     store_output_tma<Kt>(loop.acc_o, lse, cta.smem, consumer, maps.o, p, q_at, origin, tid_in_group);
     if (!Kt::kOwnOTile && tid_in_group == 0) mbarrier_arrive(cta.q_empty);   // its O has left the Q rows
     cta.advance(n_blocks);
@@ -79,20 +82,20 @@ struct ProduceTile {
         produce_tile<Kt>(cta, p, maps, mask, m_block, head, batch, origin);
     }
 };
-template <class Kt, class ScoreMod>
+template <class Kt, class ScoreMod, template <class, class, class> class Mainloop>
 struct ConsumeTile {
     WsCta<Kt>& cta;
     const ForwardMaps& maps;
     template <class Mask>
     __device__ __forceinline__ void operator()(const Params& p, const Mask& mask, int m_block, int head, int batch,
                                                const SeqOrigin& origin) const {
-        consume_tile<Kt, ScoreMod>(cta, p, maps, mask, m_block, head, batch, origin);
+        consume_tile<Kt, ScoreMod, Mainloop>(cta, p, maps, mask, m_block, head, batch, origin);
     }
 };
 
 // The forward of every tile `tiles` names: tiles(visit) calls visit(p, mask, m_block, head, batch, origin)
 // for each of the CTA's tiles, in the same order on every call (the variant's scheduler and masks).
-template <class Kt, class ScoreMod, class TileLoop>
+template <class Kt, class ScoreMod, class TileLoop, template <class, class, class> class Mainloop = WsMainloop>
 __device__ __forceinline__ void ws_forward_tiles(const ForwardMaps& maps, const TileLoop& tiles) {
     WsCta<Kt> cta(ws_smem_base());
     if (cta.producer()) {
@@ -101,7 +104,7 @@ __device__ __forceinline__ void ws_forward_tiles(const ForwardMaps& maps, const 
         return;
     }
     claim_registers<Kt::kConsumerRegs>();
-    tiles(ConsumeTile<Kt, ScoreMod>{cta, maps});
+    tiles(ConsumeTile<Kt, ScoreMod, Mainloop>{cta, maps});
     drain_output_stores<Kt>(cta.tid % gmma::kWarpgroupThreads);
 }
 
@@ -115,6 +118,22 @@ struct OneTile {
     template <class Visit>
     __device__ __forceinline__ void operator()(const Visit& visit) const {
         visit(p, mask, m_block, head, batch, origin);
+    }
+};
+
+// The tile loop of a `tiles` grid: the CTA's tiles in the scheduler's order (tile_scheduler.cuh; causal: each
+// head's heaviest block first), each with its sequence's view (kVarlen: varlen.cuh) and its Mask.
+template <class Mask, int kBlockM, bool kCausal, bool kVarlen>
+struct ScheduledTiles {
+    const Params& params;
+    template <class Visit>
+    __device__ __forceinline__ void operator()(const Visit& visit) const {
+        const SnakeScheduler<kBlockM, kCausal> scheduler(params);
+        scheduler.for_each_tile([&](const TileIndex& t) {
+            for_sequence<kVarlen, kBlockM>(params, t.batch, t.m_block, [&](const Params& p, const SeqOrigin& origin) {
+                visit(p, make_mask<Mask>(p, t.m_block, t.head, t.batch), t.m_block, t.head, t.batch, origin);
+            });
+        });
     }
 };
 

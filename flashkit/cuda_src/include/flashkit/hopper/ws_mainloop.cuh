@@ -66,8 +66,9 @@ struct WsMainloop {
     float alpha[1][2];                 // what O owes before its next product
     OnlineSoftmax<1> softmax;
 
+    // (tile_row0: the tile's first query row within the sequence; the fp8 loop's row scales need it.)
     __device__ __forceinline__ WsMainloop(const Mask& mask_, const Params& p, int head, int batch, u32 smem,
-                                          int consumer)
+                                          int consumer, int /*tile_row0*/)
         : mask(mask_), score_mod(p, head, batch), q_tile(smem + Kt::kQOffset), k_tiles(smem + Kt::kKOffset), v_tiles(smem + Kt::kVOffset),
           q_row0(consumer * gmma::kWarpgroupRows), scale_log2(p.softmax_scale_log2) {
 #pragma unroll
@@ -76,6 +77,10 @@ struct WsMainloop {
             for (int e = 0; e < 4; ++e) acc_o[0][nd][e] = 0.f;
         softmax.init();
     }
+
+    // Before the waits of the visit to tile n_block: what its softmax step reads from global memory (nothing
+    // here; the fp8 loop's scales).
+    __device__ __forceinline__ void prefetch(int /*n_block*/) {}
 
     // S_i = Q K_i^T from ring slot `slot` (asynchronous; the first k-step overwrites s).
     __device__ __forceinline__ void issue_scores(int slot) {
@@ -117,6 +122,9 @@ struct WsMainloop {
 #pragma unroll
         for (int kk = 0; kk < Kt::kPVSteps; ++kk) pack_a_fragment<Element>(p_frag[kk], s[0], kk);
     }
+
+    // After the last P V: O /= l, and the LSE.
+    __device__ __forceinline__ void finalize(float (&lse)[1][2]) { softmax.finalize(acc_o, scale_log2, lse); }
 };
 
 // Visit i >= 1 of a consumer (ring slot `slot` = ring_pos + i): S_i and P_{i-1} V_{i-1} issued in this
@@ -125,6 +133,7 @@ template <bool kMasked, class Loop, class Turn>
 __device__ __forceinline__ void consumer_step(Loop& loop, const Turn& turn, const typename Loop::Ring& k_ring,
                                               const typename Loop::Ring& v_ring, int i, int slot, int n_blocks,
                                               int row0, int col_lane) {
+    loop.prefetch(loop.mask.kv_block(n_blocks - 1 - i));
     k_ring.wait_full(slot);
     v_ring.wait_full(slot - 1);
     turn.wait_turn();
@@ -151,6 +160,7 @@ __device__ __forceinline__ void consumer_mainloop(Loop& loop, const Turn& turn, 
     const typename Kt::Ring& v_ring = cta.v_ring;
     const int pos = cta.ring_pos;
     const int n_masked = loop.mask.num_masked_blocks();
+    loop.prefetch(loop.mask.kv_block(n_blocks - 1));
     turn.start();
     k_ring.wait_full(pos);
     turn.wait_turn();

@@ -19,6 +19,14 @@ __device__ __forceinline__ void load_tile(u32 dst, const TensorMap& map, u32 bar
         tma_load(dst + p * Tile::kPanelSize, map, bar, p * Kt::kPanelElems, at.row, at.head, at.batch);
 }
 
+// The V operand of K/V tile `at`: V's rows as they are, or (kVTransposed) the Vt tile of the workspace, whose
+// map (runtime/tma.py: vt) is (keys, head-dim rows, kv heads, batch) with a box of the tile's keys by every row.
+template <class Kt>
+__device__ __forceinline__ void load_v_tile(u32 dst, const TensorMap& map, u32 bar, const TileCoords& at) {
+    if constexpr (Kt::kVTransposed) tma_load(dst, map, bar, at.row, 0, at.head, at.batch);
+    else load_tile<Kt, typename Kt::VTile>(dst, map, bar, at);
+}
+
 // One query tile's loads; n_blocks == 0 (no key visible to the tile): no loads, q_full is announced alone.
 template <class Kt, class Mask>
 __device__ __forceinline__ void produce(const WsCta<Kt>& cta, const Mask& mask, int n_blocks, const ForwardMaps& maps,
@@ -35,8 +43,8 @@ __device__ __forceinline__ void produce(const WsCta<Kt>& cta, const Mask& mask, 
         const int stage = Kt::Ring::stage(slot);
         load_tile<Kt, typename Kt::KTile>(cta.smem + Kt::kKOffset + stage * Kt::kKStageBytes, maps.k,
                                           cta.k_ring.acquire(slot, Kt::KTile::kBytes), kv_at);
-        load_tile<Kt, typename Kt::VTile>(cta.smem + Kt::kVOffset + stage * Kt::kVStageBytes, maps.v,
-                                          cta.v_ring.acquire(slot, Kt::VTile::kBytes), kv_at);
+        load_v_tile<Kt>(cta.smem + Kt::kVOffset + stage * Kt::kVStageBytes, maps.v,
+                        cta.v_ring.acquire(slot, Kt::VTile::kBytes), kv_at);
     };
     if (n_blocks > 0) load_kv(0);
     // Q is free again (round `tiles` of q_empty, ws_cta.cuh; the first passes at once).

@@ -15,8 +15,11 @@
 //
 // kHeadDimV (default kHeadDim) is the head dim of V and O, at most kHeadDim (DeepSeek's MLA: 192 / 128):
 // S = Q K^T runs over kHeadDim (Q and K rows of kRowBytes), O += P V, the O accumulator and the epilogue
-// over kHeadDimV (V rows of kVRowBytes). Every panel is 128 B wide, so O's first kVPanels panels are a
-// prefix of the O tile's panels in the same swizzle: O staged there is the O tile TMA stores.
+// over kHeadDimV (V rows of kVRowBytes). Every panel is 128 B wide, so O's first kOPanels panels are a
+// prefix of the Q tile's panels in the same swizzle: O staged there is the O tile TMA stores.
+// 8-bit inputs (e4m3, fa3_fp8.cu): OutT is 16-bit, so O rows are twice Q's bytes and O always has a tile of
+// its own; and e4m3 wgmma reads B K-major only, so V arrives transposed (Vt: kHeadDimV rows of kBlockN keys,
+// the pre-pass of v_transpose.cuh) and P V reads it K-major (kVTransposed).
 #pragma once
 
 #include "flashkit/hopper/pipeline.cuh"
@@ -33,7 +36,6 @@ constexpr int kMaxConsumers = 3;
 constexpr int kEpilogueBarrierBase = kSchedulerBarrierBase + kMaxConsumers;
 constexpr int kRegisterFile = 65536;   // 32-bit registers of one SM
 
-// Where a tile starts in a contract tensor: the TMA coordinates past the head-dim panel.
 // The roles of a warp-specialized CTA, shared by the forward (ws_cta.cuh) and the backward (bwd_cta.cuh):
 // warpgroup 0 produces (its thread 0 issues every load), warpgroups 1 .. kConsumers consume.
 struct WsRoles {
@@ -48,6 +50,7 @@ struct WsRoles {
     __device__ __forceinline__ int consumer() const { return warpgroup - 1; }
 };
 
+// Where a tile starts in a contract tensor: the TMA coordinates past the head-dim panel.
 struct TileCoords {
     int row;    // first row (query or key index)
     int head;   // head (Q, O) or kv head (K, V)
@@ -55,10 +58,10 @@ struct TileCoords {
 };
 
 template <typename Element_, int kHeadDim_, int kBlockM_, int kBlockN_, int kStages_, int kHeadDimV_ = kHeadDim_,
-          bool kOwnOTile_ = false>
+          bool kOwnOTile_ = false, typename OutT_ = Element_>
 struct WsTraits {
     typedef Element_ Element;
-    typedef Element_ OutT;
+    typedef OutT_ OutT;
     static constexpr int kElemBytes = static_cast<int>(sizeof(Element));
     static constexpr int kHeadDim = kHeadDim_;     // Q and K (the S = Q K^T product)
     static constexpr int kHeadDimV = kHeadDimV_;   // V and O (the P V product, the epilogue)
@@ -84,17 +87,23 @@ struct WsTraits {
         return (head_dim * kElemBytes + kTmaPanelBytes - 1) / kTmaPanelBytes * kTmaPanelBytes;
     }
     static constexpr int kRowBytes = panel_row_bytes(kHeadDim);     // a Q or K row
-    static constexpr int kVRowBytes = panel_row_bytes(kHeadDimV);   // a V or (staged) O row
+    static constexpr bool kVTransposed = kElemBytes == 1;          // 8-bit: V arrives as Vt (K-major keys)
+    static constexpr int kVRowBytes = kVTransposed ? kBlockN * kElemBytes : panel_row_bytes(kHeadDimV);   // a V (Vt) row
+    static constexpr int kORowBytes = (kHeadDimV * static_cast<int>(sizeof(OutT)) + kTmaPanelBytes - 1) /
+                                      kTmaPanelBytes * kTmaPanelBytes;   // a staged O row
     static constexpr int kQKSteps = kHeadDim * kElemBytes / gmma::kKBytes;
     static constexpr int kPVSteps = kBlockN * kElemBytes / gmma::kKBytes;
     static constexpr int kStepKeys = gmma::kKBytes / kElemBytes;   // keys per k-step of P V
     static constexpr int kPanelElems = kTmaPanelBytes / kElemBytes;
     static constexpr int kPanels = kRowBytes / kTmaPanelBytes;      // of a Q or K tile
-    static constexpr int kVPanels = kVRowBytes / kTmaPanelBytes;    // of a V tile and of O
+    static constexpr int kOPanels = kORowBytes / kTmaPanelBytes;    // of the staged O
+    static constexpr int kOPanelElems = kTmaPanelBytes / static_cast<int>(sizeof(OutT));
 
     typedef gmma::KMajorTile<kBlockM, kRowBytes> QTile;
     typedef gmma::KMajorTile<kBlockN, kRowBytes> KTile;
-    typedef gmma::KMajorTile<kBlockN, kVRowBytes> VTile;   // K's layout at V's row bytes (read MN-major)
+    // V: K's layout at V's row bytes, read MN-major; Vt: kHeadDimV rows of the tile's keys, read K-major.
+    typedef gmma::KMajorTile<kVTransposed ? kHeadDimV : kBlockN, kVRowBytes> VTile;
+    typedef gmma::KMajorTile<kBlockM, kORowBytes> OTile;   // O staged for the TMA store
     typedef StageRing<kStages> Ring;
 
     __host__ __device__ static constexpr int align(int bytes) {
@@ -106,7 +115,8 @@ struct WsTraits {
     static constexpr int kVStageBytes = align(VTile::kBytes);
     static constexpr int kVOffset = kKOffset + kStages * kKStageBytes;
     static constexpr int kOOffset = kOwnOTile ? kVOffset + kStages * kVStageBytes : kQOffset;   // O staging
-    static constexpr int kQBarOffset = kVOffset + kStages * kVStageBytes + (kOwnOTile ? align(QTile::kBytes) : 0);
+    static constexpr int kOTileBytes = align(QTile::kBytes > OTile::kBytes ? QTile::kBytes : OTile::kBytes);
+    static constexpr int kQBarOffset = kVOffset + kStages * kVStageBytes + (kOwnOTile ? kOTileBytes : 0);
     static constexpr int kQEmptyBarOffset = kQBarOffset + kBarrierBytes;       // q_empty
     static constexpr int kKRingOffset = kQEmptyBarOffset + kBarrierBytes;
     static constexpr int kVRingOffset = kKRingOffset + Ring::kBytes;
@@ -115,11 +125,13 @@ struct WsTraits {
     static_assert(kConsumers >= 2 && kConsumers <= kMaxConsumers, "2 or 3 consumer warpgroups");
     static_assert(kBlockM == kConsumers * gmma::kWarpgroupRows, "64 query rows per consumer warpgroup");
     static_assert(kBlockN == 64 || kBlockN == 128 || kBlockN == 256, "K/V tiles of 64, 128 or 256 keys");
-    static_assert(kElemBytes == 2, "16-bit inputs (fp8 drives its own precision policy)");
+    static_assert(kElemBytes == 2 || (kElemBytes == 1 && kOwnOTile && kHeadDimV == kHeadDim),
+                  "16-bit inputs, or 8-bit with an O tile of its own (no head_dim_v)");
     static_assert(kHeadDim * kElemBytes % gmma::kKBytes == 0, "head dims of whole 32 B product steps (16 elements)");
     static_assert(kHeadDimV % kMmaN == 0 && kHeadDimV <= kHeadDim,
                   "head_dim_v: whole 8-column tiles, at most the head dim (O is staged in the Q tile's panels)");
-    static_assert(QTile::kPanelBytes == VTile::kPanelBytes, "O's panels are a prefix of the Q tile's");
+    static_assert(kOwnOTile || (OTile::kBytes <= QTile::kBytes && QTile::kPanelBytes == OTile::kPanelBytes),
+                  "O staged in the Q tile: its panels are a prefix of the Q tile's");
     static_assert((kProducerRegs + kConsumers * kConsumerRegs) * gmma::kWarpgroupThreads <= kRegisterFile,
                   "register budgets fit the register file");
     static_assert(kSmemBytes <= 227 * 1024, "shared memory of one CTA");

@@ -201,13 +201,7 @@ struct BwdMainloop {
         const bool ordered = p.bwd.deterministic != 0;
         int* sema = ws.semaphore(p, batch, head, m_block);
         if (ordered) {   // wait for key blocks 0 .. n_block - 1 (every block before this one visits m_block)
-            if (threadIdx.x == 0) {
-                const int want = n0 / kN;
-                int seen;
-                do {
-                    asm volatile("ld.acquire.gpu.global.s32 %0, [%1];\n" : "=r"(seen) : "l"(sema) : "memory");
-                } while (seen != want);
-            }
+            if (threadIdx.x == 0) wait_semaphore(sema, n0 / kN);
             __syncthreads();
         }
         float* dq = ws.dq_accum + (ws.row0(p, batch, head) + m_block * kM) * kD;
@@ -257,7 +251,7 @@ struct BwdMainloop {
         float st[Kt::kMCols][4];   // S^T, then P^T: keys (rows g, g + 8) x queries
         gemm_rows_by_queries(st, sK, q_buf(buf), q0);
         const int offset = causal_offset();
-        if (kCausal && n0 + kN - 1 > m0 + q0 + offset) {   // the tile crosses the diagonal
+        if (BwdCausal<kCausal>::crosses(offset, m0 + q0, n0, kN)) {
 #pragma unroll
             for (int ni = 0; ni < Kt::kMCols; ++ni)
 #pragma unroll

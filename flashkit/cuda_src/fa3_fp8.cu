@@ -1,0 +1,53 @@
+/*---
+name: fa3_fp8
+summary: FP8 (e4m3) FlashAttention-3 forward on the warp-specialized Hopper core (TMA producer, ping-pong e4m3 wgmma consumers, sm_90a)
+entry: [flashkit_fa3_fp8_vt, flashkit_fa3_fp8_fwd]
+arch: {min: "9.0", max: "9.0", targets: {"9.0": sm_90a}}
+dtypes: [float8_e4m3]
+head_dims: [64, 128, 256]
+features: {causal: true, block_sparse: false, fp8: true, backward: false, lse: true, gqa: true}
+requires: {fp8: true}
+priority: 70
+launch: {grid: [kv_tiles, tiles], persistent: 1, block_m: 128, block_n: 128, warps: 12, stages: 2}   # 1 producer + block_m / 64 consumers
+overrides: {"hd256": {block_n: 64, persistent: 0}}   # hd256: 64-key tiles (V^T panels of 64 B), one tile a CTA: registers
+tensor_maps: {q: block_m, k: block_n, o: 64, vt: head_dim}   # vt: the workspace's V^T, a box of a tile's keys x every row
+workspace: v_transposed
+---*/
+// FlashAttention-3's FP8 forward (section 3.3 of the paper) on the warp-specialized Hopper core of fa3.cu
+// (include/flashkit/hopper/ws_forward.cuh): the same producer, stage rings, ping-pong consumers, persistent
+// scheduler and TMA epilogue, with the e4m3 main loop of hopper/fp8_ws_mainloop.cuh. Inputs as the fp8
+// variants: e4m3 q, k, v in the contract's layout with float32 scales per (batch, head, block of rows);
+// output float16 or bfloat16 (FLASHKIT_OUT_DTYPE), LSE as every variant. Two entries:
+//   flashkit_fa3_fp8_vt    V -> Vt (head-dim rows of keys, per kv head) in the workspace: e4m3 wgmma reads
+//                          its B operand K-major only (hopper/v_transpose.cuh, keys in fp8.cuh's PvKeys order)
+//   flashkit_fa3_fp8_fwd   the attention; the producer streams Q, K and Vt tiles by TMA
+#include "flashkit/hopper/fp8_ws_mainloop.cuh"
+#include "flashkit/hopper/v_transpose.cuh"
+#include "flashkit/hopper/ws_forward.cuh"
+
+// O of 16-bit OutT: twice an e4m3 row's bytes, staged in a tile of its own.
+typedef flashkit::hopper::WsTraits<flashkit::float8_e4m3_t, FLASHKIT_HEAD_DIM, FLASHKIT_BLOCK_M, FLASHKIT_BLOCK_N,
+                                   FLASHKIT_STAGES, FLASHKIT_HEAD_DIM, true, flashkit::OutT>
+    Traits;
+typedef flashkit::DenseMask<FLASHKIT_CAUSAL, Traits::kBlockM, Traits::kBlockN>::type FwdMask;
+static_assert(FLASHKIT_WARPS * flashkit::kWarpSize == Traits::kThreads, "warps: a producer and kBlockM / 64 consumers");
+
+FLASHKIT_EXPORT_SMEM_BYTES(Traits::kSmemBytes);
+
+extern "C" __global__ void __launch_bounds__(Traits::kThreads)
+    flashkit_fa3_fp8_vt(const flashkit::Params params) {
+    extern __shared__ __align__(16) unsigned char staging[];
+    flashkit::transpose_v_block<flashkit::float8_e4m3_t, flashkit::fp8::PvKeys, Traits::kHeadDim, Traits::kBlockN,
+                                Traits::kThreads>(params, staging, blockIdx.x, blockIdx.y, blockIdx.z);
+}
+
+// Kernel arguments after Params: the tensor maps in the manifest's order (q, k, o, vt).
+extern "C" __global__ void __launch_bounds__(Traits::kThreads, 1)
+    flashkit_fa3_fp8_fwd(const flashkit::Params params, const __grid_constant__ flashkit::hopper::TensorMap q_map,
+                         const __grid_constant__ flashkit::hopper::TensorMap k_map,
+                         const __grid_constant__ flashkit::hopper::TensorMap o_map,
+                         const __grid_constant__ flashkit::hopper::TensorMap vt_map) {
+    typedef flashkit::hopper::ScheduledTiles<FwdMask, Traits::kBlockM, FLASHKIT_CAUSAL != 0, false> Tiles;
+    flashkit::hopper::ws_forward_tiles<Traits, flashkit::NoScoreMod, Tiles, flashkit::fp8::WsMainloop>(
+        {q_map, k_map, vt_map, o_map}, Tiles{params});
+}
