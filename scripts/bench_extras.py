@@ -100,7 +100,7 @@ report = {"shape": [b, s, h, d], "quantize_ms": t_quant, "quantize_hadamard_ms":
           "quantize_one_hadamard_gpu_ms": gpu_ms(lambda: quantize_fp8(q, hadamard=True), cover),
           "copy_one_gpu_ms": gpu_ms(lambda: cp.copyto(q_copy, q), cover),
           "fa2_tflops": flops / t_fa2 / 1e9}
-for variant in ("fp8", "fp8_hopper"):
+for variant in ("fp8", "fp8_hopper", "fa3_fp8"):
     try:
         t = median_ms(lambda: flashkit.attention(qd, kd, vd, q_scale=qs, k_scale=ks, v_scale=vs, variant=variant))
         t_gpu = gpu_ms(lambda: flashkit.attention(qd, kd, vd, q_scale=qs, k_scale=ks, v_scale=vs, variant=variant),

@@ -9,7 +9,7 @@ features: {causal: true, block_sparse: false, fp8: true, backward: false, lse: t
 requires: {fp8: true}
 priority: 70
 launch: {grid: [kv_tiles, tiles], persistent: 1, block_m: 128, block_n: 128, warps: 12, stages: 2}   # 1 producer + block_m / 64 consumers
-overrides: {"hd256": {block_n: 64, persistent: 0}}   # hd256: 64-key tiles (V^T panels of 64 B), one tile a CTA: registers
+overrides: {"hd64": {block_m: 192, warps: 16}, "hd256": {block_n: 64, persistent: 0}}   # measured (BENCHMARKS.md)
 tensor_maps: {q: block_m, k: block_n, o: 64, vt: head_dim}   # vt: the workspace's V^T, a box of a tile's keys x every row
 workspace: v_transposed
 ---*/
@@ -33,6 +33,8 @@ typedef flashkit::DenseMask<FLASHKIT_CAUSAL, Traits::kBlockM, Traits::kBlockN>::
 static_assert(FLASHKIT_WARPS * flashkit::kWarpSize == Traits::kThreads, "warps: a producer and kBlockM / 64 consumers");
 
 FLASHKIT_EXPORT_SMEM_BYTES(Traits::kSmemBytes);
+FLASHKIT_EXPORT_ENTRY_SMEM_BYTES(flashkit_fa3_fp8_vt, (flashkit::transpose_v_smem_bytes<flashkit::float8_e4m3_t, Traits::kHeadDim,
+                                                                           Traits::kBlockN>()));   // one staged V tile
 
 extern "C" __global__ void __launch_bounds__(Traits::kThreads)
     flashkit_fa3_fp8_vt(const flashkit::Params params) {

@@ -30,6 +30,8 @@ typedef flashkit::fp8::WgmmaTraits<FLASHKIT_HEAD_DIM, FLASHKIT_BLOCK_M, FLASHKIT
 typedef flashkit::DenseMask<FLASHKIT_CAUSAL, Traits::kBlockM, Traits::kBlockN>::type FwdMask;
 
 FLASHKIT_EXPORT_SMEM_BYTES(Traits::kSmemBytes);
+FLASHKIT_EXPORT_ENTRY_SMEM_BYTES(flashkit_fp8_hopper_vt, (flashkit::transpose_v_smem_bytes<flashkit::float8_e4m3_t, Traits::kHeadDim,
+                                                                           Traits::kBlockN>()));   // one staged V tile
 
 extern "C" __global__ void __launch_bounds__(Traits::kThreads)
     flashkit_fp8_hopper_vt(const flashkit::Params params) {

@@ -159,6 +159,11 @@ class LoadedKernel:
     functions: list
     smem_bytes: int
     aux: dict = field(default_factory=dict)   # helper entries by name (a mask_mod build's tile classifier)
+    entry_smem: tuple = ()                    # per entry, where the module exports its own (else smem_bytes)
+
+    def smem_of(self, index: int) -> int:
+        """The dynamic shared memory entry `index` launches with."""
+        return self.entry_smem[index] if self.entry_smem else self.smem_bytes
 
 
 _MODULES: dict[tuple, LoadedKernel] = {}
@@ -184,11 +189,14 @@ def build_module(spec: KernelSpec, config: BuildConfig, cc: tuple[int, int]) -> 
     module = cupy.RawModule(path=str(path))
     functions = [module.get_function(entry) for entry in spec.entries]
     smem = _read_smem_bytes(module)
-    if smem > DEFAULT_SMEM_LIMIT:
-        for fn in functions:
-            fn.max_dynamic_shared_size_bytes = smem
+    # An entry that exports its own (FLASHKIT_EXPORT_ENTRY_SMEM_BYTES: a pre-pass beside a big main kernel)
+    # launches with it, so that it is not held to the main kernel's occupancy.
+    entry_smem = tuple(_read_smem_bytes(module, f"{SMEM_SYMBOL}_{entry}", smem) for entry in spec.entries)
+    for fn, bytes_ in zip(functions, entry_smem):
+        if bytes_ > DEFAULT_SMEM_LIMIT:
+            fn.max_dynamic_shared_size_bytes = bytes_
     aux = {entry: module.get_function(entry) for entry in AUX_ENTRIES.get(_aux_kind(config), ())}
-    loaded = LoadedKernel(functions, smem, aux)
+    loaded = LoadedKernel(functions, smem, aux, entry_smem)
     _MODULES[key] = loaded
     return loaded
 
@@ -201,13 +209,13 @@ def _aux_kind(config: BuildConfig) -> str | None:
     return "mask_mod" if config.functor and "mask_mod" in config.mods else None
 
 
-def _read_smem_bytes(module) -> int:
-    """The variant's FLASHKIT_EXPORT_SMEM_BYTES value (0 if it declares none)."""
+def _read_smem_bytes(module, symbol: str = SMEM_SYMBOL, missing: int = 0) -> int:
+    """The variant's FLASHKIT_EXPORT_SMEM_BYTES value (an entry's: FLASHKIT_EXPORT_ENTRY_SMEM_BYTES), or `missing`."""
     import numpy as np
     try:
-        ptr = module.get_global(SMEM_SYMBOL)
+        ptr = module.get_global(symbol)
     except Exception:
-        return 0
+        return missing
     value = np.zeros(1, dtype=np.int32)
     ptr.copy_to_host(value.ctypes.data, 4)
     return int(value[0])

@@ -122,7 +122,7 @@ def prepare_launch(spec: KernelSpec, loaded: LoadedKernel, config: BuildConfig, 
         **lse_strides(p))
     fields.update(extras)   # extras may override (varlen's LSE strides; a score_mod functor's softmax: log2(e))
     params = make_params(**fields)
-    grids = [(fn, grid) for fn, kind in zip(loaded.functions, spec.grids)
+    grids = [(fn, grid, loaded.smem_of(i)) for i, (fn, kind) in enumerate(zip(loaded.functions, spec.grids))
              if math.prod(grid := grid_for(kind, p, cfg)) != 0]
     maps = tensor_map_layouts(spec, cfg, p, io)
     return PreparedLaunch(ParamTemplate(params, POINTER_FIELDS + tuple(variable)), grids,
@@ -152,7 +152,7 @@ class PreparedLaunch:
     def __init__(self, params: ParamTemplate, grids: list, block: tuple[int, int, int], smem_bytes: int,
                  workspace_bytes: int, maps: tuple):
         self.params = params
-        self.grids = grids                    # (function, grid) of each entry that runs, in launch order
+        self.grids = grids                    # (function, grid, dynamic smem) of each entry that runs, in order
         self.block = block
         self.smem_bytes = smem_bytes
         self.workspace_bytes = workspace_bytes
@@ -174,8 +174,8 @@ class PreparedLaunch:
         with self._lock:
             self.params.write(self._words, pointers)
             args = (self._block_arg, *self._encoded(pointers)) if self.maps else (self._block_arg,)
-            for fn, grid in self.grids:
-                fn(grid, self.block, args, shared_mem=self.smem_bytes)
+            for fn, grid, smem in self.grids:
+                fn(grid, self.block, args, shared_mem=smem)
 
     def _encoded(self, pointers: tuple[int, ...]) -> tuple:
         """The tensor maps at the call's addresses; a repeated address tuple (a memory pool hands the same blocks

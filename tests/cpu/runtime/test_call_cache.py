@@ -354,7 +354,7 @@ def test_one_signature_from_many_threads_launches_each_call_its_own_pointers(fak
             seen.setdefault(threading.get_ident(), set()).add(Recorder.launches[-1][3][:8])
 
     (entry,) = call_cache.CALLS._entries.values()
-    entry.prepared.grids = [(ThreadRecorder(fn.name), grid) for fn, grid in entry.prepared.grids]
+    entry.prepared.grids = [(ThreadRecorder(fn.name), grid, smem) for fn, grid, smem in entry.prepared.grids]
     mine: dict[int, bytes] = {}
 
     def work():

@@ -132,3 +132,7 @@ struct Params {
 // after loading the module: FLASHKIT_EXPORT_SMEM_BYTES(bytes);
 #define FLASHKIT_EXPORT_SMEM_BYTES(bytes) \
     extern "C" __constant__ int flashkit_smem_bytes = (bytes)
+// An entry that needs other than the module's (a pre-pass beside a big main kernel) exports its own:
+// FLASHKIT_EXPORT_ENTRY_SMEM_BYTES(entry, bytes);
+#define FLASHKIT_EXPORT_ENTRY_SMEM_BYTES(entry, bytes) \
+    extern "C" __constant__ int flashkit_smem_bytes_##entry = (bytes)

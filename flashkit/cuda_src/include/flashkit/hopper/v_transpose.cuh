@@ -12,13 +12,24 @@
 
 namespace flashkit {
 
+// Staging rows of a V tile: a V row padded by one 16 B chunk, so that rows 1 apart start 4 banks apart.
+template <typename Element, int kHeadDim>
+__host__ __device__ constexpr int transpose_v_stage_row() {
+    return kHeadDim * static_cast<int>(sizeof(Element)) + kChunkBytes;
+}
+// The dynamic shared memory the pre-pass launches with (FLASHKIT_EXPORT_ENTRY_SMEM_BYTES): one staged tile.
+template <typename Element, int kHeadDim, int kBlockN>
+__host__ __device__ constexpr int transpose_v_smem_bytes() {
+    return kBlockN * transpose_v_stage_row<Element, kHeadDim>();
+}
+
 template <typename Element, class KeyOrder, int kHeadDim, int kBlockN, int kThreads>
 __device__ __forceinline__ void transpose_v_block(const Params& p, u8* staging, int n_block, int kv_head,
                                                   int batch) {
     constexpr int kElemBytes = static_cast<int>(sizeof(Element));
     constexpr int kRowBytes = kHeadDim * kElemBytes;
     constexpr int kRowChunks = kRowBytes / kChunkBytes;
-    constexpr int kStageRow = kRowBytes + kChunkBytes;   // padded: rows 1 apart start 4 banks apart
+    constexpr int kStageRow = transpose_v_stage_row<Element, kHeadDim>();
     constexpr int kChunkKeys = kChunkBytes / kElemBytes;  // keys in 16 B of a Vt row
     constexpr int kWordKeys = 4 / kElemBytes;              // keys in a 32-bit word
     constexpr int kKeyChunks = kBlockN / kChunkKeys;
