@@ -175,3 +175,26 @@ def test_cubin_cache_on_disk(monkeypatch, tmp_path, include_copy, standard):
     header.write_text(header.read_text() + "\n// an edit\n")
     new_path = build.ensure_cubin(standard, cfg, "sm_80")
     assert new_path != path and new_path.exists() and len(compiles) == 2
+
+
+def test_an_entry_launches_with_its_own_shared_memory_where_it_exports_it():
+    loaded = build.LoadedKernel(["prepass", "main"], 200 * 1024, entry_smem=(18 * 1024, 200 * 1024))
+    assert [loaded.smem_of(i) for i in range(2)] == [18 * 1024, 200 * 1024]
+    assert build.LoadedKernel(["main"], 4096).smem_of(0) == 4096   # none exported: the module's
+
+
+@pytest.mark.parametrize("variant", ["fa3_fp8", "fp8_hopper"])
+def test_fp8_pre_passes_export_their_shared_memory(variant):
+    """The V^T pre-pass beside a main kernel of up to 227 KB: its own symbol, found in the cubin's names (the
+    runtime looks there before asking the driver, whose miss compute-sanitizer counts as an error)."""
+    from flashkit.errors import DeviceError
+    from flashkit.verify.compile_matrix import plan_compiles
+    jobs, _ = plan_compiles([variant], [(9, 0)])
+    spec, config, target = jobs[0]
+    try:
+        cubin = build.compile_variant(spec, config, target).cubin
+    except DeviceError as e:
+        pytest.skip(str(e))
+    pre, main = spec.entries
+    assert f"{build.SMEM_SYMBOL}_{pre}".encode() + b"\0" in cubin
+    assert f"{build.SMEM_SYMBOL}_{main}".encode() + b"\0" not in cubin
