@@ -49,17 +49,19 @@ def attention(q: Any, k: Any, v: Any, *, causal: bool = False, softmax_scale: fl
     """
     causal, return_lse, fp8 = (check_flag(causal, "causal"), check_flag(return_lse, "return_lse"),
                                check_flag(fp8, "fp8"))
-    # A call with no fp8 and no functor may have been seen before: a cached key holds only arguments that passed
-    # validation, so the checks below, which such a call passes trivially, can come after the look-up. ALiBi's
-    # slopes are keyed by their signature (shape, strides, dtype, device) and put in per call (ALIBI_FIELDS).
-    key = _forward_key(q, k, v, out, causal, softmax_scale, variant, return_lse, block_mask, out_dtype, window_size,
-                       softcap, attention_chunk, alibi_slopes) if (
-        q_scale is None and k_scale is None and v_scale is None and not fp8 and fp8_options is None
-        and mod is None and mod_args is None) else None
-    if key is not None and (cached := CALLS.get(key)) is not None:   # this signature validated and selected before
-        return cached(q, k, v, out) if alibi_slopes is None else cached(q, k, v, out, (alibi_slopes.data.ptr,))
+    # A call with no quantizing (fp8=True) and no functor may have been seen before: a cached key holds only
+    # arguments that passed validation, so the checks below, which such a call passes trivially, can come after
+    # the look-up. ALiBi's slopes and pre-quantized fp8's scales are keyed by their signatures (shape, strides,
+    # dtype, device) and put in per call (ALIBI_FIELDS, SCALE_FIELDS).
     scales = (q_scale, k_scale, v_scale)
     prequantized = any(s is not None for s in scales)
+    key = _forward_key(q, k, v, out, causal, softmax_scale, variant, return_lse, block_mask, out_dtype, window_size,
+                       softcap, attention_chunk, alibi_slopes, scales if prequantized else ()) if (
+        not fp8 and fp8_options is None and mod is None and mod_args is None) else None
+    if key is not None and (cached := CALLS.get(key)) is not None:   # this signature validated and selected before
+        if alibi_slopes is None and not prequantized:
+            return cached(q, k, v, out)
+        return cached(q, k, v, out, per_call_pointers(alibi_slopes, scales if prequantized else ()))
     if prequantized and not all(s is not None for s in scales):
         raise InputError("q_scale, k_scale, v_scale: pre-quantized fp8 inputs need all three scales")
     if prequantized and fp8:
@@ -109,7 +111,7 @@ def attention(q: Any, k: Any, v: Any, *, causal: bool = False, softmax_scale: fl
     if block_mask is not None:
         extras.update(block_mask.kernel_fields(problem, keep=keep))
     extras.update(mod_launch_fields(mods, problem, alibi_slopes, keep))
-    per_call = ALIBI_FIELDS if mods.alibi else ()
+    per_call = (ALIBI_FIELDS if mods.alibi else ()) + (SCALE_FIELDS if prequantized else ())
     if functor is not None:   # ModArgs beside the built-in fields of Params.mods
         extras = merge_fields(extras, functor.kernel_fields(problem, to_cupy))
     out_arr = _output(out, problem, out_name, cupy)
@@ -117,7 +119,9 @@ def attention(q: Any, k: Any, v: Any, *, causal: bool = False, softmax_scale: fl
     prepared = run(sel.chosen, problem, causal, LaunchInputs(qc, kc, vc, out_arr, lse, extras),
                    block_sparse=block_mask is not None, out_dtype=out_name, mods=mods.features + (
                        functor.features if functor else ()), variable=per_call, functor=functor)
-    if key is not None and qc is q and kc is k and vc is v and problem.softmax_scale > 0:   # no copy, no negation
+    # Cached where the launch read the call's own arrays: no copy, no negation, the scales as given.
+    if (key is not None and qc is q and kc is k and vc is v and problem.softmax_scale > 0
+            and (not prequantized or all(a is b for a, b in zip(keep, scales)))):
         CALLS.put(key, _CachedForward(prepared, out_arr.shape, out_arr.dtype, lse.shape if return_lse else None,
                                       block_mask))
     return (out_arr, lse) if return_lse else out_arr
@@ -164,13 +168,19 @@ class _CachedForward(CachedLaunch):
 
 
 ALIBI_FIELDS = ("mods.alibi_slopes",)   # per call: the slopes' address (their signature is in the key)
+SCALE_FIELDS = ("q_scale", "k_scale", "v_scale")   # per call: pre-quantized fp8's scales (likewise)
+
+
+def per_call_pointers(alibi_slopes, scales: tuple) -> tuple[int, ...]:
+    """The addresses a cached call puts in beside q, k, v and out: ALIBI_FIELDS' then SCALE_FIELDS', as given."""
+    return ((alibi_slopes.data.ptr,) if alibi_slopes is not None else ()) + tuple(s.data.ptr for s in scales)
 
 
 def _forward_key(q, k, v, out, causal, softmax_scale, variant, return_lse, block_mask, out_dtype, window_size,
-                 softcap, attention_chunk, alibi_slopes=None) -> tuple | None:
-    """The signature of a plain, block-sparse or modified attention() call (one flat tuple: one hash, no nested
-    ones); None when it takes the full path. Scalars go in with their types (True == 1 == 1.0)."""
-    arrays = arrays_signature(q, k, v, out, alibi_slopes)
+                 softcap, attention_chunk, alibi_slopes=None, scales: tuple = ()) -> tuple | None:
+    """The signature of a plain, block-sparse, modified or pre-quantized fp8 attention() call (one flat tuple: one
+    hash, no nested ones); None when it takes the full path. Scalars go in with their types (True == 1 == 1.0)."""
+    arrays = arrays_signature(q, k, v, out, alibi_slopes, *scales)
     if arrays is None or arrays[0] is None:
         return None
     if window_size is None:

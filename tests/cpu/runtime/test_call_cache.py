@@ -170,6 +170,38 @@ def test_alibi_calls_are_cached_and_put_each_calls_slopes_in(fake_gpu, counted):
     assert counted == {"validate": 3, "select": 3}
 
 
+def test_prequantized_fp8_calls_are_cached_and_put_each_calls_scales_in(fake_gpu, counted):
+    """Pre-quantized fp8 (fa3_fp8 on the fake H100): the scales are keyed by their signature; a later call with other
+    scales of that signature takes the cached path and launches what the full path builds for them, bit for bit
+    (but the workspace's address: the cached path reuses one per stream, which the V^T map points at)."""
+    q, k, v = qkv((1, 256, 2, 128), dtype=np.uint8)
+    out = fake(q.shape)
+    scales = [tuple(fake((1, 2, 2), np.float32) for _ in range(3)) for _ in range(2)]
+    call = lambda s: flashkit.attention(q, k, v, out=out, causal=True, q_scale=s[0], k_scale=s[1], v_scale=s[2])  # noqa: E731
+    call(scales[0])
+    Recorder.launches = []
+    call(scales[1])
+    assert counted == {"validate": 1, "select": 1}
+    cached = list(Recorder.launches)
+    assert [n for n, *_ in cached] == ["flashkit_fa3_fp8_vt", "flashkit_fa3_fp8_fwd"]
+    call_cache.CALLS.clear()
+    call_cache.CALLS.max_entries = 0     # the full path for the same scales
+    try:
+        Recorder.launches = []
+        call(scales[1])
+    finally:
+        call_cache.CALLS.max_entries = call_cache.MAX_ENTRIES
+    unfresh = lambda p: p[:32] + p[48:]  # noqa: E731   (the lse and workspace words)
+    assert [(n, g, b, unfresh(p), m[:3]) for n, g, b, p, m in cached] == \
+        [(n, g, b, unfresh(p), m[:3]) for n, g, b, p, m in Recorder.launches]   # q, k, o maps; vt: the workspace's
+    assert counted == {"validate": 2, "select": 2}
+    # Other scale blocks (64 rows): keyed apart, validated again; a float64 scale never reaches the cache.
+    call(tuple(fake((1, 2, 4), np.float32) for _ in range(3)))
+    assert counted == {"validate": 3, "select": 3}
+    with pytest.raises(InputError, match="q_scale"):
+        call((fake((1, 2, 2), np.float64),) + scales[0][1:])
+
+
 def test_an_alibi_key_holds_the_slopes_signature(fake_gpu):
     q, k, v = qkv((1, 256, 2, 64))
     per_head, per_batch = fake((2,), np.float32), fake((1, 2), np.float32)
