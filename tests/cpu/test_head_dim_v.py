@@ -115,7 +115,7 @@ def test_varlen_refuses_an_unsupported_v_head_dim_before_the_device(no_device):
 def test_the_fa2_family_and_fa3_declare_head_dim_v():
     specs = discover_kernels().specs
     assert {n for n, s in specs.items() if s.supports("head_dim_v")} == TAKERS
-    for name in ("hopper", "fp8", "fp8_hopper", "block_sparse", "block_sparse_hopper", "decode", "standard",
+    for name in ("hopper", "fp8", "fa3_fp8", "block_sparse", "block_sparse_hopper", "decode", "standard",
                  "fa1", "fa2_bwd"):
         assert not specs[name].supports("head_dim_v"), name
 

@@ -1,6 +1,6 @@
 """The fp8 variant on the GPU: the quantizer against its NumPy model, the verification checks, the
 attention(fp8=True) path, and the quantization cost. Skips (by name) below compute capability 8.9;
-fp8_hopper's and fa3_fp8's checks skip on anything but 9.0."""
+fa3_fp8's checks skip on anything but 9.0."""
 
 from __future__ import annotations
 
@@ -78,7 +78,7 @@ def test_quantize_misaligned_view(fp8_device, hadamard):
     assert bool((data == data2).all()) and bool((scales == scales2).all())
 
 
-@pytest.mark.parametrize("variant,check", check_params(["fp8", "fp8_hopper", "fa3_fp8"], quick=True))
+@pytest.mark.parametrize("variant,check", check_params(["fp8", "fa3_fp8"], quick=True))
 def test_fp8_checks(variant, check):
     run_check(variant, check)
 

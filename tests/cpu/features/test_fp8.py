@@ -190,21 +190,18 @@ def test_quantize_kernel_compiles_without_spills(arch, dtype, d, hadamard, align
     assert report.spill_stores == report.spill_loads == report.stack_bytes == 0
 
 
-def test_fp8_hopper_manifests_and_selection():
+def test_fa3_fp8_manifest_and_selection():
     from flashkit.registry import Request, discover_kernels, select_kernel
     specs = discover_kernels(refresh=True).specs
-    for name, grids in (("fp8_hopper", ("kv_tiles", "q_blocks")), ("fa3_fp8", ("kv_tiles", "tiles"))):
-        spec = specs[name]
-        assert spec.arch_min == spec.arch_max == (9, 0) and spec.target((9, 0)) == "sm_90a"
-        assert spec.requires == {"fp8": True} and spec.workspace == "v_transposed"
-        assert spec.grids == grids and spec.priority > specs["fp8"].priority
-    assert specs["fa3_fp8"].priority > specs["fp8_hopper"].priority   # the TMA core first on Hopper
+    spec = specs["fa3_fp8"]
+    assert spec.arch_min == spec.arch_max == (9, 0) and spec.target((9, 0)) == "sm_90a"
+    assert spec.requires == {"fp8": True} and spec.workspace == "v_transposed"
+    assert spec.grids == ("kv_tiles", "tiles") and spec.priority > specs["fp8"].priority
     fp8_req = dict(dtype="float8_e4m3", head_dim=128, fp8=True)
     assert select_kernel(Request(cc=(9, 0), **fp8_req), specs).chosen.name == "fa3_fp8"
     assert select_kernel(Request(cc=(8, 9), **fp8_req), specs).chosen.name == "fp8"      # Ada: mma.sync e4m3
     assert select_kernel(Request(cc=(10, 0), **fp8_req), specs).chosen.name == "fp8"     # wgmma is Hopper-only
-    assert select_kernel(Request(cc=(9, 0), dtype="bfloat16", head_dim=128), specs).chosen.name not in (
-        "fp8_hopper", "fa3_fp8")
+    assert select_kernel(Request(cc=(9, 0), dtype="bfloat16", head_dim=128), specs).chosen.name != "fa3_fp8"
 
 
 def test_fa3_fp8_maps_v_transposed_in_the_workspace():

@@ -14,7 +14,7 @@ def test_every_family_registers_with_the_harness():
 def test_each_variant_goes_to_the_family_its_manifest_requires():
     specs = discover_kernels().specs
     assert harness.family_of(specs["fa2"]) == harness.DENSE
-    assert harness.family_of(specs["fp8"]) == harness.family_of(specs["fp8_hopper"]) == "fp8"
+    assert harness.family_of(specs["fp8"]) == harness.family_of(specs["fa3_fp8"]) == "fp8"
     assert harness.family_of(specs["block_sparse"]) == "block_sparse"
     assert harness.family_of(specs["fa2_bwd"]) == "backward"   # gradients, not forward outputs
 

@@ -1,4 +1,4 @@
-// FP8 (e4m3) device primitives both fp8 kernels share (fp8.cu on mma.sync, fp8_hopper.cu on wgmma):
+// FP8 (e4m3) device primitives both fp8 kernels share (fp8.cu on mma.sync, fa3_fp8.cu on wgmma):
 // the scale constants, the key permutation of P V with the packing of P into an e4m3 A fragment,
 // and the online softmax with per-tile descaling. The mma.sync side (byte tiles, the m16n8k32 mma,
 // the byte transpose of V) is sm80/fp8_mma.cuh.

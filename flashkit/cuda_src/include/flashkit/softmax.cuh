@@ -120,6 +120,49 @@ struct OnlineSoftmax {
             }
     }
 
+    // to_probabilities for scores x = c s with a positive factor c per row, folded into the exponent (fp8: the
+    // row's q scale, the tile's k scale and softmax_scale log2(e)); {m, l} are kept in x's units, as the
+    // callers that pass scale_log2 = 1 keep them:
+    //   m_new = max(m, c rowmax(s)),  alpha = exp2(m - m_new),  p = exp2(c s - m_new + PScale::kLog2)
+    // one FFMA per element, where scaling s first costs an FMUL more. (c > 0: c rowmax(s) = rowmax(c s), and a
+    // masked -inf stays -inf.)
+    template <int kNTiles, int kChains = (kNTiles % 4 == 0 ? 4 : 1)>
+    __device__ __forceinline__ void to_probabilities_scaled(float (&s)[kMTiles][kNTiles][4],
+                                                            float (&alpha)[kMTiles][kRowsPerTile],
+                                                            const float (&c)[kMTiles][kRowsPerTile]) {
+#pragma unroll
+        for (int mi = 0; mi < kMTiles; ++mi)
+#pragma unroll
+            for (int h = 0; h < kRowsPerTile; ++h) {
+                float top[kChains];   // rowmax(s), in independent chains
+#pragma unroll
+                for (int k = 0; k < kChains; ++k) top[k] = FLASHKIT_NEG_INF;
+#pragma unroll
+                for (int ni = 0; ni < kNTiles; ++ni)
+                    top[ni % kChains] = fmaxf(top[ni % kChains], fmaxf(s[mi][ni][2 * h], s[mi][ni][2 * h + 1]));
+#pragma unroll
+                for (int k = 1; k < kChains; ++k) top[0] = fmaxf(top[0], top[k]);
+                const float m_new = fmaxf(row_max[mi][h], quad_max(top[0]) * c[mi][h]);
+                alpha[mi][h] = fast_exp2(row_max[mi][h] - scaled_row_max(m_new, 1.f));
+                row_max[mi][h] = m_new;
+                const float bias = scaled_row_max(m_new, 1.f) - PScale::kLog2;
+                float sum[kChains];
+#pragma unroll
+                for (int k = 0; k < kChains; ++k) sum[k] = 0.f;
+#pragma unroll
+                for (int ni = 0; ni < kNTiles; ++ni)
+#pragma unroll
+                    for (int e = 0; e < 2; ++e) {
+                        float& x = s[mi][ni][2 * h + e];
+                        x = fast_exp2(fmaf(x, c[mi][h], -bias));
+                        sum[ni % kChains] += x;
+                    }
+#pragma unroll
+                for (int k = 1; k < kChains; ++k) sum[0] += sum[k];
+                row_sum[mi][h] = row_sum[mi][h] * alpha[mi][h] + sum[0];
+            }
+    }
+
     // O *= alpha (deferred normalization: O is divided by l only at the end).
     template <int kDTiles>
     __device__ __forceinline__ static void rescale(float (&o)[kMTiles][kDTiles][4],

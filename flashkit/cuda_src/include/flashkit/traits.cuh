@@ -28,6 +28,7 @@ constexpr int kMmaM = 16;
 constexpr int kMmaN = 8;
 constexpr int kMmaK = 16;
 constexpr int kWarpSize = 32;
+constexpr unsigned kFullWarp = 0xffffffffu;   // the lane mask of a whole warp (the *_sync intrinsics)
 // Row offset of c2, c3 (and a1, a3) from c0, c1 in an mma fragment: rows g and g + 8.
 constexpr int kFragRowHalf = 8;
 // Lanes sharing the rows of a fragment (a quad: t = lane % 4), and the 2 columns each owns.

@@ -113,20 +113,29 @@ struct WsMainloop {
     }
 
     // S (landed) -> P in place, and alpha (with the change of V unit); keys of tile n_block.
+    // x = S q_scale k_scale softmax_scale log2(e). Where one k scale covers the tile and every factor of the warp's
+    // rows is positive (the quantizer's scales always are), the factor goes into the exponent's FFMA
+    // (to_probabilities_scaled); else S is scaled first and masked after (a scale may be zero or negative).
     template <bool kMasked>
     __device__ __forceinline__ void softmax_step(int n_block, int row0, int col_lane) {
         gmma::fence_accumulators(s[0]);
-        // x = S q_scale k_scale softmax_scale log2(e), before masking (a scale may be negative).
+        const float c[1][2] = {{row_scale[0] * next_ks[0], row_scale[1] * next_ks[0]}};
+        const bool one_k_scale = kScaleParts == 1 || params.scale_block_rows >= kBN;
+        if (__all_sync(kFullWarp, one_k_scale && c[0][0] > 0.f && c[0][1] > 0.f)) {
+            if constexpr (kMasked) apply_mask(mask, s, row0, n_block * kBN + col_lane);
+            softmax.to_probabilities_scaled(s, alpha, c);
+        } else {
 #pragma unroll
-        for (int h = 0; h < 2; ++h)
+            for (int h = 0; h < 2; ++h)
 #pragma unroll
-            for (int ni = 0; ni < Kt::kNTiles; ++ni) {
-                const float c = row_scale[h] * next_ks[ni / kPartTiles];
-                s[0][ni][2 * h] *= c;
-                s[0][ni][2 * h + 1] *= c;
-            }
-        if constexpr (kMasked) apply_mask(mask, s, row0, n_block * kBN + col_lane);
-        softmax.to_probabilities(s, alpha, kScoresInLog2);
+                for (int ni = 0; ni < Kt::kNTiles; ++ni) {
+                    const float f = row_scale[h] * next_ks[ni / kPartTiles];
+                    s[0][ni][2 * h] *= f;
+                    s[0][ni][2 * h + 1] *= f;
+                }
+            if constexpr (kMasked) apply_mask(mask, s, row0, n_block * kBN + col_lane);
+            softmax.to_probabilities(s, alpha, kScoresInLog2);
+        }
         const float unit_change = __fdividef(v_ref, next_v_ref);   // O moves to this tile's V unit
 #pragma unroll
         for (int h = 0; h < 2; ++h) alpha[0][h] *= unit_change;

@@ -1,4 +1,4 @@
-// The V pre-pass of fp8_hopper.cu: V (batch, seqlen_k, kv_heads, D) -> Vt (batch, kv_heads, D, keys)
+// The V pre-pass of fa3_fp8.cu: V (batch, seqlen_k, kv_heads, D) -> Vt (batch, kv_heads, D, keys)
 // in the workspace, keys padded with zeros to whole kBlockN tiles. e4m3 wgmma reads both operands
 // K-major (16-bit wgmma can transpose B and reads V as it is: hopper.cu), and for O += P V the
 // k-index is the key: each row of Vt holds one head-dim column of V. KeyOrder::physical(l) is the key

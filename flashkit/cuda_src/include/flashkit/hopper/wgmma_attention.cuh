@@ -1,6 +1,6 @@
-// What the Hopper wgmma forwards share (hopper.cu for bf16 / f16, fp8_hopper.cu for e4m3): the
-// tile traits and the pipeline of one query block, which drives a main-loop type supplying the
-// products, the softmax and the scales (wgmma_mainloop.cuh, fp8_wgmma_mainloop.cuh).
+// The Hopper wgmma forward without warp specialization (hopper.cu, bf16 / f16; the teaching kernel beside the
+// warp-specialized core of ws_forward.cuh): the tile traits and the pipeline of one query block, which drives a
+// main-loop type supplying the products and the softmax (wgmma_mainloop.cuh).
 //
 // One CTA: kBlockM = 64 x (warpgroups) query rows of one (head, batch); warpgroup w owns rows
 // [64 w, 64 w + 64), warp 4 w + i of it rows [16 i, 16 i + 16) of those -- the same per-warp rows
@@ -9,9 +9,8 @@
 //   S = Q K_j^T            wgmma, K_j from shared memory (K-major)
 //   P = softmax step(S)    in registers; O owes a factor (alpha) before its next product
 //   O += P V_j             wgmma, P from registers (A), V_j from shared memory (B): read MN-major
-//                          from a tile in K's layout (16-bit, hopper.cu), or, as e4m3 wgmma reads
-//                          K-major only, from Vt_j, V transposed by v_transpose.cuh's pre-pass
-//                          (fp8_hopper.cu). The "Vt" region holds either (kHeadDim x kBlockN elements).
+//                          from a tile in K's layout, held in the "Vt" region (kHeadDim x kBlockN
+//                          elements; e4m3 would read V^T there, as fa3_fp8.cu does on the core).
 // Shared memory: [ Q | K stages | V stages ] (kStages = 3), each 1024 B aligned. Pipeline, per
 // visited tile i (FlashAttention-3's intra-warpgroup overlap):
 //   barrier (tile i + 1 resident; every warpgroup done with tile i - 1)
