@@ -83,14 +83,14 @@ struct WsTraits {
     static constexpr int kDTiles = kHeadDimV / kMmaN;        // 8-wide column tiles of O
     // Tile rows in shared memory: whole 128 B panels (hd96: two, the second half zero-filled by TMA's
     // out-of-bounds fill and never read by a product); the products run over kHeadDim / kHeadDimV only.
-    __host__ __device__ static constexpr int panel_row_bytes(int head_dim) {
-        return (head_dim * kElemBytes + kTmaPanelBytes - 1) / kTmaPanelBytes * kTmaPanelBytes;
+    __host__ __device__ static constexpr int whole_panels(int bytes) {
+        return (bytes + kTmaPanelBytes - 1) / kTmaPanelBytes * kTmaPanelBytes;
     }
-    static constexpr int kRowBytes = panel_row_bytes(kHeadDim);     // a Q or K row
-    static constexpr bool kVTransposed = kElemBytes == 1;          // 8-bit: V arrives as Vt (K-major keys)
-    static constexpr int kVRowBytes = kVTransposed ? kBlockN * kElemBytes : panel_row_bytes(kHeadDimV);   // a V (Vt) row
-    static constexpr int kORowBytes = (kHeadDimV * static_cast<int>(sizeof(OutT)) + kTmaPanelBytes - 1) /
-                                      kTmaPanelBytes * kTmaPanelBytes;   // a staged O row
+    static constexpr bool kVTransposed = kElemBytes == 1;   // 8-bit: V arrives as Vt (K-major keys)
+    static constexpr int kRowBytes = whole_panels(kHeadDim * kElemBytes);   // a Q or K row
+    static constexpr int kVRowBytes =
+        kVTransposed ? kBlockN * kElemBytes : whole_panels(kHeadDimV * kElemBytes);   // a V (Vt) row
+    static constexpr int kORowBytes = whole_panels(kHeadDimV * static_cast<int>(sizeof(OutT)));   // a staged O row
     static constexpr int kQKSteps = kHeadDim * kElemBytes / gmma::kKBytes;
     static constexpr int kPVSteps = kBlockN * kElemBytes / gmma::kKBytes;
     static constexpr int kStepKeys = gmma::kKBytes / kElemBytes;   // keys per k-step of P V
