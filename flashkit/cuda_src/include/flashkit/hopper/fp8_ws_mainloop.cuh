@@ -14,6 +14,7 @@
 
 #include "flashkit/fp8.cuh"
 #include "flashkit/hopper/ws_cta.cuh"
+#include "flashkit/hopper/ws_mainloop.cuh"
 #include "flashkit/mask.cuh"
 #include "flashkit/score_mod.cuh"
 
@@ -30,6 +31,7 @@ struct WsMainloop {
     static constexpr int kScaleParts = kBN > kMinScaleBlock ? kBN / kMinScaleBlock : 1;   // scale blocks a tile may span
     static constexpr int kPartTiles = Kt::kNTiles / kScaleParts;
     static_assert(Kt::kVTransposed, "e4m3 P V reads Vt");
+    static constexpr bool kPingPong = false;   // FreeIssue (ws_mainloop.cuh): the turns cost more than they hide
 
     const Mask& mask;
     const Params& params;

@@ -53,12 +53,13 @@ __device__ __forceinline__ void consume_tile(WsCta<Kt>& cta, const Params& p, co
     const int consumer = cta.consumer();
     const int tid_in_group = cta.tid % gmma::kWarpgroupThreads;
     const int lane = cta.tid % kWarpSize;
-    Mainloop<Kt, Mask, ScoreMod> loop(mask, p, head, batch, cta.smem, consumer, q_at.row);
+    typedef Mainloop<Kt, Mask, ScoreMod> Loop;
+    Loop loop(mask, p, head, batch, cta.smem, consumer, q_at.row);
     mbarrier_wait(cta.q_full, static_cast<u32>(cta.tiles) & 1u);   // Q landed (or an empty tile announced)
     if (n_blocks > 0) {   // (with kOwnOTile, hands Q back after its last S)
         const int row0 = q_at.row + consumer * gmma::kWarpgroupRows + tid_in_group / kWarpSize * Kt::kWarpRows +
                          lane / kQuadLanes;
-        const PingPong<Kt::kConsumers> turn(consumer);
+        const typename TurnsOf<Loop::kPingPong, Kt::kConsumers>::type turn(consumer);
         consumer_mainloop<Kt>(loop, turn, cta, n_blocks, row0, kFragCols * (lane % kQuadLanes));
     } else if constexpr (Kt::kOwnOTile) {
         mbarrier_arrive(cta.q_empty);
