@@ -1,6 +1,6 @@
 /*---
 name: fa3_fp8
-summary: FP8 (e4m3) FlashAttention-3 forward on the warp-specialized Hopper core (TMA producer, ping-pong e4m3 wgmma consumers, sm_90a)
+summary: FP8 (e4m3) FlashAttention-3 forward on the warp-specialized Hopper core (TMA producer, two e4m3 wgmma consumer warpgroups, sm_90a)
 entry: [flashkit_fa3_fp8_vt, flashkit_fa3_fp8_fwd]
 arch: {min: "9.0", max: "9.0", targets: {"9.0": sm_90a}}
 dtypes: [float8_e4m3]
@@ -14,8 +14,9 @@ tensor_maps: {q: block_m, k: block_n, o: 64, vt: head_dim}   # vt: the workspace
 workspace: v_transposed
 ---*/
 // FlashAttention-3's FP8 forward (section 3.3 of the paper) on the warp-specialized Hopper core of fa3.cu
-// (include/flashkit/hopper/ws_forward.cuh): the same producer, stage rings, ping-pong consumers, persistent
-// scheduler and TMA epilogue, with the e4m3 main loop of hopper/fp8_ws_mainloop.cuh. Inputs as the fp8
+// (include/flashkit/hopper/ws_forward.cuh): the same producer, stage rings, consumer warpgroups, persistent
+// scheduler and TMA epilogue, with the e4m3 main loop of hopper/fp8_ws_mainloop.cuh (its consumers issue without
+// the ping-pong turns: FreeIssue). Inputs as the fp8
 // variants: e4m3 q, k, v in the contract's layout with float32 scales per (batch, head, block of rows);
 // output float16 or bfloat16 (FLASHKIT_OUT_DTYPE), LSE as every variant. Two entries:
 //   flashkit_fa3_fp8_vt    V -> Vt (head-dim rows of keys, per kv head) in the workspace: e4m3 wgmma reads
