@@ -92,15 +92,7 @@ struct WsMainloop {
     }
 
     // S = Q K^T from ring slot `slot` (asynchronous; the first k-step overwrites s).
-    __device__ __forceinline__ void issue_scores(int slot) {
-        const u32 k_tile = k_tiles + Ring::stage(slot) * Kt::kKStageBytes;
-        gmma::fence();
-#pragma unroll
-        for (int kk = 0; kk < Kt::kQKSteps; ++kk)
-            gmma::Mma<float8_e4m3_t, kBN>::ss(s[0], QTile::desc(q_tile, q_row0, kk * gmma::kKBytes),
-                                              KTile::desc(k_tile, 0, kk * gmma::kKBytes), kk > 0);
-        gmma::commit();
-    }
+    __device__ __forceinline__ void issue_scores(int slot) { hopper::issue_qk<Kt>(s[0], q_tile, q_row0, k_tiles, slot); }
 
     // O += e4m3(P) Vt from ring slot `slot` (asynchronous; p_frag stays untouched until it completes).
     // k-step kk: logical keys 32 kk .. 32 kk + 31, bytes of the Vt rows.

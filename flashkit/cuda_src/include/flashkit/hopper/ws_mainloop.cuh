@@ -46,6 +46,20 @@ struct PingPong {
     }
 };
 
+// S = Q K^T of a consumer's 64 rows (Q tile rows from q_row0) and the K tile in ring slot `slot`, on Kt::Element's
+// wgmma (k16 for 16-bit, k32 for e4m3: 32 bytes a step either way); asynchronous, the first k-step overwrites s.
+// Every precision's main loop issues its scores so.
+template <class Kt>
+__device__ __forceinline__ void issue_qk(float (&s)[Kt::kNTiles][4], u32 q_tile, int q_row0, u32 k_tiles, int slot) {
+    const u32 k_tile = k_tiles + Kt::Ring::stage(slot) * Kt::kKStageBytes;
+    gmma::fence();
+#pragma unroll
+    for (int kk = 0; kk < Kt::kQKSteps; ++kk)
+        gmma::Mma<typename Kt::Element, Kt::kBlockN>::ss(s, Kt::QTile::desc(q_tile, q_row0, kk * gmma::kKBytes),
+                                                         Kt::KTile::desc(k_tile, 0, kk * gmma::kKBytes), kk > 0);
+    gmma::commit();
+}
+
 // No turns: each consumer issues its products as soon as its operands have landed. The fp8 main loop's choice:
 // at e4m3's rate a tile's products are short beside its softmax, and the turns only add waits (measured in one
 // run without them: 4-8% faster at hd128, 6-10% at hd64, the same at hd256; bf16 is 1-8% slower without them).
@@ -106,15 +120,7 @@ struct WsMainloop {
     __device__ __forceinline__ void prefetch(int /*n_block*/) {}
 
     // S_i = Q K_i^T from ring slot `slot` (asynchronous; the first k-step overwrites s).
-    __device__ __forceinline__ void issue_scores(int slot) {
-        const u32 k_tile = k_tiles + Ring::stage(slot) * Kt::kKStageBytes;
-        gmma::fence();
-#pragma unroll
-        for (int kk = 0; kk < Kt::kQKSteps; ++kk)
-            gmma::Mma<Element, kBN>::ss(s[0], QTile::desc(q_tile, q_row0, kk * gmma::kKBytes),
-                                        KTile::desc(k_tile, 0, kk * gmma::kKBytes), kk > 0);
-        gmma::commit();
-    }
+    __device__ __forceinline__ void issue_scores(int slot) { issue_qk<Kt>(s[0], q_tile, q_row0, k_tiles, slot); }
 
     // O += P V_i from ring slot `slot` (asynchronous; p_frag stays untouched until it completes). k-step
     // kk: keys kStepKeys kk .. + kStepKeys - 1, rows of the V tile.
