@@ -55,13 +55,14 @@ def attention(q: Any, k: Any, v: Any, *, causal: bool = False, softmax_scale: fl
     # dtype, device) and put in per call (ALIBI_FIELDS, SCALE_FIELDS).
     scales = (q_scale, k_scale, v_scale)
     prequantized = any(s is not None for s in scales)
+    keyed_scales = scales if prequantized else ()
     key = _forward_key(q, k, v, out, causal, softmax_scale, variant, return_lse, block_mask, out_dtype, window_size,
-                       softcap, attention_chunk, alibi_slopes, scales if prequantized else ()) if (
+                       softcap, attention_chunk, alibi_slopes, keyed_scales) if (
         not fp8 and fp8_options is None and mod is None and mod_args is None) else None
     if key is not None and (cached := CALLS.get(key)) is not None:   # this signature validated and selected before
         if alibi_slopes is None and not prequantized:
             return cached(q, k, v, out)
-        return cached(q, k, v, out, per_call_pointers(alibi_slopes, scales if prequantized else ()))
+        return cached(q, k, v, out, per_call_pointers(alibi_slopes, keyed_scales))
     if prequantized and not all(s is not None for s in scales):
         raise InputError("q_scale, k_scale, v_scale: pre-quantized fp8 inputs need all three scales")
     if prequantized and fp8:

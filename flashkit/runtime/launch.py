@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import threading
+from operator import itemgetter
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -126,8 +127,7 @@ def prepare_launch(spec: KernelSpec, loaded: LoadedKernel, config: BuildConfig, 
              if math.prod(grid := grid_for(kind, p, cfg)) != 0]
     maps = tensor_map_layouts(spec, cfg, p, io)
     return PreparedLaunch(ParamTemplate(params, POINTER_FIELDS + tuple(variable)), grids,
-                          (cfg["warps"] * WARP_SIZE, 1, 1), loaded.smem_bytes,
-                          workspace_bytes(spec.workspace, p, cfg), maps)
+                          (cfg["warps"] * WARP_SIZE, 1, 1), workspace_bytes(spec.workspace, p, cfg), maps)
 
 
 POINTER_FIELDS = ("q", "k", "v", "o", "lse", "workspace")
@@ -149,15 +149,16 @@ class PreparedLaunch:
     under each other's launch (CuPy releases the GIL inside it).
     """
 
-    def __init__(self, params: ParamTemplate, grids: list, block: tuple[int, int, int], smem_bytes: int,
-                 workspace_bytes: int, maps: tuple):
+    def __init__(self, params: ParamTemplate, grids: list, block: tuple[int, int, int], workspace_bytes: int,
+                 maps: tuple):
         self.params = params
         self.grids = grids                    # (function, grid, dynamic smem) of each entry that runs, in order
         self.block = block
-        self.smem_bytes = smem_bytes
         self.workspace_bytes = workspace_bytes
         self.maps = maps                      # (pointer index (MAP_POINTERS), or None; MapGeometry)
-        self._map_pointers = tuple(sorted({i for i, _ in maps if i is not None}))
+        # The call's addresses that the maps depend on (one C-level call per launch: this is the hot path).
+        indices = sorted({i for i, _ in maps if i is not None})
+        self._map_key = itemgetter(*indices) if indices else (lambda pointers: ())
         self._words = params.block()
         from cupy.cuda.function import CPointer   # a kernel argument passed as the bytes at an address
         self._block_arg = CPointer(self._words.ctypes.data)
@@ -180,7 +181,7 @@ class PreparedLaunch:
     def _encoded(self, pointers: tuple[int, ...]) -> tuple:
         """The tensor maps at the call's addresses; a repeated address tuple (a memory pool hands the same blocks
         back) costs a dictionary look-up instead of building and hashing a geometry per map."""
-        ptrs = tuple(pointers[i] for i in self._map_pointers)
+        ptrs = self._map_key(pointers)
         found = self._maps_at.get(ptrs)
         if found is None:
             if len(self._maps_at) >= MAX_MAP_ADDRESSES:
@@ -201,7 +202,7 @@ def tensor_map_layouts(spec: KernelSpec, cfg: dict[str, int], p: Problem, io: La
     for t, rows in spec.tensor_map_rows(cfg, p.head_dim).items():
         if t == "vt":
             layouts.append((MAP_POINTERS[t], transposed_v_geometry(p.dtype, BY_NAME[p.dtype].itemsize, p.batch, p.kv_heads,
-                                                                  p.head_dim, p.seqlen_k, cfg["block_n"])))
+                                                                  p.head_dim, p.seqlen_k, cfg["block_n"], rows)))
         elif t in arrays:
             layouts.append((MAP_POINTERS[t], replace(array_geometry(arrays[t][0], arrays[t][1], rows), address=0)))
         elif t in io.map_arrays:

@@ -113,12 +113,12 @@ def padded_keys(seqlen_k: int, block_n: int) -> int:
 
 
 def transposed_v_geometry(dtype: str, itemsize: int, batch: int, kv_heads: int, head_dim: int, seqlen_k: int,
-                          block_n: int) -> MapGeometry:
+                          block_n: int, rows: int) -> MapGeometry:
     """The map of V transposed into the workspace (the v_transposed workspace, hopper/v_transpose.cuh):
     (batch, kv_heads, head_dim, keys) seen as (batch, rows = head_dim, heads = kv_heads, keys), a box of
-    one panel of keys (a block_n tile: 128 or 64 bytes, swizzled alike) by every head-dim row; address 0 (the
-    workspace's, each call)."""
+    one panel of keys (a block_n tile: 128 or 64 bytes, swizzled alike) by `rows` head-dim rows (the manifest's
+    `vt: head_dim`: every row); address 0 (the workspace's, each call)."""
     keys = padded_keys(seqlen_k, block_n)
     row = keys * itemsize
     return map_geometry(0, (batch, head_dim, kv_heads, keys), (kv_heads * head_dim * row, row, head_dim * row, itemsize),
-                        itemsize, dtype, head_dim, panel_bytes=block_n * itemsize)
+                        itemsize, dtype, rows, panel_bytes=block_n * itemsize)

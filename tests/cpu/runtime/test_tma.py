@@ -55,7 +55,7 @@ def test_a_head_dim_inside_a_panel_keeps_the_panel_box():
 def test_transposed_v_in_the_workspace(block_n, swizzle):
     """fp8's V^T (batch, kv_heads, head_dim, keys padded to block_n), 1-byte keys: a box of one tile's keys (a 128-
     or 64-byte panel, swizzled alike) by every head-dim row."""
-    g = transposed_v_geometry("float8_e4m3", 1, 2, 3, 256, 300, block_n)
+    g = transposed_v_geometry("float8_e4m3", 1, 2, 3, 256, 300, block_n, 256)
     keys = -(-300 // block_n) * block_n
     assert g.dims == (keys, 256, 3, 2) and g.strides == (keys, 256 * keys, 3 * 256 * keys)
     assert g.box == (block_n, 256, 1, 1) and g.swizzle == swizzle and g.address == 0

@@ -78,16 +78,7 @@ struct OnlineSoftmax {
         for (int mi = 0; mi < kMTiles; ++mi)
 #pragma unroll
             for (int h = 0; h < kRowsPerTile; ++h) {
-                float chain[kChains];   // independent chains: short dependency chains
-#pragma unroll
-                for (int c = 0; c < kChains; ++c) chain[c] = row_max[mi][h];
-#pragma unroll
-                for (int ni = 0; ni < kNTiles; ++ni)
-                    chain[ni % kChains] = fmaxf(chain[ni % kChains], fmaxf(s[mi][ni][2 * h], s[mi][ni][2 * h + 1]));
-                float m_tile = chain[0];
-#pragma unroll
-                for (int c = 1; c < kChains; ++c) m_tile = fmaxf(m_tile, chain[c]);
-                const float m_new = quad_max(m_tile);
+                const float m_new = quad_max(row_tile_max<kChains>(s, mi, h, row_max[mi][h]));
                 alpha[mi][h] = fast_exp2(row_max[mi][h] * scale_log2 - scaled_row_max(m_new, scale_log2));
                 row_max[mi][h] = m_new;
                 row_sum[mi][h] *= alpha[mi][h];
@@ -102,21 +93,7 @@ struct OnlineSoftmax {
 #pragma unroll
             for (int h = 0; h < kRowsPerTile; ++h) {
                 const float bias = scaled_row_max(row_max[mi][h], scale_log2) - PScale::kLog2;
-                float chain[kChains];
-#pragma unroll
-                for (int c = 0; c < kChains; ++c) chain[c] = 0.f;
-#pragma unroll
-                for (int ni = 0; ni < kNTiles; ++ni)
-#pragma unroll
-                    for (int e = 0; e < 2; ++e) {
-                        float& x = s[mi][ni][2 * h + e];
-                        x = fast_exp2(fmaf(x, scale_log2, -bias));
-                        chain[ni % kChains] += x;
-                    }
-                float sum = chain[0];
-#pragma unroll
-                for (int c = 1; c < kChains; ++c) sum += chain[c];
-                row_sum[mi][h] += sum;
+                row_sum[mi][h] += exp2_row<kChains>(s, mi, h, scale_log2, bias);
             }
     }
 
@@ -134,18 +111,13 @@ struct OnlineSoftmax {
         for (int mi = 0; mi < kMTiles; ++mi)
 #pragma unroll
             for (int h = 0; h < kRowsPerTile; ++h) {
-                float top[kChains];   // rowmax(s), in independent chains
-#pragma unroll
-                for (int k = 0; k < kChains; ++k) top[k] = FLASHKIT_NEG_INF;
-#pragma unroll
-                for (int ni = 0; ni < kNTiles; ++ni)
-                    top[ni % kChains] = fmaxf(top[ni % kChains], fmaxf(s[mi][ni][2 * h], s[mi][ni][2 * h + 1]));
-#pragma unroll
-                for (int k = 1; k < kChains; ++k) top[0] = fmaxf(top[0], top[k]);
-                const float m_new = fmaxf(row_max[mi][h], quad_max(top[0]) * c[mi][h]);
+                const float m_new =
+                    fmaxf(row_max[mi][h], quad_max(row_tile_max<kChains>(s, mi, h, FLASHKIT_NEG_INF)) * c[mi][h]);
                 alpha[mi][h] = fast_exp2(row_max[mi][h] - scaled_row_max(m_new, 1.f));
                 row_max[mi][h] = m_new;
                 const float bias = scaled_row_max(m_new, 1.f) - PScale::kLog2;
+                // (The exponent loop stays written out here: through exp2_row, ptxas schedules fa3_fp8 otherwise,
+                // and this is the code its GPU tier ran.)
                 float sum[kChains];
 #pragma unroll
                 for (int k = 0; k < kChains; ++k) sum[k] = 0.f;
@@ -161,6 +133,43 @@ struct OnlineSoftmax {
                 for (int k = 1; k < kChains; ++k) sum[0] += sum[k];
                 row_sum[mi][h] = row_sum[mi][h] * alpha[mi][h] + sum[0];
             }
+    }
+
+    // max(init, this lane's entries of row h of tile mi), in kChains independent chains (short dependency chains).
+    template <int kChains, int kNTiles>
+    __device__ __forceinline__ static float row_tile_max(const float (&s)[kMTiles][kNTiles][4], int mi, int h,
+                                                         float init) {
+        float chain[kChains];
+#pragma unroll
+        for (int c = 0; c < kChains; ++c) chain[c] = init;
+#pragma unroll
+        for (int ni = 0; ni < kNTiles; ++ni)
+            chain[ni % kChains] = fmaxf(chain[ni % kChains], fmaxf(s[mi][ni][2 * h], s[mi][ni][2 * h + 1]));
+        float m = chain[0];
+#pragma unroll
+        for (int c = 1; c < kChains; ++c) m = fmaxf(m, chain[c]);
+        return m;
+    }
+
+    // This lane's entries x of row h of tile mi -> exp2(x * mult - bias) in place; returns their sum (kChains chains).
+    template <int kChains, int kNTiles>
+    __device__ __forceinline__ static float exp2_row(float (&s)[kMTiles][kNTiles][4], int mi, int h, float mult,
+                                                     float bias) {
+        float chain[kChains];
+#pragma unroll
+        for (int c = 0; c < kChains; ++c) chain[c] = 0.f;
+#pragma unroll
+        for (int ni = 0; ni < kNTiles; ++ni)
+#pragma unroll
+            for (int e = 0; e < 2; ++e) {
+                float& x = s[mi][ni][2 * h + e];
+                x = fast_exp2(fmaf(x, mult, -bias));
+                chain[ni % kChains] += x;
+            }
+        float sum = chain[0];
+#pragma unroll
+        for (int c = 1; c < kChains; ++c) sum += chain[c];
+        return sum;
     }
 
     // O *= alpha (deferred normalization: O is divided by l only at the end).

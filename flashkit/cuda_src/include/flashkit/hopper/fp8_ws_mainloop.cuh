@@ -23,8 +23,6 @@ namespace fp8 {
 
 template <class Kt, class Mask, class ScoreMod>
 struct WsMainloop {
-    typedef typename Kt::QTile QTile;
-    typedef typename Kt::KTile KTile;
     typedef typename Kt::VTile VTile;   // Vt: kHeadDim rows of the tile's keys
     typedef typename Kt::Ring Ring;
     static constexpr int kBN = Kt::kBlockN;

@@ -84,8 +84,6 @@ struct TurnsOf<false, kConsumers> {
 template <class Kt, class Mask, class ScoreMod = NoScoreMod>
 struct WsMainloop {
     typedef typename Kt::Element Element;
-    typedef typename Kt::QTile QTile;
-    typedef typename Kt::KTile KTile;
     typedef typename Kt::VTile VTile;
     typedef typename Kt::Ring Ring;
     static constexpr int kBN = Kt::kBlockN;
