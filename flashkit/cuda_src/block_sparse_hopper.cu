@@ -9,7 +9,7 @@ features: {causal: true, block_sparse: true, fp8: false, backward: false, lse: t
 requires: {block_sparse: true}
 priority: 60
 launch: {grid: q_blocks, block_m: 128, block_n: 128, warps: 12, stages: 2}   # tiles nest in 128-key mask blocks
-overrides: {"hd256": {block_n: 64}}
+overrides: {"hd128": {defer_pv_wait: 1}, "hd256": {block_n: 64}}   # defer_pv_wait: measured 2-4% faster
 tensor_maps: {q: block_m, k: block_n, v: block_n, o: 64}
 workspace: none
 ---*/

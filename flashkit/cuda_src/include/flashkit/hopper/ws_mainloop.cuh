@@ -154,12 +154,34 @@ struct WsMainloop {
     __device__ __forceinline__ void finalize(float (&lse)[1][2]) { softmax.finalize(acc_o, scale_log2, lse); }
 };
 
+// Where a consumer waits for its P V: with the launch flag defer_pv_wait (FLASHKIT_DEFER_PV_WAIT = 1), at the top
+// of its next visit instead of at the end of the visit that issued it. Same waits, same order; what moves is the
+// loop edge. With the wait in the visit's block, ptxas schedules it right after the row maxima (the PTX has it
+// after the exponentials), so a consumer's exponentials never run under its own P V; across a loop edge it cannot
+// hoist it. Measured at hd128: +3-6%; at hd64 and hd256 1-3% slower (BENCHMARKS.md), so a manifest sets it per
+// head dim.
+#ifndef FLASHKIT_DEFER_PV_WAIT
+#define FLASHKIT_DEFER_PV_WAIT 0
+#endif
+constexpr bool kDeferPvWait = FLASHKIT_DEFER_PV_WAIT != 0;
+
+// What a visit owes once its P V is issued: the product waited for, its V stage handed back (where `owed`: the
+// deferred wait of visit 1 follows no P V), O *= alpha and the next P packed into the A fragments.
+template <class Loop>
+__device__ __forceinline__ void settle_pv(Loop& loop, const typename Loop::Ring& v_ring, int v_slot, bool owed) {
+    gmma::wait<0>();
+    if (owed) v_ring.release(v_slot);
+    loop.rescale_and_pack();
+}
+
 // Visit i >= 1 of a consumer (ring slot `slot` = ring_pos + i): S_i and P_{i-1} V_{i-1} issued in this
-// consumer's turn, the softmax of S_i under P_{i-1} V_{i-1}.
+// consumer's turn, the softmax of S_i under P_{i-1} V_{i-1}; P_{i-1} V_{i-1} settled at the end of the visit, or
+// (kDeferPvWait) P_{i-2} V_{i-2} at its start.
 template <bool kMasked, class Loop, class Turn>
 __device__ __forceinline__ void consumer_step(Loop& loop, const Turn& turn, const typename Loop::Ring& k_ring,
                                               const typename Loop::Ring& v_ring, int i, int slot, int n_blocks,
                                               int row0, int col_lane) {
+    if constexpr (kDeferPvWait) settle_pv(loop, v_ring, slot - 2, i >= 2);
     loop.prefetch(loop.mask.kv_block(n_blocks - 1 - i));
     k_ring.wait_full(slot);
     v_ring.wait_full(slot - 1);
@@ -170,9 +192,7 @@ __device__ __forceinline__ void consumer_step(Loop& loop, const Turn& turn, cons
     gmma::wait<1>();   // S_i landed; P_{i-1} V_{i-1} still running
     k_ring.release(slot);
     loop.template softmax_step<kMasked>(loop.mask.kv_block(n_blocks - 1 - i), row0, col_lane);
-    gmma::wait<0>();
-    v_ring.release(slot - 1);
-    loop.rescale_and_pack();
+    if constexpr (!kDeferPvWait) settle_pv(loop, v_ring, slot - 1, true);
 }
 
 // The whole main loop of one consumer over the tile's n_blocks visited tiles (n_blocks > 0; Q has
@@ -197,13 +217,14 @@ __device__ __forceinline__ void consumer_mainloop(Loop& loop, const Turn& turn, 
     k_ring.release(pos);
     if (n_masked > 0) loop.template softmax_step<true>(loop.mask.kv_block(n_blocks - 1), row0, col_lane);
     else loop.template softmax_step<false>(loop.mask.kv_block(n_blocks - 1), row0, col_lane);
-    loop.rescale_and_pack();
+    if constexpr (!kDeferPvWait) loop.rescale_and_pack();
     int i = 1;
     for (; i < n_blocks && i < n_masked; ++i)
         consumer_step<true>(loop, turn, k_ring, v_ring, i, pos + i, n_blocks, row0, col_lane);
     for (; i < n_blocks; ++i) consumer_step<false>(loop, turn, k_ring, v_ring, i, pos + i, n_blocks, row0, col_lane);
     if constexpr (Kt::kOwnOTile) mbarrier_arrive(cta.q_empty);   // every S has read Q: the next tile's may load
     const int last = pos + n_blocks - 1;
+    if constexpr (kDeferPvWait) settle_pv(loop, v_ring, last - 1, n_blocks >= 2);
     v_ring.wait_full(last);
     turn.wait_turn();
     loop.issue_pv(last);
