@@ -42,6 +42,7 @@ def test_ten_decode_steps_replay_like_eager_calls():
     eager = [cp.empty_like(q) for q in qs]
     graphed = [cp.full_like(q, cp.nan) for q in qs]
     eager_pre, graphed_pre = cp.empty_like(q_pre), cp.full_like(q_pre, cp.nan)
+    cp.cuda.Device().synchronize()   # the inputs were written on the legacy stream, which `stream` does not wait for
     with stream:
         for i in range(STEPS):   # eager, and the warm-up that builds, loads and caches every signature
             step(i, eager)
@@ -59,11 +60,12 @@ def test_ten_decode_steps_replay_like_eager_calls():
         assert (_bits(graphed[i]) == _bits(eager[i])).all(), f"decode step {i}"
     assert (_bits(graphed_pre) == _bits(eager_pre)).all(), "prefill"
 
-    # A replay reads whatever the captured buffers hold now: new queries and lengths, same addresses.
-    for i in range(STEPS):
-        qs[i][...] = _bf16(cp, rng, batch, 1, heads, d)
-        lens[i][...] = cp.asarray([5, 2559, 700 + i, 64], dtype=cp.int32)
+    # A replay reads whatever the captured buffers hold now: new queries and lengths, same addresses, written on
+    # `stream` itself (a non-blocking stream does not wait for the legacy stream's writes: seen racing under load).
     with stream:
+        for i in range(STEPS):
+            qs[i][...] = _bf16(cp, rng, batch, 1, heads, d)
+            lens[i][...] = cp.asarray([5, 2559, 700 + i, 64], dtype=cp.int32)
         graph.launch(stream)
         stream.synchronize()
         for i in range(STEPS):
