@@ -158,8 +158,8 @@ struct WsMainloop {
 // of its next visit instead of at the end of the visit that issued it. Same waits, same order; what moves is the
 // loop edge. With the wait in the visit's block, ptxas schedules it right after the row maxima (the PTX has it
 // after the exponentials), so a consumer's exponentials never run under its own P V; across a loop edge it cannot
-// hoist it. Measured at hd128: +3-6%; at hd64 and hd256 1-3% slower (BENCHMARKS.md), so a manifest sets it per
-// head dim.
+// hoist it. Measured 3-15% faster at hd96/128/192 (and with softcap / ALiBi), 1-3% slower at hd64 and hd256
+// (BENCHMARKS.md), so a manifest sets it per head dim.
 #ifndef FLASHKIT_DEFER_PV_WAIT
 #define FLASHKIT_DEFER_PV_WAIT 0
 #endif
