@@ -1,16 +1,18 @@
 /*---
 name: fa3_bwd
-summary: FlashAttention-3 backward on Hopper (sm_90a) - TMA producer, two consumer warpgroups on wgmma, dQ by fp32 atomics
+summary: FlashAttention-3 backward on Hopper (sm_90a) - TMA producer, two consumer warpgroups on wgmma, dQ by fp32 vector reductions
 entry: [flashkit_fa3_bwd_prepass, flashkit_fa3_bwd_main, flashkit_fa3_bwd_convert_dq]
 arch: {min: "9.0", max: "9.0", targets: {"9.0": sm_90a}}
 dtypes: [float16, bfloat16]
-head_dims: [64, 128]
+head_dims: [64, 128, 256]
 features: {causal: true, block_sparse: false, fp8: false, backward: true, lse: false, gqa: true}
 requires: {backward: true}
 # Verified on the H100 (GPU tier and verify --backward, 2026-11-23). Measured in one run (BENCHMARKS.md):
 # 1.6x fa2_bwd's TFLOP/s at hd128 and 1.1x at hd64, so it outranks fa2_bwd on sm_90.
 priority: 60
 launch: {grid: [q_blocks, kv_tiles, q_blocks], block_m: 64, block_n: 128, warps: 12, stages: 2}   # 1 producer + 2 consumers
+# hd256: key blocks of 64, the consumers split dK, dV and dQ by head-dim columns (bwd_traits.cuh).
+overrides: {"hd256": {block_n: 64}}
 tensor_maps: {q: block_m, k: block_n, v: block_n, dout: block_m}   # box rows
 workspace: dq_accum
 ---*/
@@ -19,8 +21,9 @@ workspace: dq_accum
 //   prepass    grid (ceil(seqlen_q / block_m), heads, batch): dsum = rowsum(dO O), lse2 = LSE log2(e),
 //              dq_accum and the semaphores zeroed (bwd_passes.cuh, shared with fa2_bwd)
 //   main       grid (ceil(seqlen_k / block_n), kv_heads, batch): one CTA per key block; a producer thread
-//              streams Q and dO by TMA, two consumer warpgroups of 64 keys each keep dK, dV in registers
-//              over every query head of the group and every visible query block, dQ by fp32 atomics
+//              streams Q and dO by TMA, two consumer warpgroups keep dK, dV in registers over every query
+//              head of the group and every visible query block (64 keys each at hd64 / hd128; at hd256
+//              the block's 64 keys, half the head-dim columns each), dQ by fp32 vector reductions
 //              (hopper/ws_backward.cuh)
 //   convert_dq grid (ceil(seqlen_q / block_m), heads, batch): dQ = dq_accum in the input dtype
 // Causal (FLASHKIT_CAUSAL) skips the query blocks above the diagonal and masks the tiles crossing it.

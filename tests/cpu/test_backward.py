@@ -83,10 +83,14 @@ def test_fa3_bwd_manifest():
     assert spec.arch_min == spec.arch_max == (9, 0) and spec.target((9, 0)) == "sm_90a"
     assert spec.entries == ("flashkit_fa3_bwd_prepass", "flashkit_fa3_bwd_main", "flashkit_fa3_bwd_convert_dq")
     assert spec.grids == ("q_blocks", "kv_tiles", "q_blocks") and spec.workspace == "dq_accum"
-    assert spec.supports("gqa") and spec.supports("causal") and tuple(spec.head_dims.values) == (64, 128)
-    launch = spec.launch_config((9, 0), 128, ())
-    assert launch["block_m"] == 64 and launch["block_n"] == 128 and launch["warps"] == 12   # 1 producer + 2 consumers
-    assert spec.tensor_map_rows(launch) == {"q": 64, "k": 128, "v": 128, "dout": 64}
+    assert spec.supports("gqa") and spec.supports("causal") and tuple(spec.head_dims.values) == (64, 128, 256)
+    for hd in (64, 128):   # consumers split by keys: key blocks of 128
+        launch = spec.launch_config((9, 0), hd, ())
+        assert launch["block_m"] == 64 and launch["block_n"] == 128 and launch["warps"] == 12   # 1 producer + 2 consumers
+        assert spec.tensor_map_rows(launch) == {"q": 64, "k": 128, "v": 128, "dout": 64}
+    launch = spec.launch_config((9, 0), 256, ())   # consumers split by head-dim columns: key blocks of 64
+    assert launch["block_m"] == 64 and launch["block_n"] == 64 and launch["warps"] == 12
+    assert spec.tensor_map_rows(launch) == {"q": 64, "k": 64, "v": 64, "dout": 64}
     # Measured faster than fa2_bwd at both head dims (BENCHMARKS.md): it outranks fa2_bwd where both fit.
     assert spec.priority > specs["fa2_bwd"].priority
 
@@ -107,6 +111,17 @@ def test_fa3_bwd_fits_backward_calls_on_sm90_only(causal, head_dim):
         assert sel.chosen.name == "fa2_bwd" and "fa3_bwd" in sel.rejected
         with pytest.raises(UnsupportedError, match="fa3_bwd"):
             select_kernel(Request(cc=cc, **base), specs, variant="fa3_bwd")
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_hd256_backward_is_fa3_bwd_on_sm90_and_refused_elsewhere(causal):
+    """fa3_bwd is the one backward at head dim 256; on other GPUs a backward there selects nothing, by name."""
+    specs = discover_kernels().specs
+    base = dict(dtype="float16", head_dim=256, seqlen_q=333, seqlen_k=1000, heads=8, kv_heads=8, causal=causal,
+                backward=True)
+    assert select_kernel(Request(cc=(9, 0), **base), specs).chosen.name == "fa3_bwd"
+    with pytest.raises(UnsupportedError, match="head_dim=256"):
+        select_kernel(Request(cc=(8, 0), **base), specs)
 
 
 def test_fa3_bwd_refuses_forward_calls_and_other_head_dims():
@@ -142,6 +157,22 @@ def test_fa3_bwd_launches_three_entries_with_the_dout_map(monkeypatch):
     for *_, maps in launches:
         addresses = [int.from_bytes(m[:8], "little") for m in maps]
         assert addresses == [q.data.ptr, k.data.ptr, v.data.ptr, dout.data.ptr]
+
+
+def test_fa3_bwd_hd256_launches_key_blocks_of_64(monkeypatch):
+    """hd256: the main kernel's grid walks key blocks of 64 (the consumers split the head-dim columns)."""
+    pytest.importorskip("cupy")
+    from .runtime.fake_device import Recorder, fake, installed
+    with installed(monkeypatch.setattr):
+        monkeypatch.setattr(backward, "device_info", lambda: FAKE_H100)
+        monkeypatch.setattr(backward, "build_module", lambda spec, config, cc: build.LoadedKernel(
+            [Recorder(e) for e in spec.entries], 1024))
+        b, sq, sk, h, hk, d = 1, 200, 300, 4, 4, 256
+        q, k, v = fake((b, sq, h, d)), fake((b, sk, hk, d)), fake((b, sk, hk, d))
+        dout, out, lse = fake((b, sq, h, d)), fake((b, sq, h, d)), fake((b, h, sq), np.float32)
+        flashkit.attention_backward(dout, q, k, v, out, lse, variant="fa3_bwd")
+        launches = list(Recorder.launches)
+    assert [grid for _, grid, *_ in launches] == [(4, h, b), (5, hk, b), (4, h, b)]
 
 
 @pytest.mark.parametrize("causal", [False, True])

@@ -2,16 +2,23 @@
 // backward (FlashAttention-3's backward; fa3_bwd.cu).
 //
 // One CTA per (key block of kBlockN keys, kv head, batch): one producer warpgroup (its thread 0 issues every
-// TMA load) and kConsumers = kBlockN / 64 consumer warpgroups, consumer c owning keys [64 c, 64 c + 64) of
-// the block: its rows of S^T, dP^T, dS^T and of the dK, dV accumulators. Warp w of a consumer owns keys
-// [16 w, 16 w + 16) of those (the m16n8 fragment conventions of fragment.cuh apply). Per visited query
-// block of kBlockM queries, dQ = dS K needs every key of the block: the consumers exchange dS^T through a
-// shared tile and split dQ's head-dim columns (hd128; at hd64 its keys: kDqSplitKeys).
+// TMA load) and kConsumers = 2 consumer warpgroups, which split the key block's work one of two ways:
+//   by keys (kBlockN = 128; hd64, hd128; bwd_consumer.cuh): consumer c owns keys [64 c, 64 c + 64): its rows
+//     of S^T, dP^T, dS^T and of the dK, dV accumulators, every head-dim column. Per visited query block of
+//     kBlockM queries, dQ = dS K needs every key of the block: the consumers exchange dS^T through a shared
+//     tile and split dQ's head-dim columns (hd128; at hd64 its keys: kDqSplitKeys).
+//   by head-dim columns (kBlockN = 64; hd256, where one warpgroup's dK and dV of every column would take all
+//     of its registers; bwd_column_consumer.cuh): both consumers own the 64 keys, consumer c the columns
+//     [kOwnCols c, kOwnCols (c + 1)) of dK, dV and dQ; it computes S^T and dP^T for queries
+//     [kSQueries c, kSQueries (c + 1)) only, and the two halves of P^T and dS^T meet in shared tiles.
+// Warp w of a consumer owns keys [16 w, 16 w + 16) of its 64 (the m16n8 fragment conventions of
+// fragment.cuh apply).
 // Shared memory, each tile 1024 B aligned in gmma::KMajorTile's layout (what TMA's 128 B swizzle writes):
 //   [ K: kBlockN rows | V: kBlockN rows | Q: kStages x kBlockM rows | dO: kStages x kBlockM rows |
-//     dS^T: 2 x (kBlockN rows of kBlockM 16-bit queries) | mbarriers: kv_full, the Q ring, the dO ring ]
-// dS^T is double-buffered by visit parity, so one named barrier a visit orders its writes and reads (see
-// bwd_consumer.cuh).
+//     dS^T: 2 x (kBlockN rows of kBlockM 16-bit queries) | P^T: the same, split by columns only |
+//     mbarriers: kv_full, the Q ring, the dO ring ]
+// dS^T (and P^T) are double-buffered by visit parity, so one named barrier a visit orders their writes and
+// reads (see bwd_consumer.cuh).
 #pragma once
 
 #include "flashkit/hopper/ws_traits.cuh"   // TileCoords, kRegisterFile, the stage ring, tma, wgmma
@@ -33,8 +40,12 @@ struct BwdWsTraits {
     static constexpr int kBlockN = kBlockN_;   // keys per CTA
     static constexpr int kStages = kStages_;   // Q and dO stages
 
-    static constexpr int kConsumerKeys = gmma::kWarpgroupRows;   // keys (wgmma rows) per consumer
-    static constexpr int kConsumers = kBlockN / kConsumerKeys;
+    static constexpr int kConsumers = 2;
+    // The split (see above): by head-dim columns when the key block is one wgmma row block.
+    static constexpr bool kSplitColumns = kBlockN == gmma::kWarpgroupRows;
+    static constexpr int kConsumerKeys = gmma::kWarpgroupRows;   // keys (wgmma rows) of a consumer's dK, dV
+    static constexpr int kOwnCols = kSplitColumns ? kHeadDim / kConsumers : kHeadDim;   // its dK, dV columns
+    static constexpr int kSQueries = kSplitColumns ? kBlockM / kConsumers : kBlockM;    // its S^T, dP^T columns
     static constexpr int kConsumerThreads = kConsumers * gmma::kWarpgroupThreads;
     static constexpr int kThreads = kConsumerThreads + gmma::kWarpgroupThreads;   // + the producer warpgroup
     static constexpr int kWarps = kThreads / kWarpSize;
@@ -47,16 +58,19 @@ struct BwdWsTraits {
     static constexpr int kDSteps = kRowBytes / gmma::kKBytes;       // k-steps over the head dim (S^T, dP^T)
     static constexpr int kQSteps = kBlockM / kStepElems;            // k-steps over queries (dV, dK)
     static constexpr int kKeySteps = kBlockN / kStepElems;          // k-steps over keys (dQ)
-    static constexpr int kQTiles = kBlockM / kMmaN;                 // 8-query column tiles of S^T
-    static constexpr int kDTiles = kHeadDim / kMmaN;                // 8-wide column tiles of dK, dV
+    static constexpr int kQTiles = kSQueries / kMmaN;               // 8-query column tiles of S^T
+    static constexpr int kDTiles = kOwnCols / kMmaN;                // 8-wide column tiles of dK, dV
     // dQ = dS K per consumer: at hd128 the consumers split the head-dim columns (N = 64 each, one 128 B
     // panel of the K tile, k = every key of the block); at hd64 half the columns would be N = 32 starting
     // inside a swizzle atom, so they split the keys instead (N = 64, k = the consumer's own 64 keys) and both
-    // add into the same dq_accum elements.
-    static constexpr bool kDqSplitKeys = kHeadDim / kConsumers * kElemBytes < kTmaPanelBytes;
-    static constexpr int kDqCols = kDqSplitKeys ? kHeadDim : kHeadDim / kConsumers;   // wgmma N of dQ
+    // add into the same dq_accum elements. Split by columns (hd256): the consumer's own kOwnCols columns,
+    // one N = 64 product a 128 B panel, k = the 64 keys.
+    static constexpr bool kDqSplitKeys = !kSplitColumns && kHeadDim / kConsumers * kElemBytes < kTmaPanelBytes;
+    static constexpr int kDqCols = kDqSplitKeys ? kHeadDim : kHeadDim / kConsumers;   // dQ columns a consumer
     static constexpr int kDqTiles = kDqCols / kMmaN;
     static constexpr int kDqKeySteps = (kDqSplitKeys ? kConsumerKeys : kBlockN) / kStepElems;   // dQ's k-steps
+    static constexpr int kDqPanelCols = kTmaPanelBytes / kElemBytes;   // N of one dQ product (64)
+    static constexpr int kDqPanels = kDqCols / kDqPanelCols;           // dQ products a k-step
     static constexpr int kPanelElems = kTmaPanelBytes / kElemBytes;   // a TMA box's head-dim extent
 
     typedef gmma::KMajorTile<kBlockM, kRowBytes> QTile;                 // Q and dO: [query][d]
@@ -71,22 +85,25 @@ struct BwdWsTraits {
     static constexpr int kQStageBytes = align(QTile::kBytes);
     static constexpr int kDsBufferBytes = align(DsTile::kBytes);
     static constexpr int kDsBuffers = 2;
+    static constexpr int kPtBuffers = kSplitColumns ? kDsBuffers : 0;   // P^T shared only when split by columns
     static constexpr int kKOffset = 0;
     static constexpr int kVOffset = kKOffset + kKVTileBytes;
     static constexpr int kQOffset = kVOffset + kKVTileBytes;
     static constexpr int kDoOffset = kQOffset + kStages * kQStageBytes;
     static constexpr int kDsOffset = kDoOffset + kStages * kQStageBytes;
-    static constexpr int kKvBarOffset = kDsOffset + kDsBuffers * kDsBufferBytes;   // kv_full
+    static constexpr int kPtOffset = kDsOffset + kDsBuffers * kDsBufferBytes;
+    static constexpr int kKvBarOffset = kPtOffset + kPtBuffers * kDsBufferBytes;   // kv_full
     static constexpr int kQRingOffset = kKvBarOffset + kBarrierBytes;
     static constexpr int kDoRingOffset = kQRingOffset + Ring::kBytes;
     static constexpr int kSmemBytes = kDoRingOffset + Ring::kBytes + gmma::kTileAlign;   // + alignment slack
 
     static_assert(kElemBytes == 2, "16-bit inputs (wgmma's transposed operands are 16-bit only)");
     static_assert(kBlockM == gmma::kWarpgroupRows, "one wgmma row block of queries: dQ's M is 64");
-    static_assert(kConsumers == 2, "two consumer warpgroups of 64 keys (the register budgets assume two)");
-    static_assert(kRowBytes % kTmaPanelBytes == 0, "head dims of whole 128 B panels (64, 128)");
+    static_assert(kBlockN == kConsumers * kConsumerKeys || kSplitColumns, "key blocks of 128 (by keys) or 64 (by columns)");
+    static_assert(kRowBytes % kTmaPanelBytes == 0, "head dims of whole 128 B panels (64, 128, 256)");
     static_assert(kBlockM * kElemBytes == kTmaPanelBytes, "a dS^T row is one 128 B swizzle panel");
-    static_assert(kDqCols * kElemBytes == kTmaPanelBytes, "dQ's N: one 128 B panel of the K tile (MmaTT<T, 64>)");
+    static_assert(kDqCols % kDqPanelCols == 0, "dQ's N: whole 128 B panels of the K tile (MmaTT<T, 64>)");
+    static_assert(!kSplitColumns || kOwnCols % kDqPanelCols == 0, "a consumer's columns: whole 128 B panels");
     static_assert(kStages >= 2, "Q and dO of the next visit load under this one");
     static_assert((kProducerRegs + kConsumers * kConsumerRegs) * gmma::kWarpgroupThreads <= kRegisterFile,
                   "register budgets fit the register file");

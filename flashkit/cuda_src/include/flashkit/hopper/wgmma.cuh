@@ -132,7 +132,7 @@ __device__ __forceinline__ void fence_accumulators(float (&d)[kTiles][4]) {
 }
 
 // ---- D (+)= A B -> f32, m64nNk(32 bytes) -------------------------------------------------------
-// Mma<T, kN>: T = float8_e4m3_t (k32), bfloat16_t or half_t (k16); kN = 64, 128, 256.
+// Mma<T, kN>: T = float8_e4m3_t (k32), bfloat16_t or half_t (k16); kN = 32, 64, 128, 256.
 // ss: A and B by descriptor; rs: A from registers (four 32-bit registers a thread: the
 // m16n8k32 / m16n8k16 A fragment of the thread's warp). accumulate = 0 overwrites D (the
 // hardware's scale-d). Both operands are K-major (16-bit types pass transpose = 0; e4m3 has no
@@ -161,6 +161,13 @@ __device__ __forceinline__ void fence_accumulators(float (&d)[kTiles][4]) {
 #define FLASHKIT_GMMA_N256_SS_PRED "%130"
 #define FLASHKIT_GMMA_N256_RS "{%128, %129, %130, %131}, %132"
 #define FLASHKIT_GMMA_N256_RS_PRED "%133"
+// N = 32: the backward's S^T and dP^T of half a query block (split by columns, bwd_column_consumer.cuh).
+#define FLASHKIT_GMMA_N32_ACC FLASHKIT_GMMA_ACC4(0), FLASHKIT_GMMA_ACC4(1), FLASHKIT_GMMA_ACC4(2), FLASHKIT_GMMA_ACC4(3)
+#define FLASHKIT_GMMA_N32_REGS "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}"
+#define FLASHKIT_GMMA_N32_SS "%16, %17"
+#define FLASHKIT_GMMA_N32_SS_PRED "%18"
+#define FLASHKIT_GMMA_N32_RS "{%16, %17, %18, %19}, %20"
+#define FLASHKIT_GMMA_N32_RS_PRED "%21"
 // N = 96 and 192: the P V product of head dims 96 and 192 (MmaBT only).
 #define FLASHKIT_GMMA_N96_ACC FLASHKIT_GMMA_ACC32(0), FLASHKIT_GMMA_ACC4(8), FLASHKIT_GMMA_ACC4(9), FLASHKIT_GMMA_ACC4(10), FLASHKIT_GMMA_ACC4(11)
 #define FLASHKIT_GMMA_N96_REGS "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47}"
@@ -201,6 +208,7 @@ struct Mma;
     };
 
 #define FLASHKIT_GMMA_DEFINE_TYPE(T, SHAPE_TYPES, SS_IMM, RS_IMM)  \
+    FLASHKIT_GMMA_DEFINE(T, 32, SHAPE_TYPES, SS_IMM, RS_IMM)       \
     FLASHKIT_GMMA_DEFINE(T, 64, SHAPE_TYPES, SS_IMM, RS_IMM)       \
     FLASHKIT_GMMA_DEFINE(T, 128, SHAPE_TYPES, SS_IMM, RS_IMM)      \
     FLASHKIT_GMMA_DEFINE(T, 256, SHAPE_TYPES, SS_IMM, RS_IMM)
@@ -209,8 +217,9 @@ FLASHKIT_GMMA_DEFINE_TYPE(float8_e4m3_t, "k32.f32.e4m3.e4m3", "1, 1", "1, 1")
 FLASHKIT_GMMA_DEFINE_TYPE(bfloat16_t, "k16.f32.bf16.bf16", "1, 1, 0, 0", "1, 1, 0")
 FLASHKIT_GMMA_DEFINE_TYPE(half_t, "k16.f32.f16.f16", "1, 1, 0, 0", "1, 1, 0")
 
-// MmaBT<T, kN>::rs: D (+)= A B with A from registers and B read MN-major (transpose-b = 1; 16-bit
-// types only): B's rows are k, its N elements contiguous -- a row-major V tile for O += P V.
+// MmaBT<T, kN>: D (+)= A B with B read MN-major (transpose-b = 1; 16-bit types only): B's rows are k, its N
+// elements contiguous -- a row-major V tile for O += P V. rs: A from registers; ss: A by descriptor, K-major
+// (the backward's P^T and dS^T tiles when split by columns).
 template <typename T, int kN>
 struct MmaBT;
 
@@ -224,6 +233,13 @@ struct MmaBT;
                          ", " FLASHKIT_GMMA_N##N##_RS ", p, 1, 1, 1;\n}\n"                              \
                          : FLASHKIT_GMMA_N##N##_ACC                                                 \
                          : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(accumulate));    \
+        }                                                                                         \
+        __device__ __forceinline__ static void ss(float (&d)[N / 8][4], u64 a, u64 b, int accumulate) { \
+            asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, " FLASHKIT_GMMA_N##N##_SS_PRED ", 0;\n"     \
+                         "wgmma.mma_async.sync.aligned.m64n" #N SHAPE_TYPES " " FLASHKIT_GMMA_N##N##_REGS   \
+                         ", " FLASHKIT_GMMA_N##N##_SS ", p, 1, 1, 0, 1;\n}\n"                         \
+                         : FLASHKIT_GMMA_N##N##_ACC                                                 \
+                         : "l"(a), "l"(b), "r"(accumulate));                                        \
         }                                                                                         \
     };
 

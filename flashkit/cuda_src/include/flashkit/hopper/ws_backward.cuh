@@ -1,18 +1,30 @@
 // The warp-specialized Hopper backward of one key block (FlashAttention-3's backward): the roles of a CTA.
 //   warpgroup 0 (producer)     gives registers back (setmaxnreg.dec); thread 0 loads K, V once and Q, dO
 //                              per visit through the stage rings (bwd_producer.cuh)
-//   warpgroups 1.. (consumers) take registers (setmaxnreg.inc); each runs the products of its 64 keys for
-//                              every visit (bwd_consumer.cuh), then stores its rows of dK and dV
+//   warpgroups 1.. (consumers) take registers (setmaxnreg.inc); each runs its share of the products for
+//                              every visit (split by keys: bwd_consumer.cuh; by head-dim columns:
+//                              bwd_column_consumer.cuh), then stores its part of dK and dV
 // Each role runs on its own branch
 // after its setmaxnreg (ptxas budgets a region by the setmaxnreg that dominates it: ws_forward.cuh).
 #pragma once
 
+#include "flashkit/hopper/bwd_column_consumer.cuh"
 #include "flashkit/hopper/bwd_consumer.cuh"
 #include "flashkit/hopper/bwd_producer.cuh"
 #include "flashkit/hopper/ws_forward.cuh"   // ws_smem_base
 
 namespace flashkit {
 namespace hopper {
+
+// A consumer warpgroup's whole run: every visit of the CTA, then its part of dK and dV.
+template <class Consumer, class Kt, class Visits>
+__device__ __forceinline__ void bwd_consume(const Params& p, const BwdCta<Kt>& cta, const Visits& visits, int n_block,
+                                            int kv_head, int batch) {
+    Consumer consumer(p, cta.consumer(), n_block, kv_head, batch);
+    if (visits.total > 0) mbarrier_wait(cta.kv_full, 0);   // K, V landed
+    for (int i = 0; i < visits.total; ++i) consumer.visit(cta, i, visits.head(i), visits.m_block(i));
+    consumer.store_dk_dv();
+}
 
 template <class Kt, bool kCausal>
 __device__ __forceinline__ void ws_backward(const Params& p, const BackwardMaps& maps, int n_block, int kv_head,
@@ -25,10 +37,8 @@ __device__ __forceinline__ void ws_backward(const Params& p, const BackwardMaps&
         return;
     }
     claim_registers<Kt::kConsumerRegs>();
-    BwdConsumer<Kt, kCausal> consumer(p, cta.consumer(), n_block, kv_head, batch);
-    if (visits.total > 0) mbarrier_wait(cta.kv_full, 0);   // K, V landed
-    for (int i = 0; i < visits.total; ++i) consumer.visit(cta, i, visits.head(i), visits.m_block(i));
-    consumer.store_dk_dv();
+    if constexpr (Kt::kSplitColumns) bwd_consume<BwdColumnConsumer<Kt, kCausal> >(p, cta, visits, n_block, kv_head, batch);
+    else bwd_consume<BwdConsumer<Kt, kCausal> >(p, cta, visits, n_block, kv_head, batch);
 }
 
 }  // namespace hopper

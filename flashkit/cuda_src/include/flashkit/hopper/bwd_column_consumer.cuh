@@ -1,0 +1,161 @@
+// One consumer warpgroup of the warp-specialized Hopper backward split by head-dim columns (hd256, key blocks
+// of 64: bwd_traits.cuh): both consumers own the block's 64 keys; consumer c keeps dK, dV of its kOwnCols
+// columns (c kOwnCols ..) in fp32 registers and computes half the query block's S^T and dP^T, queries
+// q0 = kSQueries c .. q0 + kSQueries. Per visit (query block of 64 queries, Q and dO in ring stage i):
+//   S^T[:, q0..]  = K Q[q0.., :]^T           wgmma m64n32k16 ss, K (every key) and Q's rows q0.. K-major
+//   dP^T[:, q0..] = V dO[q0.., :]^T          the same, V and dO
+//   P^T = exp2(S^T scale log2(e) - lse2)     0 above the causal diagonal (bottom-right aligned), rounded to
+//                                            16 bits -> the shared P^T tile [key][query] (buffer i % 2)
+//   dS^T = P^T (dP^T - dsum)                 -> the shared dS^T tile, likewise; named barrier over both
+//                                            consumers: both tiles whole
+//   dQ[:, cols_c] = dS K[:, cols_c]          ss, both read MN-major (MmaTT), one N = 64 product a panel
+//   dV[:, cols_c] += P^T dO[:, cols_c]       ss, P^T tile K-major, dO read MN-major (MmaBT)
+//   dK[:, cols_c] += dS^T Q[:, cols_c]       the same, dS^T and Q
+//   dq_accum += scale dQ                     under dV and dK (bwd_consumer_base.cuh's add_dq)
+// Ordering of the P^T and dS^T buffers: as bwd_consumer.cuh's dS^T (a consumer's visit ends with wgmma wait 0,
+// before its next barrier arrival).
+#pragma once
+
+#include "flashkit/hopper/bwd_consumer_base.cuh"
+
+namespace flashkit {
+namespace hopper {
+
+template <class Kt, bool kCausal>
+struct BwdColumnConsumer : BwdConsumerBase<Kt> {
+    typedef BwdConsumerBase<Kt> Base;
+    typedef typename Kt::Element Element;
+    typedef typename Kt::QTile QTile;
+    typedef typename Kt::KTile KTile;
+    typedef typename Kt::DsTile DsTile;
+    static constexpr int kQueryChunks = Kt::kSQueries / kMmaN;   // 16 B chunks of a consumer's P^T row half
+    using Base::acc_dk;
+    using Base::acc_dv;
+    using Base::batch;
+    using Base::col2;
+    using Base::consumer;
+    using Base::key0;
+    using Base::p;
+    using Base::warp_row;
+    using Base::ws;
+
+    __device__ __forceinline__ BwdColumnConsumer(const Params& p_, int consumer_, int n_block_, int kv_head_,
+                                                 int batch_)
+        : Base(p_, consumer_, n_block_, kv_head_, batch_) {}
+
+    // A 16-bit pair of (key row, this thread's queries of column tile ni) to a shared [key][query] tile.
+    __device__ __forceinline__ void store_pair(u32 tile, int row, int ni, u32 pair) const {
+        asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(tile + DsTile::chunk_offset(row, consumer * kQueryChunks + ni) +
+                                                       col2 * Kt::kElemBytes),
+                     "r"(pair)
+                     : "memory");
+    }
+
+    // Visit number `slot` of the CTA: query block m_block of `head`, Q and dO in ring stage slot % kStages,
+    // P^T and dS^T in buffer slot % 2.
+    __device__ __forceinline__ void visit(const BwdCta<Kt>& cta, int slot, int head, int m_block) {
+        const int m0 = m_block * Kt::kBlockM;
+        const int q0 = consumer * Kt::kSQueries;   // this consumer's queries of the block (S^T, dP^T columns)
+        const index_t ws_row = ws.row0(p, batch, head) + m0;
+        const u32 k_tile = cta.smem + Kt::kKOffset;
+        const u32 v_tile = cta.smem + Kt::kVOffset;
+        const u32 q_tile = cta.q_tile(slot);
+        const u32 do_tile = cta.do_tile(slot);
+        const u32 ds_tile = cta.ds_tile(slot);
+        const u32 pt_tile = cta.pt_tile(slot);
+
+        float2 lse2[Kt::kQTiles];   // read under the products
+#pragma unroll
+        for (int ni = 0; ni < Kt::kQTiles; ++ni) lse2[ni] = this->query_pair(ws.lse2 + ws_row + q0, ni);
+
+        float s[Kt::kQTiles][4];    // S^T: rows warp_row (+ 8), queries q0 + 8 ni + col2 (+ 1)
+        float dp[Kt::kQTiles][4];   // dP^T
+        cta.q_ring.wait_full(slot);
+        gmma::fence();
+#pragma unroll
+        for (int kk = 0; kk < Kt::kDSteps; ++kk)   // S^T = K Q^T, this consumer's queries
+            gmma::Mma<Element, Kt::kSQueries>::ss(s, KTile::desc(k_tile, 0, kk * gmma::kKBytes),
+                                                   QTile::desc(q_tile, q0, kk * gmma::kKBytes), kk > 0);
+        gmma::commit();
+        cta.do_ring.wait_full(slot);
+#pragma unroll
+        for (int kk = 0; kk < Kt::kDSteps; ++kk)   // dP^T = V dO^T, the same queries
+            gmma::Mma<Element, Kt::kSQueries>::ss(dp, KTile::desc(v_tile, 0, kk * gmma::kKBytes),
+                                                   QTile::desc(do_tile, q0, kk * gmma::kKBytes), kk > 0);
+        gmma::commit();
+
+        gmma::wait<1>();   // S^T landed; dP^T still running
+        gmma::fence_accumulators(s);
+        // key - query - shift = over + 8 h - (8 ni + e % 2) > 0 -> P = 0 (bwd_consumer.cuh's select)
+        const int over = key0 + warp_row - (m0 + q0 + col2) - this->causal_shift(kCausal, m0);
+        u32 pt[Kt::kQTiles][2];   // P^T in 16 bits: pt[ni][h] = row warp_row + 8 h, column tile ni
+#pragma unroll
+        for (int ni = 0; ni < Kt::kQTiles; ++ni)
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+                float pr[2];
+#pragma unroll
+                for (int c = 0; c < 2; ++c) {   // P^T = exp2(S^T c - lse2), 0 above the causal diagonal
+                    const float x = fast_exp2(fmaf(s[ni][2 * h + c], p.softmax_scale_log2, -(c ? lse2[ni].y : lse2[ni].x)));
+                    if constexpr (kCausal) pr[c] = over + h * kFragRowHalf - (ni * kMmaN + c) > 0 ? 0.f : x;
+                    else pr[c] = x;
+                }
+                pt[ni][h] = pack_float2<Element>(pr[0], pr[1]);
+                store_pair(pt_tile, warp_row + h * kFragRowHalf, ni, pt[ni][h]);
+            }
+
+        gmma::wait<0>();   // dP^T landed
+        gmma::fence_accumulators(dp);
+        const float* dsum = ws.dsum + ws_row + q0;
+#pragma unroll
+        for (int ni = 0; ni < Kt::kQTiles; ++ni) {
+            const float2 d = this->query_pair(dsum, ni);
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {   // dS^T = P^T (dP^T - dsum), P^T as rounded (bwd_consumer.cuh)
+                float p0, p1;
+                unpack_float2<Element>(pt[ni][h], p0, p1);
+                store_pair(ds_tile, warp_row + h * kFragRowHalf, ni,
+                           pack_float2<Element>(p0 * (dp[ni][2 * h] - d.x), p1 * (dp[ni][2 * h + 1] - d.y)));
+            }
+        }
+        gmma::fence_proxy_async();   // the P^T, dS^T stores (generic proxy), before wgmma (async proxy) reads them
+        named_sync(kBwdDsReadyBarrier, Kt::kConsumerThreads);   // both halves of P^T and dS^T in the tiles
+
+        // dQ first, so that its adds run under dV and dK.
+        float dq[Kt::kDqPanels][Kt::kDqTiles / Kt::kDqPanels][4];   // dQ: rows 16 warp + g (+ 8), columns
+                                                                  // dq_col0 + 64 panel + 8 i + 2 t
+        const int dq_panel0 = this->dq_col0() / Kt::kDqPanelCols;
+        gmma::fence();
+#pragma unroll
+        for (int kk = 0; kk < Kt::kDqKeySteps; ++kk)   // dQ = dS K (keys are k; both read MN-major)
+#pragma unroll
+            for (int pn = 0; pn < Kt::kDqPanels; ++pn)
+                gmma::MmaTT<Element, Kt::kDqPanelCols>::ss(
+                    dq[pn], DsTile::desc_mn_major(ds_tile, kk * Kt::kStepElems),
+                    KTile::desc_mn_major(k_tile + (dq_panel0 + pn) * KTile::kPanelSize, kk * Kt::kStepElems), kk > 0);
+        gmma::commit();
+        const int own_panels = this->own_col0() / Kt::kDqPanelCols * QTile::kPanelSize;   // byte offset in Q, dO
+#pragma unroll
+        for (int kk = 0; kk < Kt::kQSteps; ++kk)   // dV += P^T dO (queries 16 kk.. are k, dO read MN-major)
+            gmma::MmaBT<Element, Kt::kOwnCols>::ss(acc_dv, DsTile::desc(pt_tile, 0, kk * gmma::kKBytes),
+                                                    QTile::desc_mn_major(do_tile + own_panels, kk * Kt::kStepElems), 1);
+#pragma unroll
+        for (int kk = 0; kk < Kt::kQSteps; ++kk)   // dK += dS^T Q (Q read MN-major)
+            gmma::MmaBT<Element, Kt::kOwnCols>::ss(acc_dk, DsTile::desc(ds_tile, 0, kk * gmma::kKBytes),
+                                                    QTile::desc_mn_major(q_tile + own_panels, kk * Kt::kStepElems), 1);
+        gmma::commit();
+
+        float(&dq_tiles)[Kt::kDqTiles][4] = reinterpret_cast<float(&)[Kt::kDqTiles][4]>(dq);
+        gmma::wait<1>();   // dQ landed; dV, dK still running
+        gmma::fence_accumulators(dq_tiles);
+        this->add_dq(dq_tiles, head, m_block, ws_row);
+        gmma::wait<0>();   // dV, dK done: Q_i and dO_i are free, both buffers read
+        gmma::fence_accumulators(acc_dv);
+        gmma::fence_accumulators(acc_dk);
+        cta.q_ring.release(slot);
+        cta.do_ring.release(slot);
+    }
+};
+
+}  // namespace hopper
+}  // namespace flashkit

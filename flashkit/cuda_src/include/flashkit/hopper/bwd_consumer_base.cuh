@@ -1,0 +1,123 @@
+// What both consumers of the warp-specialized Hopper backward share (split by keys: bwd_consumer.cuh; by
+// head-dim columns: bwd_column_consumer.cuh): the thread's place in the wgmma layouts, dK and dV of the
+// consumer's 64 keys x kOwnCols columns in fp32 registers over every visit, the dQ adds into dq_accum, and
+// the final dK, dV store.
+#pragma once
+
+#include "flashkit/fragment.cuh"
+#include "flashkit/hopper/bwd_cta.cuh"
+#include "flashkit/reduce.cuh"
+
+namespace flashkit {
+namespace hopper {
+
+template <class Kt>
+struct BwdConsumerBase {
+    typedef typename Kt::Element Element;
+    static constexpr int kD = Kt::kHeadDim;
+    static constexpr int kNoMaskShift = 1 << 30;   // a causal shift that masks no key
+
+    const Params& p;
+    const BwdWorkspace<Kt::kBlockM> ws;
+    int batch, kv_head, n_block;
+    int consumer;   // 0 .. kConsumers - 1
+    int key0;       // first key (within the sequence) of this consumer's rows
+    int tid;        // thread within the warpgroup
+    int warp_row;   // 16 warp + g: this thread's first row (key) within the consumer's 64, the other + 8
+    int col2;       // 2 t: this thread's first column within an 8-wide column tile
+
+    float acc_dk[Kt::kDTiles][4];   // dK of the consumer's keys and columns, wgmma accumulator layout
+    float acc_dv[Kt::kDTiles][4];
+
+    __device__ __forceinline__ BwdConsumerBase(const Params& p_, int consumer_, int n_block_, int kv_head_, int batch_)
+        : p(p_), ws(p_), batch(batch_), kv_head(kv_head_), n_block(n_block_), consumer(consumer_) {
+        key0 = n_block * Kt::kBlockN + (Kt::kSplitColumns ? 0 : consumer * Kt::kConsumerKeys);
+        tid = threadIdx.x % gmma::kWarpgroupThreads;
+        const int lane = tid % kWarpSize;
+        warp_row = tid / kWarpSize * kMmaM + lane / kQuadLanes;
+        col2 = kFragCols * (lane % kQuadLanes);
+#pragma unroll
+        for (int nd = 0; nd < Kt::kDTiles; ++nd)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) acc_dk[nd][e] = acc_dv[nd][e] = 0.f;
+    }
+
+    // This thread's two values of a per-query row vector (lse2, dsum) in column tile ni, from global memory.
+    __device__ __forceinline__ float2 query_pair(const float* row_vec, int ni) const {
+        return *reinterpret_cast<const float2*>(row_vec + ni * kMmaN + col2);
+    }
+
+    // The causal shift of a visit at query block m0: key > query + shift -> P = 0 (bottom-right aligned);
+    // past every key where no key of the consumer's rows crosses the diagonal.
+    __device__ __forceinline__ int causal_shift(bool causal, int m0) const {
+        return causal && BwdCausal<true>::crosses(p.seqlen_k - p.seqlen_q, m0, key0, Kt::kConsumerKeys)
+                   ? p.seqlen_k - p.seqlen_q
+                   : kNoMaskShift;
+    }
+
+    // This consumer's first dK, dV column, and its first dQ column.
+    __device__ __forceinline__ int own_col0() const { return Kt::kSplitColumns ? consumer * Kt::kOwnCols : 0; }
+    __device__ __forceinline__ int dq_col0() const { return Kt::kDqSplitKeys ? 0 : consumer * Kt::kDqCols; }
+
+    // dq_accum rows of the visit += scale dQ (this consumer's columns), 16 bytes a reduction (add_rows); in
+    // key-block order when deterministic: key block j waits until the semaphore of (batch, head, m_block)
+    // reads j (every earlier key block visits m_block too, causal included), then adds and increments it (at
+    // hd64 both consumers add to each element: consumer 0's adds, then consumer 1's).
+    __device__ __forceinline__ void add_dq(const float (&dq)[Kt::kDqTiles][4], int head, int m_block,
+                                           index_t ws_row) const {
+        const bool ordered = p.bwd.deterministic != 0;
+        const bool leader = consumer == 0 && tid == 0;
+        int* sema = ws.semaphore(p, batch, head, m_block);
+        if (ordered) {
+            if (leader) wait_semaphore(sema, n_block);
+            named_sync(kBwdDqOrderBarrier, Kt::kConsumerThreads);
+        }
+        float* dq_rows = ws.dq_accum + ws_row * kD + dq_col0() + col2;
+        if (ordered && Kt::kDqSplitKeys) {   // both consumers add to every element: consumer 0 first
+#pragma unroll 1
+            for (int c = 0; c < Kt::kConsumers; ++c) {
+                if (c == consumer) add_rows(dq_rows, dq);
+                __threadfence();
+                named_sync(kBwdDqOrderBarrier, Kt::kConsumerThreads);
+            }
+        } else {
+            add_rows(dq_rows, dq);
+        }
+        if (ordered) {
+            __threadfence();
+            named_sync(kBwdDqOrderBarrier, Kt::kConsumerThreads);
+            if (leader) atomicAdd(sema, 1);
+        }
+    }
+
+    // One 8-column tile a red_add_fragment (reduce.cuh: 16 bytes a reduction on sm_90).
+    __device__ __forceinline__ void add_rows(float* dq_rows, const float (&dq)[Kt::kDqTiles][4]) const {
+        float* row = dq_rows + warp_row * kD;
+#pragma unroll
+        for (int i = 0; i < Kt::kDqTiles; ++i)
+            red_add_fragment(row + i * kMmaN, kD, tid, dq[i][0], dq[i][1], dq[i][2], dq[i][3], p.softmax_scale);
+    }
+
+    // dK = scale dK, dV of the consumer's keys < seqlen_k and its columns, 16-bit, straight from the
+    // accumulators.
+    __device__ __forceinline__ void store_dk_dv() const {
+        Element* dk = static_cast<Element*>(p.bwd.dk) + batch * p.bwd.dk_batch_stride + kv_head * p.bwd.dk_head_stride;
+        Element* dv = static_cast<Element*>(p.bwd.dv) + batch * p.bwd.dv_batch_stride + kv_head * p.bwd.dv_head_stride;
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            const int key = key0 + warp_row + h * kFragRowHalf;
+            if (key >= p.seqlen_k) continue;
+#pragma unroll
+            for (int nd = 0; nd < Kt::kDTiles; ++nd) {
+                const int col = own_col0() + nd * kMmaN + col2;
+                *reinterpret_cast<u32*>(dk + key * p.bwd.dk_row_stride + col) = pack_float2<Element>(
+                    acc_dk[nd][2 * h] * p.softmax_scale, acc_dk[nd][2 * h + 1] * p.softmax_scale);
+                *reinterpret_cast<u32*>(dv + key * p.bwd.dv_row_stride + col) =
+                    pack_float2<Element>(acc_dv[nd][2 * h], acc_dv[nd][2 * h + 1]);
+            }
+        }
+    }
+};
+
+}  // namespace hopper
+}  // namespace flashkit
