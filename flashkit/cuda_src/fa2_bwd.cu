@@ -4,7 +4,7 @@ summary: FlashAttention-2 backward (K/V-outer, dK dV in registers, dQ by fp32 at
 entry: [flashkit_fa2_bwd_prepass, flashkit_fa2_bwd_main, flashkit_fa2_bwd_convert_dq]
 arch: {min: "8.0"}
 dtypes: [float16, bfloat16]
-head_dims: [64, 128]
+head_dims: {min: 8, max: 128, multiple_of: 8, classes: [64, 128]}
 features: {causal: true, block_sparse: false, fp8: false, backward: true, lse: false, gqa: true, varlen: true}
 requires: {backward: true}
 priority: 50

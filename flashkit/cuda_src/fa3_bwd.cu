@@ -4,7 +4,7 @@ summary: FlashAttention-3 backward on Hopper (sm_90a) - TMA producer, two consum
 entry: [flashkit_fa3_bwd_prepass, flashkit_fa3_bwd_main, flashkit_fa3_bwd_convert_dq]
 arch: {min: "9.0", max: "9.0", targets: {"9.0": sm_90a}}
 dtypes: [float16, bfloat16]
-head_dims: [64, 128, 256]
+head_dims: {min: 8, max: 256, multiple_of: 8, classes: [64, 128, 256]}
 features: {causal: true, block_sparse: false, fp8: false, backward: true, lse: false, gqa: true}
 requires: {backward: true}
 # Verified on the H100 (GPU tier and verify --backward, 2026-11-23). Measured in one run (BENCHMARKS.md):

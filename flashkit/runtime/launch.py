@@ -48,7 +48,9 @@ def grid_for(kind: str, p: Problem, cfg: dict[str, int]) -> tuple[int, int, int]
     raise ValueError(f"unknown grid kind {kind!r}")
 
 
-def workspace_bytes(kind: str, p: Problem, cfg: dict[str, int]) -> int:
+def workspace_bytes(kind: str, p: Problem, cfg: dict[str, int], compiled_head_dim: int | None = None) -> int:
+    """Bytes of the manifest's workspace kind for a call; compiled_head_dim: the build's head-dim class (the
+    backward's dq_accum rows are as wide as the class, a padded call's extra columns staying 0)."""
     if kind == "v_transposed":   # V as (batch, kv_heads, head_dim, keys), keys padded to block_n
         return p.batch * p.kv_heads * p.head_dim * padded_keys(p.seqlen_k, cfg["block_n"]) * BY_NAME[p.dtype].itemsize
     if kind == "scores":
@@ -61,7 +63,8 @@ def workspace_bytes(kind: str, p: Problem, cfg: dict[str, int]) -> int:
     if kind == "dq_accum":   # backward: dq_accum, lse2, dsum over query rows padded to block_m, semaphores
         m_blocks = -(-p.seqlen_q // cfg["block_m"])
         rows = p.batch * p.heads * m_blocks * cfg["block_m"]
-        return (rows * (p.head_dim + 2) + p.batch * p.heads * m_blocks) * FLOAT32_BYTES
+        width = compiled_head_dim or p.head_dim
+        return (rows * (width + 2) + p.batch * p.heads * m_blocks) * FLOAT32_BYTES
     return 0
 
 
@@ -127,7 +130,7 @@ def prepare_launch(spec: KernelSpec, loaded: LoadedKernel, config: BuildConfig, 
              if math.prod(grid := grid_for(kind, p, cfg)) != 0]
     maps = tensor_map_layouts(spec, cfg, p, io)
     return PreparedLaunch(ParamTemplate(params, POINTER_FIELDS + tuple(variable)), grids,
-                          (cfg["warps"] * WARP_SIZE, 1, 1), workspace_bytes(spec.workspace, p, cfg), maps)
+                          (cfg["warps"] * WARP_SIZE, 1, 1), workspace_bytes(spec.workspace, p, cfg, config.head_dim), maps)
 
 
 POINTER_FIELDS = ("q", "k", "v", "o", "lse", "workspace")

@@ -63,9 +63,9 @@ def test_bad_inputs_fail_before_compile_or_launch(no_launch, over, kw, arg):
 
 
 def test_unsupported_head_dim_fails_before_launch(no_launch):
-    q, k, v = qkv((B, SQ, H, 96), (B, SK, H, 96))
-    args = good(q=q, k=k, v=v, dout=cuda((B, SQ, H, 96)), out=cuda((B, SQ, H, 96)))
-    with pytest.raises(UnsupportedError, match="head_dim=96"):
+    q, k, v = qkv((B, SQ, H, 100), (B, SK, H, 100))   # no backward takes a head dim that is not a multiple of 8
+    args = good(q=q, k=k, v=v, dout=cuda((B, SQ, H, 100)), out=cuda((B, SQ, H, 100)))
+    with pytest.raises(UnsupportedError, match="head_dim=100"):
         flashkit.attention_backward(*args.values())
 
 
@@ -74,6 +74,9 @@ def test_fa2_bwd_manifest():
     assert spec.supports("backward") and spec.requires == {"backward": True}
     assert spec.grids == ("q_blocks", "kv_tiles", "q_blocks") and len(spec.entries) == 3
     assert spec.workspace == "dq_accum" and spec.supports("gqa") and spec.supports("causal")
+    # every multiple of 8 up to 128, compiled as 64 or 128 (the columns past a call's head dim zero-filled)
+    assert spec.head_dims.classes == (64, 128) and 8 in spec.head_dims and 128 in spec.head_dims
+    assert 136 not in spec.head_dims and 100 not in spec.head_dims
 
 
 def test_fa3_bwd_manifest():
@@ -83,7 +86,8 @@ def test_fa3_bwd_manifest():
     assert spec.arch_min == spec.arch_max == (9, 0) and spec.target((9, 0)) == "sm_90a"
     assert spec.entries == ("flashkit_fa3_bwd_prepass", "flashkit_fa3_bwd_main", "flashkit_fa3_bwd_convert_dq")
     assert spec.grids == ("q_blocks", "kv_tiles", "q_blocks") and spec.workspace == "dq_accum"
-    assert spec.supports("gqa") and spec.supports("causal") and tuple(spec.head_dims.values) == (64, 128, 256)
+    assert spec.supports("gqa") and spec.supports("causal") and spec.head_dims.classes == (64, 128, 256)
+    assert all(d in spec.head_dims for d in range(8, 257, 8)) and 100 not in spec.head_dims
     for hd in (64, 128):   # consumers split by keys: key blocks of 128
         launch = spec.launch_config((9, 0), hd, ())
         assert launch["block_m"] == 64 and launch["block_n"] == 128 and launch["warps"] == 12   # 1 producer + 2 consumers
@@ -128,7 +132,7 @@ def test_fa3_bwd_refuses_forward_calls_and_other_head_dims():
     specs = discover_kernels().specs
     base = dict(dtype="bfloat16", seqlen_q=1000, seqlen_k=1000, heads=8, kv_heads=8, cc=(9, 0))
     assert "fa3_bwd" in select_kernel(Request(head_dim=128, **base), specs).rejected
-    assert any("head_dim=96" in r for r in reasons_of(specs["fa3_bwd"], Request(head_dim=96, backward=True, **base)))
+    assert any("head_dim=100" in r for r in reasons_of(specs["fa3_bwd"], Request(head_dim=100, backward=True, **base)))
 
 
 def reasons_of(spec, request):
@@ -270,9 +274,9 @@ def test_varlen_bad_inputs_fail_before_compile_or_launch(no_launch, over, kw, ar
 
 
 def test_varlen_unsupported_head_dim_fails_before_launch(no_launch):
-    args = good_varlen(**{n: cuda((TQ, H, 96)) for n in ("dout", "q", "out")},
-                       **{n: cuda((TK, H, 96)) for n in ("k", "v")})
-    with pytest.raises(UnsupportedError, match="head_dim=96"):
+    args = good_varlen(**{n: cuda((TQ, H, 100)) for n in ("dout", "q", "out")},
+                       **{n: cuda((TK, H, 100)) for n in ("k", "v")})
+    with pytest.raises(UnsupportedError, match="head_dim=100"):
         flashkit.attention_varlen_backward(*args.values())
 
 
@@ -314,7 +318,10 @@ def test_varlen_compile_matrix_includes_the_backward_varlen_builds():
     spec = discover_kernels().get("fa2_bwd")
     configs = spec_configs(spec, (8, 0))
     varlen = [c for c in configs if "varlen" in c.mods]
-    assert len(varlen) == len(configs) // 2 == len(spec.dtypes) * 2 * 2   # dtypes x hd64/128 x causal
+    exact = [c for c in configs if not c.mods and not c.head_dim_padded]
+    assert len(varlen) == len(exact) == len(spec.dtypes) * 2 * 2   # dtypes x hd64/128 x causal
+    # padded head dims (one below each class): the first dtype, dense (varlen ones compile on demand)
+    assert {c.dtype for c in configs if c.head_dim_padded} == {spec.dtypes[0]}
 
 
 def test_varlen_backward_matrix_covers_the_edges():

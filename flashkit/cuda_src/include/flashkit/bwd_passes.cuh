@@ -34,7 +34,8 @@ struct BwdPassTraits {
 // Varlen (FLASHKIT_VARLEN): batch = the packed sequences, seqlen_q = max_seqlen_q: sequence b's rows use
 // slot b (its first ceil(len_q / kBlockM) blocks); build it from the call's parameter block, never from a
 // sequence's view (varlen.cuh), whose seqlen_q is the sequence's own.
-template <int kBlockM>
+// D is the compiled head dim kHeadDim (the class; a padded call's columns past Params.head_dim stay 0).
+template <int kBlockM, int kHeadDim>
 struct BwdWorkspace {
     float* dq_accum;
     float* lse2;
@@ -46,7 +47,7 @@ struct BwdWorkspace {
         seqlen_pad = m_blocks * kBlockM;
         const index_t rows = static_cast<index_t>(p.batch) * p.heads * seqlen_pad;
         dq_accum = static_cast<float*>(p.workspace);
-        lse2 = dq_accum + rows * p.head_dim;
+        lse2 = dq_accum + rows * kHeadDim;
         dsum = lse2 + rows;
         sema = reinterpret_cast<int*>(dsum + rows);
     }
@@ -89,11 +90,12 @@ __device__ __forceinline__ void wait_semaphore(const int* sema, int want) {
 
 // Query block m_block of (head, sequence `batch`); p: the sequence's view, origin: where its rows lie.
 template <class Kt>
-__device__ __forceinline__ void bwd_prepass_block(const Params& p, const BwdWorkspace<Kt::kBlockM>& ws, int m_block,
+__device__ __forceinline__ void bwd_prepass_block(const Params& p, const BwdWorkspace<Kt::kBlockM, Kt::kHeadDim>& ws, int m_block,
                                                   int head, int batch, const SeqOrigin& origin) {
     typedef typename Kt::Element Element;
     constexpr int kD = Kt::kHeadDim;
-    constexpr int kPairs = kD / 2;   // 16-bit pairs per row
+    // 16-bit pairs of a row that hold data: the call's head dim when it is below the compiled class
+    const int pairs = FLASHKIT_HEAD_DIM_PADDED ? p.head_dim / 2 : kD / 2;
     const int tid = threadIdx.x;
     const int warp = tid / kWarpSize;
     const int lane = tid % kWarpSize;
@@ -113,7 +115,7 @@ __device__ __forceinline__ void bwd_prepass_block(const Params& p, const BwdWork
             const u32* d2 = reinterpret_cast<const u32*>(dout + row * p.bwd.do_row_stride);
             const u32* o2 = reinterpret_cast<const u32*>(out + row * p.o_row_stride);
 #pragma unroll
-            for (int c = lane; c < kPairs; c += kWarpSize) {
+            for (int c = lane; c < pairs; c += kWarpSize) {
                 float d0, d1, o0, o1;
                 unpack_float2<Element>(d2[c], d0, d1);
                 unpack_float2<Element>(o2[c], o0, o1);
@@ -139,7 +141,7 @@ __device__ __forceinline__ void bwd_prepass_block(const Params& p, const BwdWork
 // nothing past the sequence's last query block.
 template <class Kt>
 __device__ __forceinline__ void bwd_prepass(const Params& params, int m_block, int head, int batch) {
-    const BwdWorkspace<Kt::kBlockM> ws(params);
+    const BwdWorkspace<Kt::kBlockM, Kt::kHeadDim> ws(params);
     for_sequence<FLASHKIT_VARLEN != 0, Kt::kBlockM>(params, batch, m_block,
                                                     [&](const Params& p, const SeqOrigin& origin) {
                                                         bwd_prepass_block<Kt>(p, ws, m_block, head, batch, origin);
@@ -147,27 +149,28 @@ __device__ __forceinline__ void bwd_prepass(const Params& params, int m_block, i
 }
 
 template <class Kt>
-__device__ __forceinline__ void bwd_convert_dq_block(const Params& p, const BwdWorkspace<Kt::kBlockM>& ws, int m_block,
+__device__ __forceinline__ void bwd_convert_dq_block(const Params& p, const BwdWorkspace<Kt::kBlockM, Kt::kHeadDim>& ws, int m_block,
                                                      int head, int batch, const SeqOrigin& origin) {
     typedef typename Kt::Element Element;
     constexpr int kD = Kt::kHeadDim;
-    constexpr int kPairs = kD / 2;
+    constexpr int kPairs = kD / 2;   // of a dq_accum row
+    const int pairs = FLASHKIT_HEAD_DIM_PADDED ? p.head_dim / 2 : kPairs;   // of a dQ row
     const int m0 = m_block * Kt::kBlockM;
     const float2* acc = reinterpret_cast<const float2*>(ws.dq_accum + (ws.row0(p, batch, head) + m0) * kD);
     Element* dq = static_cast<Element*>(p.bwd.dq) + origin.batch * p.bwd.dq_batch_stride +
                   head * p.bwd.dq_head_stride + static_cast<index_t>(origin.q_row) * p.bwd.dq_row_stride;
     const int rows = min(Kt::kBlockM, p.seqlen_q - m0);
-    for (int i = threadIdx.x; i < rows * kPairs; i += Kt::kThreads) {
-        const int r = i / kPairs;
-        const int c = i % kPairs;
-        const float2 x = acc[i];
+    for (int i = threadIdx.x; i < rows * pairs; i += Kt::kThreads) {
+        const int r = i / pairs;
+        const int c = i % pairs;
+        const float2 x = acc[r * kPairs + c];
         *reinterpret_cast<u32*>(dq + (m0 + r) * p.bwd.dq_row_stride + 2 * c) = pack_float2<Element>(x.x, x.y);
     }
 }
 
 template <class Kt>
 __device__ __forceinline__ void bwd_convert_dq(const Params& params, int m_block, int head, int batch) {
-    const BwdWorkspace<Kt::kBlockM> ws(params);
+    const BwdWorkspace<Kt::kBlockM, Kt::kHeadDim> ws(params);
     for_sequence<FLASHKIT_VARLEN != 0, Kt::kBlockM>(params, batch, m_block,
                                                     [&](const Params& p, const SeqOrigin& origin) {
                                                         bwd_convert_dq_block<Kt>(p, ws, m_block, head, batch, origin);

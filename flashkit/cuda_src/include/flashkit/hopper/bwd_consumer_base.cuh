@@ -18,7 +18,7 @@ struct BwdConsumerBase {
     static constexpr int kNoMaskShift = 1 << 30;   // a causal shift that masks no key
 
     const Params& p;
-    const BwdWorkspace<Kt::kBlockM> ws;
+    const BwdWorkspace<Kt::kBlockM, Kt::kHeadDim> ws;
     int batch, kv_head, n_block;
     int consumer;   // 0 .. kConsumers - 1
     int key0;       // first key (within the sequence) of this consumer's rows
@@ -98,8 +98,8 @@ struct BwdConsumerBase {
             red_add_fragment(row + i * kMmaN, kD, tid, dq[i][0], dq[i][1], dq[i][2], dq[i][3], p.softmax_scale);
     }
 
-    // dK = scale dK, dV of the consumer's keys < seqlen_k and its columns, 16-bit, straight from the
-    // accumulators.
+    // dK = scale dK, dV of the consumer's keys < seqlen_k and its columns < head_dim, 16-bit, straight from
+    // the accumulators.
     __device__ __forceinline__ void store_dk_dv() const {
         Element* dk = static_cast<Element*>(p.bwd.dk) + batch * p.bwd.dk_batch_stride + kv_head * p.bwd.dk_head_stride;
         Element* dv = static_cast<Element*>(p.bwd.dv) + batch * p.bwd.dv_batch_stride + kv_head * p.bwd.dv_head_stride;
@@ -110,6 +110,8 @@ struct BwdConsumerBase {
 #pragma unroll
             for (int nd = 0; nd < Kt::kDTiles; ++nd) {
                 const int col = own_col0() + nd * kMmaN + col2;
+                // a padded call: the tiles past its head dim (a multiple of 8) hold zeros and are not stored
+                if (FLASHKIT_HEAD_DIM_PADDED && own_col0() + nd * kMmaN >= p.head_dim) continue;
                 *reinterpret_cast<u32*>(dk + key * p.bwd.dk_row_stride + col) = pack_float2<Element>(
                     acc_dk[nd][2 * h] * p.softmax_scale, acc_dk[nd][2 * h + 1] * p.softmax_scale);
                 *reinterpret_cast<u32*>(dv + key * p.bwd.dv_row_stride + col) =

@@ -58,11 +58,14 @@ template <class Kt, bool kCausal>
 struct BwdMainloop {
     typedef typename Kt::Element Element;
     static constexpr int kD = Kt::kHeadDim;
+    // The call's head dim is below the compiled class: loads zero-fill its columns past p.head_dim (so S, dP,
+    // dK, dV and dQ see zeros there), and the stores leave them out.
+    static constexpr bool kPadded = FLASHKIT_HEAD_DIM_PADDED != 0;
     static constexpr int kM = Kt::kBlockM;
     static constexpr int kN = Kt::kBlockN;
 
     const Params& p;               // the sequence's view (varlen) or the call's parameter block
-    const BwdWorkspace<kM> ws;     // over the call's parameter block
+    const BwdWorkspace<kM, kD> ws;     // over the call's parameter block
     int batch, kv_head, n0, warp, lane;
     int t_batch, q_row0, k_row0;   // the sequence's row 0 in the tensors (SeqOrigin; varlen: re-read from
                                    // cu_seqlens where used inside the loop, varlen.cuh's reload_range)
@@ -102,8 +105,10 @@ struct BwdMainloop {
                            kv_head * p.k_head_stride + (k_row0 + n0) * p.k_row_stride;
         const Element* v = static_cast<const Element*>(p.v) + t_batch * p.v_batch_stride +
                            kv_head * p.v_head_stride + (k_row0 + n0) * p.v_row_stride;
-        load_tile_async<kN, kD, Kt::kThreads>(sK, k, p.k_row_stride, p.seqlen_k - n0, threadIdx.x);
-        load_tile_async<kN, kD, Kt::kThreads>(sV, v, p.v_row_stride, p.seqlen_k - n0, threadIdx.x);
+        load_tile_async<kN, kD, Kt::kThreads, Element, kPadded>(sK, k, p.k_row_stride, p.seqlen_k - n0, threadIdx.x,
+                                                                p.head_dim);
+        load_tile_async<kN, kD, Kt::kThreads, Element, kPadded>(sV, v, p.v_row_stride, p.seqlen_k - n0, threadIdx.x,
+                                                                p.head_dim);
     }
 
     // Q_i, dO_i, lse2_i, dsum_i of (head, m_block) into buffer buf, as one commit group.
@@ -115,9 +120,18 @@ struct BwdMainloop {
                            (q_row + m0) * p.q_row_stride;
         const Element* dout = static_cast<const Element*>(p.bwd.dout) + t_batch * p.bwd.do_batch_stride +
                               head * p.bwd.do_head_stride + (q_row + m0) * p.bwd.do_row_stride;
-        load_tile_async<kM, kD, Kt::kThreads>(q_buf(buf), q, p.q_row_stride, seqlen_q - m0, threadIdx.x);
-        load_tile_async<kM, kD, Kt::kThreads>(do_buf(buf), dout, p.bwd.do_row_stride, seqlen_q - m0,
-                                              threadIdx.x);
+        // A padded call clips the loads at its head dim; that and the thread index go through volatile moves,
+        // so the clip is formed here rather than held across the loop (at the register limit ptxas spilled
+        // 4 B in the sm_80 float16 causal build of the 128 class without them).
+        int cols = kD, tid = threadIdx.x;
+        if constexpr (kPadded) {
+            asm volatile("mov.b32 %0, %1;\n" : "=r"(cols) : "r"(p.head_dim));
+            asm volatile("mov.u32 %0, %%tid.x;\n" : "=r"(tid));
+        }
+        load_tile_async<kM, kD, Kt::kThreads, Element, kPadded>(q_buf(buf), q, p.q_row_stride, seqlen_q - m0, tid,
+                                                                cols);
+        load_tile_async<kM, kD, Kt::kThreads, Element, kPadded>(do_buf(buf), dout, p.bwd.do_row_stride,
+                                                                seqlen_q - m0, tid, cols);
         // lse2 and dsum are padded to whole blocks: 2 x kM floats, 16 B a lane of the first warp.
         constexpr int kChunks = kM * 4 / kChunkBytes;
         const int t = threadIdx.x;
@@ -302,7 +316,7 @@ struct BwdMainloop {
         }
     }
 
-    // dK = scale dK, dV: this warp's 16 rows, rows past seqlen_k not written.
+    // dK = scale dK, dV: this warp's 16 rows, rows past seqlen_k and columns past head_dim not written.
     __device__ __forceinline__ void store_dk_dv() const {
         const int g = lane / kQuadLanes;
         const int c2 = kFragCols * (lane % kQuadLanes);
@@ -319,6 +333,7 @@ struct BwdMainloop {
 #pragma unroll
             for (int nd = 0; nd < Kt::kDTiles; ++nd) {
                 const int col = nd * kMmaN + c2;
+                if (kPadded && nd * kMmaN >= p.head_dim) continue;   // zero columns past a padded call's head dim
                 *reinterpret_cast<u32*>(dk + key * p.bwd.dk_row_stride + col) = pack_float2<Element>(
                     acc_dk[nd][2 * h] * p.softmax_scale, acc_dk[nd][2 * h + 1] * p.softmax_scale);
                 *reinterpret_cast<u32*>(dv + key * p.bwd.dv_row_stride + col) =
