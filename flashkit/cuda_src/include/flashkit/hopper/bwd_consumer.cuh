@@ -9,14 +9,15 @@
 //   dV  += P^T dO                           rs: P^T as 16-bit A fragments, dO read MN-major (as the
 //                                           forward reads V: desc_mn_major)
 //   dS^T = P^T (dP^T - dsum)                (P^T rounded to 16 bits once, reused here as fa2_bwd does)
-//   dK  += dS^T Q                           rs, Q read MN-major
 //   dS^T -> the shared dS^T tile [key][query] (buffer i % 2); named barrier over both consumers
 //   dQ[:, cols_c] = dS K[:, cols_c]         ss, both operands MN-major (MmaTT): A = dS^T tile read
 //                                           transposed, B = the K tile; consumer c takes head-dim
 //                                           columns [64 c, 64 c + 64) (hd128), or at hd64 every column
 //                                           over its own 64 keys, dQ_c = dS[:, keys_c] K[keys_c, :]
-//   dq_accum += scale dQ                    fp32 vector reductions (red.global.add.v4.f32), in key-block
-//                                           order when p.bwd.deterministic (bwd_passes.cuh's semaphores)
+//   dK  += dS^T Q                           rs, Q read MN-major; issued after dQ, so that
+//   dq_accum += scale dQ                    fp32 vector reductions (red.global.add.v4.f32) run under it; in
+//                                           key-block order when p.bwd.deterministic (bwd_passes.cuh's
+//                                           semaphores)
 // At the end: dK *= scale; dK, dV stored (16-bit) for the consumer's keys < seqlen_k.
 // Ordering of the dS^T buffers: a consumer writes buffer i % 2 in visit i after visit i - 1's barrier,
 // which the other consumer passed only after its visit i - 2 products (the last reads of that buffer)
@@ -128,11 +129,6 @@ struct BwdConsumer : BwdConsumerBase<Kt> {
                                  : "memory");
                 }
             }
-        gmma::fence();
-#pragma unroll
-        for (int kk = 0; kk < Kt::kQSteps; ++kk)   // dK += dS^T Q (Q read MN-major)
-            gmma::MmaBT<Element, kD>::rs(acc_dk, ds[kk], QTile::desc_mn_major(q_tile, kk * Kt::kStepElems), 1);
-        gmma::commit();
 
         gmma::fence_proxy_async();   // the dS^T stores (generic proxy), before wgmma (async proxy) reads them
         named_sync(kBwdDsReadyBarrier, Kt::kConsumerThreads);   // dS^T of every consumer in the tile
@@ -148,13 +144,19 @@ struct BwdConsumer : BwdConsumerBase<Kt> {
                                                    KTile::desc_mn_major(k_cols, key), kk > 0);
         }
         gmma::commit();
-        gmma::wait<0>();   // dV, dK, dQ done: Q_i and dO_i are free, the dS^T buffer read
+        // dK after dQ, so that dQ's adds run under it (measured 1-7% faster than dK before the barrier)
+#pragma unroll
+        for (int kk = 0; kk < Kt::kQSteps; ++kk)   // dK += dS^T Q (Q read MN-major)
+            gmma::MmaBT<Element, kD>::rs(acc_dk, ds[kk], QTile::desc_mn_major(q_tile, kk * Kt::kStepElems), 1);
+        gmma::commit();
+        gmma::wait<1>();   // dV, dQ done; dK still running
+        gmma::fence_accumulators(dq);
+        this->add_dq(dq, head, m_block, ws_row);
+        gmma::wait<0>();   // dK done: Q_i and dO_i are free, the dS^T buffer read
         gmma::fence_accumulators(acc_dv);
         gmma::fence_accumulators(acc_dk);
-        gmma::fence_accumulators(dq);
         cta.q_ring.release(slot);
         cta.do_ring.release(slot);
-        this->add_dq(dq, head, m_block, ws_row);
     }
 
     // Byte offset of this consumer's first dQ column in the K tile: panel `consumer` when the consumers split
