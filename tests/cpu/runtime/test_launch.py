@@ -44,3 +44,16 @@ def test_forward_maps_unchanged():
     spec = discover_kernels().specs["fa3"]
     layouts = tensor_map_layouts(spec, spec.launch_config((9, 0), 64, ()), P, inputs())
     assert [i for i, _ in layouts] == [0, 1, 2, 3]
+
+
+def test_dq_accum_rows_are_as_wide_as_the_compiled_class():
+    """A padded backward call (head dim 40 compiled as 64): dq_accum rows of 64 floats, lse2 and dsum after them."""
+    from dataclasses import replace
+
+    from flashkit.runtime.launch import workspace_bytes
+    p = replace(P, head_dim=40, head_dim_v=40)
+    cfg = {"block_m": 64}
+    rows = 2 * 4 * 2 * 64   # batch x heads x two query blocks of 64
+    semaphores = 2 * 4 * 2
+    assert workspace_bytes("dq_accum", p, cfg, 64) == (rows * (64 + 2) + semaphores) * 4
+    assert workspace_bytes("dq_accum", p, cfg) == (rows * (40 + 2) + semaphores) * 4   # unpadded: the call's own

@@ -90,8 +90,8 @@ __device__ __forceinline__ void wait_semaphore(const int* sema, int want) {
 
 // Query block m_block of (head, sequence `batch`); p: the sequence's view, origin: where its rows lie.
 template <class Kt>
-__device__ __forceinline__ void bwd_prepass_block(const Params& p, const BwdWorkspace<Kt::kBlockM, Kt::kHeadDim>& ws, int m_block,
-                                                  int head, int batch, const SeqOrigin& origin) {
+__device__ __forceinline__ void bwd_prepass_block(const Params& p, const BwdWorkspace<Kt::kBlockM, Kt::kHeadDim>& ws,
+                                                  int m_block, int head, int batch, const SeqOrigin& origin) {
     typedef typename Kt::Element Element;
     constexpr int kD = Kt::kHeadDim;
     // 16-bit pairs of a row that hold data: the call's head dim when it is below the compiled class
@@ -149,7 +149,8 @@ __device__ __forceinline__ void bwd_prepass(const Params& params, int m_block, i
 }
 
 template <class Kt>
-__device__ __forceinline__ void bwd_convert_dq_block(const Params& p, const BwdWorkspace<Kt::kBlockM, Kt::kHeadDim>& ws, int m_block,
+__device__ __forceinline__ void bwd_convert_dq_block(const Params& p,
+                                                     const BwdWorkspace<Kt::kBlockM, Kt::kHeadDim>& ws, int m_block,
                                                      int head, int batch, const SeqOrigin& origin) {
     typedef typename Kt::Element Element;
     constexpr int kD = Kt::kHeadDim;
