@@ -185,26 +185,33 @@ __device__ __forceinline__ void fence_accumulators(float (&d)[kTiles][4]) {
 template <typename T, int kN>
 struct Mma;
 
-// SHAPE_TYPES: "k32.f32.e4m3.e4m3"-like suffix of m64nN; SS_IMM / RS_IMM: the immediates after
-// the predicate (scale-a, scale-b[, transpose-a][, transpose-b]).
-#define FLASHKIT_GMMA_DEFINE(T, N, SHAPE_TYPES, SS_IMM, RS_IMM)                                      \
-    template <>                                                                                   \
-    struct Mma<T, N> {                                                                            \
-        __device__ __forceinline__ static void ss(float (&d)[N / 8][4], u64 a, u64 b, int accumulate) { \
-            asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, " FLASHKIT_GMMA_N##N##_SS_PRED ", 0;\n"     \
-                         "wgmma.mma_async.sync.aligned.m64n" #N SHAPE_TYPES " " FLASHKIT_GMMA_N##N##_REGS   \
-                         ", " FLASHKIT_GMMA_N##N##_SS ", p, " SS_IMM ";\n}\n"                          \
-                         : FLASHKIT_GMMA_N##N##_ACC                                                 \
-                         : "l"(a), "l"(b), "r"(accumulate));                                        \
-        }                                                                                         \
-        __device__ __forceinline__ static void rs(float (&d)[N / 8][4], const u32 (&a)[4], u64 b,    \
-                                                  int accumulate) {                               \
-            asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, " FLASHKIT_GMMA_N##N##_RS_PRED ", 0;\n"     \
-                         "wgmma.mma_async.sync.aligned.m64n" #N SHAPE_TYPES " " FLASHKIT_GMMA_N##N##_REGS   \
-                         ", " FLASHKIT_GMMA_N##N##_RS ", p, " RS_IMM ";\n}\n"                          \
-                         : FLASHKIT_GMMA_N##N##_ACC                                                 \
-                         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(accumulate));    \
-        }                                                                                         \
+// The two member functions every product type below defines, for m64nN with SHAPE_TYPES (the
+// "k32.f32.e4m3.e4m3"-like suffix) and IMM, the immediates after the predicate (scale-a, scale-b[,
+// transpose-a][, transpose-b]): ss, A and B by descriptor; rs, A from four 32-bit registers.
+#define FLASHKIT_GMMA_SS(N, SHAPE_TYPES, IMM)                                                        \
+    __device__ __forceinline__ static void ss(float (&d)[N / 8][4], u64 a, u64 b, int accumulate) { \
+        asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, " FLASHKIT_GMMA_N##N##_SS_PRED ", 0;\n"         \
+                     "wgmma.mma_async.sync.aligned.m64n" #N SHAPE_TYPES " " FLASHKIT_GMMA_N##N##_REGS       \
+                     ", " FLASHKIT_GMMA_N##N##_SS ", p, " IMM ";\n}\n"                                   \
+                     : FLASHKIT_GMMA_N##N##_ACC                                                     \
+                     : "l"(a), "l"(b), "r"(accumulate));                                            \
+    }
+#define FLASHKIT_GMMA_RS(N, SHAPE_TYPES, IMM)                                                        \
+    __device__ __forceinline__ static void rs(float (&d)[N / 8][4], const u32 (&a)[4], u64 b,        \
+                                              int accumulate) {                                   \
+        asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, " FLASHKIT_GMMA_N##N##_RS_PRED ", 0;\n"         \
+                     "wgmma.mma_async.sync.aligned.m64n" #N SHAPE_TYPES " " FLASHKIT_GMMA_N##N##_REGS       \
+                     ", " FLASHKIT_GMMA_N##N##_RS ", p, " IMM ";\n}\n"                                   \
+                     : FLASHKIT_GMMA_N##N##_ACC                                                     \
+                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(accumulate));        \
+    }
+
+// SS_IMM / RS_IMM: the immediates of Mma's two forms (both operands K-major).
+#define FLASHKIT_GMMA_DEFINE(T, N, SHAPE_TYPES, SS_IMM, RS_IMM) \
+    template <>                                              \
+    struct Mma<T, N> {                                       \
+        FLASHKIT_GMMA_SS(N, SHAPE_TYPES, SS_IMM)             \
+        FLASHKIT_GMMA_RS(N, SHAPE_TYPES, RS_IMM)             \
     };
 
 #define FLASHKIT_GMMA_DEFINE_TYPE(T, SHAPE_TYPES, SS_IMM, RS_IMM)  \
@@ -223,24 +230,11 @@ FLASHKIT_GMMA_DEFINE_TYPE(half_t, "k16.f32.f16.f16", "1, 1, 0, 0", "1, 1, 0")
 template <typename T, int kN>
 struct MmaBT;
 
-#define FLASHKIT_GMMA_DEFINE_BT(T, N, SHAPE_TYPES)                                                    \
-    template <>                                                                                   \
-    struct MmaBT<T, N> {                                                                          \
-        __device__ __forceinline__ static void rs(float (&d)[N / 8][4], const u32 (&a)[4], u64 b,    \
-                                                  int accumulate) {                               \
-            asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, " FLASHKIT_GMMA_N##N##_RS_PRED ", 0;\n"     \
-                         "wgmma.mma_async.sync.aligned.m64n" #N SHAPE_TYPES " " FLASHKIT_GMMA_N##N##_REGS   \
-                         ", " FLASHKIT_GMMA_N##N##_RS ", p, 1, 1, 1;\n}\n"                              \
-                         : FLASHKIT_GMMA_N##N##_ACC                                                 \
-                         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(accumulate));    \
-        }                                                                                         \
-        __device__ __forceinline__ static void ss(float (&d)[N / 8][4], u64 a, u64 b, int accumulate) { \
-            asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, " FLASHKIT_GMMA_N##N##_SS_PRED ", 0;\n"     \
-                         "wgmma.mma_async.sync.aligned.m64n" #N SHAPE_TYPES " " FLASHKIT_GMMA_N##N##_REGS   \
-                         ", " FLASHKIT_GMMA_N##N##_SS ", p, 1, 1, 0, 1;\n}\n"                         \
-                         : FLASHKIT_GMMA_N##N##_ACC                                                 \
-                         : "l"(a), "l"(b), "r"(accumulate));                                        \
-        }                                                                                         \
+#define FLASHKIT_GMMA_DEFINE_BT(T, N, SHAPE_TYPES)    \
+    template <>                                      \
+    struct MmaBT<T, N> {                             \
+        FLASHKIT_GMMA_RS(N, SHAPE_TYPES, "1, 1, 1")    \
+        FLASHKIT_GMMA_SS(N, SHAPE_TYPES, "1, 1, 0, 1") \
     };
 
 FLASHKIT_GMMA_DEFINE_BT(bfloat16_t, 64, "k16.f32.bf16.bf16")
@@ -263,16 +257,10 @@ FLASHKIT_GMMA_DEFINE_BT(half_t, 192, "k16.f32.f16.f16")
 template <typename T, int kN>
 struct MmaTT;
 
-#define FLASHKIT_GMMA_DEFINE_TT(T, N, SHAPE_TYPES)                                                    \
-    template <>                                                                                   \
-    struct MmaTT<T, N> {                                                                          \
-        __device__ __forceinline__ static void ss(float (&d)[N / 8][4], u64 a, u64 b, int accumulate) { \
-            asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, " FLASHKIT_GMMA_N##N##_SS_PRED ", 0;\n"     \
-                         "wgmma.mma_async.sync.aligned.m64n" #N SHAPE_TYPES " " FLASHKIT_GMMA_N##N##_REGS   \
-                         ", " FLASHKIT_GMMA_N##N##_SS ", p, 1, 1, 1, 1;\n}\n"                         \
-                         : FLASHKIT_GMMA_N##N##_ACC                                                 \
-                         : "l"(a), "l"(b), "r"(accumulate));                                        \
-        }                                                                                         \
+#define FLASHKIT_GMMA_DEFINE_TT(T, N, SHAPE_TYPES) \
+    template <>                                   \
+    struct MmaTT<T, N> {                          \
+        FLASHKIT_GMMA_SS(N, SHAPE_TYPES, "1, 1, 1, 1") \
     };
 
 FLASHKIT_GMMA_DEFINE_TT(bfloat16_t, 64, "k16.f32.bf16.bf16")
