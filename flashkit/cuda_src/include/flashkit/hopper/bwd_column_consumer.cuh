@@ -55,39 +55,22 @@ struct BwdColumnConsumer : BwdConsumerBase<Kt> {
     // P^T and dS^T in buffer slot % 2.
     __device__ __forceinline__ void visit(const BwdCta<Kt>& cta, int slot, int head, int m_block) {
         const int m0 = m_block * Kt::kBlockM;
-        const int q0 = consumer * Kt::kSQueries;   // this consumer's queries of the block (S^T, dP^T columns)
+        const int q0 = this->s_query0();   // this consumer's queries of the block (S^T, dP^T columns)
         const index_t ws_row = ws.row0(p, batch, head) + m0;
         const u32 k_tile = cta.smem + Kt::kKOffset;
-        const u32 v_tile = cta.smem + Kt::kVOffset;
         const u32 q_tile = cta.q_tile(slot);
         const u32 do_tile = cta.do_tile(slot);
         const u32 ds_tile = cta.ds_tile(slot);
         const u32 pt_tile = cta.pt_tile(slot);
 
-        float2 lse2[Kt::kQTiles];   // read under the products
-#pragma unroll
-        for (int ni = 0; ni < Kt::kQTiles; ++ni) lse2[ni] = this->query_pair(ws.lse2 + ws_row + q0, ni);
-
+        float2 lse2[Kt::kQTiles];
         float s[Kt::kQTiles][4];    // S^T: rows warp_row (+ 8), queries q0 + 8 ni + col2 (+ 1)
         float dp[Kt::kQTiles][4];   // dP^T
-        cta.q_ring.wait_full(slot);
-        gmma::fence();
-#pragma unroll
-        for (int kk = 0; kk < Kt::kDSteps; ++kk)   // S^T = K Q^T, this consumer's queries
-            gmma::Mma<Element, Kt::kSQueries>::ss(s, KTile::desc(k_tile, 0, kk * gmma::kKBytes),
-                                                   QTile::desc(q_tile, q0, kk * gmma::kKBytes), kk > 0);
-        gmma::commit();
-        cta.do_ring.wait_full(slot);
-#pragma unroll
-        for (int kk = 0; kk < Kt::kDSteps; ++kk)   // dP^T = V dO^T, the same queries
-            gmma::Mma<Element, Kt::kSQueries>::ss(dp, KTile::desc(v_tile, 0, kk * gmma::kKBytes),
-                                                   QTile::desc(do_tile, q0, kk * gmma::kKBytes), kk > 0);
-        gmma::commit();
+        this->issue_scores(cta, slot, ws_row, lse2, s, dp);
 
         gmma::wait<1>();   // S^T landed; dP^T still running
         gmma::fence_accumulators(s);
-        // key - query - shift = over + 8 h - (8 ni + e % 2) > 0 -> P = 0 (bwd_consumer.cuh's select)
-        const int over = key0 + warp_row - (m0 + q0 + col2) - this->causal_shift(kCausal, m0);
+        const int over = this->causal_over(kCausal, m0);
         u32 pt[Kt::kQTiles][2];   // P^T in 16 bits: pt[ni][h] = row warp_row + 8 h, column tile ni
 #pragma unroll
         for (int ni = 0; ni < Kt::kQTiles; ++ni)
@@ -95,11 +78,9 @@ struct BwdColumnConsumer : BwdConsumerBase<Kt> {
             for (int h = 0; h < 2; ++h) {
                 float pr[2];
 #pragma unroll
-                for (int c = 0; c < 2; ++c) {   // P^T = exp2(S^T c - lse2), 0 above the causal diagonal
-                    const float x = fast_exp2(fmaf(s[ni][2 * h + c], p.softmax_scale_log2, -(c ? lse2[ni].y : lse2[ni].x)));
-                    if constexpr (kCausal) pr[c] = over + h * kFragRowHalf - (ni * kMmaN + c) > 0 ? 0.f : x;
-                    else pr[c] = x;
-                }
+                for (int c = 0; c < 2; ++c)   // P^T, 0 above the causal diagonal
+                    pr[c] = this->template prob<kCausal>(s[ni][2 * h + c], c ? lse2[ni].y : lse2[ni].x,
+                                                         over + h * kFragRowHalf - (ni * kMmaN + c));
                 pt[ni][h] = pack_float2<Element>(pr[0], pr[1]);
                 store_pair(pt_tile, warp_row + h * kFragRowHalf, ni, pt[ni][h]);
             }

@@ -58,46 +58,25 @@ struct BwdConsumer : BwdConsumerBase<Kt> {
         const int m0 = m_block * Kt::kBlockM;
         const index_t ws_row = ws.row0(p, batch, head) + m0;
         const u32 k_tile = cta.smem + Kt::kKOffset;
-        const u32 v_tile = cta.smem + Kt::kVOffset;
         const u32 q_tile = cta.q_tile(slot);
         const u32 do_tile = cta.do_tile(slot);
         const u32 ds_tile = cta.ds_tile(slot);
-        const int k_row0 = consumer * Kt::kConsumerKeys;   // the consumer's rows of the K and V tiles
+        const int k_row0 = this->s_key_row0();   // the consumer's rows of the K and V tiles
 
-        float2 lse2[Kt::kQTiles];   // read under the products
-#pragma unroll
-        for (int ni = 0; ni < Kt::kQTiles; ++ni) lse2[ni] = this->query_pair(ws.lse2 + ws_row, ni);
-
+        float2 lse2[Kt::kQTiles];
         float s[Kt::kQTiles][4];    // S^T, then P^T: rows warp_row (+ 8), queries 8 ni + col2 (+ 1)
         float dp[Kt::kQTiles][4];   // dP^T
-        cta.q_ring.wait_full(slot);
-        gmma::fence();
-#pragma unroll
-        for (int kk = 0; kk < Kt::kDSteps; ++kk)   // S^T = K_c Q^T
-            gmma::Mma<Element, Kt::kBlockM>::ss(s, KTile::desc(k_tile, k_row0, kk * gmma::kKBytes),
-                                                 QTile::desc(q_tile, 0, kk * gmma::kKBytes), kk > 0);
-        gmma::commit();
-        cta.do_ring.wait_full(slot);
-#pragma unroll
-        for (int kk = 0; kk < Kt::kDSteps; ++kk)   // dP^T = V_c dO^T
-            gmma::Mma<Element, Kt::kBlockM>::ss(dp, KTile::desc(v_tile, k_row0, kk * gmma::kKBytes),
-                                                 QTile::desc(do_tile, 0, kk * gmma::kKBytes), kk > 0);
-        gmma::commit();
+        this->issue_scores(cta, slot, ws_row, lse2, s, dp);
 
         gmma::wait<1>();   // S^T landed; dP^T still running
         gmma::fence_accumulators(s);
-        // key > query + shift -> P = 0 (causal, bottom-right aligned), shift past every key where the visit
-        // does not cross the diagonal; as one register: key - query - shift = over + 8 h - (8 ni + e % 2).
-        const int shift = this->causal_shift(kCausal, m0);
-        const int over = key0 + warp_row - (m0 + col2) - shift;
+        const int over = this->causal_over(kCausal, m0);
 #pragma unroll
         for (int ni = 0; ni < Kt::kQTiles; ++ni)
 #pragma unroll
-            for (int e = 0; e < 4; ++e) {   // P^T = exp2(S^T c - lse2), 0 above the causal diagonal
-                const float x = fast_exp2(fmaf(s[ni][e], p.softmax_scale_log2, -(e % 2 ? lse2[ni].y : lse2[ni].x)));
-                if constexpr (kCausal) s[ni][e] = over + (e / 2) * kFragRowHalf - (ni * kMmaN + e % 2) > 0 ? 0.f : x;
-                else s[ni][e] = x;
-            }
+            for (int e = 0; e < 4; ++e)   // P^T, 0 above the causal diagonal
+                s[ni][e] = this->template prob<kCausal>(s[ni][e], e % 2 ? lse2[ni].y : lse2[ni].x,
+                                                        over + (e / 2) * kFragRowHalf - (ni * kMmaN + e % 2));
         u32 pt[Kt::kQSteps][4];   // P^T as 16-bit A fragments: pt[kk][2 j + h] = rows + 8 h, column tile 2 kk + j
 #pragma unroll
         for (int kk = 0; kk < Kt::kQSteps; ++kk) pack_a_fragment<Element>(pt[kk], s, kk);

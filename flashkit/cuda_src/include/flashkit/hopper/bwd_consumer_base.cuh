@@ -14,6 +14,8 @@ namespace hopper {
 template <class Kt>
 struct BwdConsumerBase {
     typedef typename Kt::Element Element;
+    typedef typename Kt::QTile QTile;
+    typedef typename Kt::KTile KTile;
     static constexpr int kD = Kt::kHeadDim;
     static constexpr int kNoMaskShift = 1 << 30;   // a causal shift that masks no key
 
@@ -47,12 +49,52 @@ struct BwdConsumerBase {
         return *reinterpret_cast<const float2*>(row_vec + ni * kMmaN + col2);
     }
 
-    // The causal shift of a visit at query block m0: key > query + shift -> P = 0 (bottom-right aligned);
-    // past every key where no key of the consumer's rows crosses the diagonal.
-    __device__ __forceinline__ int causal_shift(bool causal, int m0) const {
-        return causal && BwdCausal<true>::crosses(p.seqlen_k - p.seqlen_q, m0, key0, Kt::kConsumerKeys)
-                   ? p.seqlen_k - p.seqlen_q
-                   : kNoMaskShift;
+    // The consumer's S^T and dP^T: its first rows of the K and V tiles (keys) and of the Q and dO tiles (queries).
+    __device__ __forceinline__ int s_key_row0() const { return Kt::kSplitColumns ? 0 : consumer * Kt::kConsumerKeys; }
+    __device__ __forceinline__ int s_query0() const { return Kt::kSplitColumns ? consumer * Kt::kSQueries : 0; }
+
+    // lse2 of the consumer's queries (read under the products), then S^T = K Q^T and dP^T = V dO^T over the
+    // head dim, issued as two groups, each once its stage has landed.
+    __device__ __forceinline__ void issue_scores(const BwdCta<Kt>& cta, int slot, index_t ws_row,
+                                                 float2 (&lse2)[Kt::kQTiles], float (&s)[Kt::kQTiles][4],
+                                                 float (&dp)[Kt::kQTiles][4]) const {
+        const int k_row0 = s_key_row0(), q0 = s_query0();
+        const u32 k_tile = cta.smem + Kt::kKOffset;
+        const u32 v_tile = cta.smem + Kt::kVOffset;
+#pragma unroll
+        for (int ni = 0; ni < Kt::kQTiles; ++ni) lse2[ni] = query_pair(ws.lse2 + ws_row + q0, ni);
+        cta.q_ring.wait_full(slot);
+        gmma::fence();
+#pragma unroll
+        for (int kk = 0; kk < Kt::kDSteps; ++kk)   // S^T = K Q^T
+            gmma::Mma<Element, Kt::kSQueries>::ss(s, KTile::desc(k_tile, k_row0, kk * gmma::kKBytes),
+                                                   QTile::desc(cta.q_tile(slot), q0, kk * gmma::kKBytes), kk > 0);
+        gmma::commit();
+        cta.do_ring.wait_full(slot);
+#pragma unroll
+        for (int kk = 0; kk < Kt::kDSteps; ++kk)   // dP^T = V dO^T
+            gmma::Mma<Element, Kt::kSQueries>::ss(dp, KTile::desc(v_tile, k_row0, kk * gmma::kKBytes),
+                                                   QTile::desc(cta.do_tile(slot), q0, kk * gmma::kKBytes), kk > 0);
+        gmma::commit();
+    }
+
+    // Causal, bottom-right aligned: key > query + shift -> P = 0, with the shift past every key where no key of
+    // the consumer's rows crosses the diagonal of the visit at query block m0 (one copy of the step serves
+    // masked and unmasked visits). As one register: key - query - shift = over + 8 h - (8 ni + c) for the
+    // thread's element c of row half h in column tile ni.
+    __device__ __forceinline__ int causal_over(bool causal, int m0) const {
+        const int shift = causal && BwdCausal<true>::crosses(p.seqlen_k - p.seqlen_q, m0, key0, Kt::kConsumerKeys)
+                              ? p.seqlen_k - p.seqlen_q
+                              : kNoMaskShift;
+        return key0 + warp_row - (m0 + s_query0() + col2) - shift;
+    }
+
+    // P^T of one element: exp2(S^T scale log2(e) - lse2), 0 where its causal excess (over + ...) is positive.
+    template <bool kCausal>
+    __device__ __forceinline__ float prob(float s, float lse2, int excess) const {
+        const float x = fast_exp2(fmaf(s, p.softmax_scale_log2, -lse2));
+        if constexpr (kCausal) return excess > 0 ? 0.f : x;
+        return x;
     }
 
     // This consumer's first dK, dV column, and its first dQ column.
