@@ -140,20 +140,26 @@ def reasons_of(spec, request):
     return reasons(spec, request)
 
 
-def test_fa3_bwd_launches_three_entries_with_the_dout_map(monkeypatch):
-    """On a fake H100 (tests/cpu/runtime/fake_device.py): prepass, main, convert_dq, each with Params and the
-    tensor maps of q, k, v and dout (the fake encoder writes a map's address into its first word)."""
+def fa3_bwd_launches(monkeypatch, b, sq, sk, h, hk, d, **kw):
+    """attention_backward(variant="fa3_bwd") on a fake H100 (tests/cpu/runtime/fake_device.py): the recorded
+    launches (name, grid, block, ..., tensor maps) and the q, k, v, dout arrays."""
     pytest.importorskip("cupy")
     from .runtime.fake_device import Recorder, fake, installed
     with installed(monkeypatch.setattr):
         monkeypatch.setattr(backward, "device_info", lambda: FAKE_H100)
         monkeypatch.setattr(backward, "build_module", lambda spec, config, cc: build.LoadedKernel(
             [Recorder(e) for e in spec.entries], 1024))
-        b, sq, sk, h, hk, d = 2, 1000, 300, 8, 2, 128
         q, k, v = fake((b, sq, h, d)), fake((b, sk, hk, d)), fake((b, sk, hk, d))
         dout, out, lse = fake((b, sq, h, d)), fake((b, sq, h, d)), fake((b, h, sq), np.float32)
-        flashkit.attention_backward(dout, q, k, v, out, lse, causal=True, variant="fa3_bwd")
-        launches = list(Recorder.launches)
+        flashkit.attention_backward(dout, q, k, v, out, lse, variant="fa3_bwd", **kw)
+        return list(Recorder.launches), (q, k, v, dout)
+
+
+def test_fa3_bwd_launches_three_entries_with_the_dout_map(monkeypatch):
+    """Prepass, main, convert_dq, each with Params and the tensor maps of q, k, v and dout (the fake encoder
+    writes a map's address into its first word)."""
+    b, sq, sk, h, hk, d = 2, 1000, 300, 8, 2, 128
+    launches, (q, k, v, dout) = fa3_bwd_launches(monkeypatch, b, sq, sk, h, hk, d, causal=True)
     assert [name for name, *_ in launches] == ["flashkit_fa3_bwd_prepass", "flashkit_fa3_bwd_main",
                                                "flashkit_fa3_bwd_convert_dq"]
     assert [grid for _, grid, *_ in launches] == [(16, h, b), (3, hk, b), (16, h, b)]
@@ -165,17 +171,8 @@ def test_fa3_bwd_launches_three_entries_with_the_dout_map(monkeypatch):
 
 def test_fa3_bwd_hd256_launches_key_blocks_of_64(monkeypatch):
     """hd256: the main kernel's grid walks key blocks of 64 (the consumers split the head-dim columns)."""
-    pytest.importorskip("cupy")
-    from .runtime.fake_device import Recorder, fake, installed
-    with installed(monkeypatch.setattr):
-        monkeypatch.setattr(backward, "device_info", lambda: FAKE_H100)
-        monkeypatch.setattr(backward, "build_module", lambda spec, config, cc: build.LoadedKernel(
-            [Recorder(e) for e in spec.entries], 1024))
-        b, sq, sk, h, hk, d = 1, 200, 300, 4, 4, 256
-        q, k, v = fake((b, sq, h, d)), fake((b, sk, hk, d)), fake((b, sk, hk, d))
-        dout, out, lse = fake((b, sq, h, d)), fake((b, sq, h, d)), fake((b, h, sq), np.float32)
-        flashkit.attention_backward(dout, q, k, v, out, lse, variant="fa3_bwd")
-        launches = list(Recorder.launches)
+    b, sq, sk, h, hk, d = 1, 200, 300, 4, 4, 256
+    launches, _ = fa3_bwd_launches(monkeypatch, b, sq, sk, h, hk, d)
     assert [grid for _, grid, *_ in launches] == [(4, h, b), (5, hk, b), (4, h, b)]
 
 
