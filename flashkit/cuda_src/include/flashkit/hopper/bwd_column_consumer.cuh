@@ -105,17 +105,17 @@ struct BwdColumnConsumer : BwdConsumerBase<Kt> {
         // dQ first, so that its adds run under dV and dK.
         float dq[Kt::kDqPanels][Kt::kDqTiles / Kt::kDqPanels][4];   // dQ: rows 16 warp + g (+ 8), columns
                                                                   // dq_col0 + 64 panel + 8 i + 2 t
-        const int dq_panel0 = this->dq_col0() / Kt::kDqPanelCols;
+        const int dq_panel0 = this->dq_col0() / Kt::kPanelElems;
         gmma::fence();
 #pragma unroll
         for (int kk = 0; kk < Kt::kDqKeySteps; ++kk)   // dQ = dS K (keys are k; both read MN-major)
 #pragma unroll
             for (int pn = 0; pn < Kt::kDqPanels; ++pn)
-                gmma::MmaTT<Element, Kt::kDqPanelCols>::ss(
+                gmma::MmaTT<Element, Kt::kPanelElems>::ss(
                     dq[pn], DsTile::desc_mn_major(ds_tile, kk * Kt::kStepElems),
                     KTile::desc_mn_major(k_tile + (dq_panel0 + pn) * KTile::kPanelSize, kk * Kt::kStepElems), kk > 0);
         gmma::commit();
-        const int own_panels = this->own_col0() / Kt::kDqPanelCols * QTile::kPanelSize;   // byte offset in Q, dO
+        const int own_panels = this->own_col0() / Kt::kPanelElems * QTile::kPanelSize;   // byte offset in Q, dO
 #pragma unroll
         for (int kk = 0; kk < Kt::kQSteps; ++kk)   // dV += P^T dO (queries 16 kk.. are k, dO read MN-major)
             gmma::MmaBT<Element, Kt::kOwnCols>::ss(acc_dv, DsTile::desc(pt_tile, 0, kk * gmma::kKBytes),

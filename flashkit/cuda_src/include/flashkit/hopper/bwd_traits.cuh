@@ -57,7 +57,6 @@ struct BwdWsTraits {
     static constexpr int kStepElems = gmma::kKBytes / kElemBytes;   // k of one wgmma (16)
     static constexpr int kDSteps = kRowBytes / gmma::kKBytes;       // k-steps over the head dim (S^T, dP^T)
     static constexpr int kQSteps = kBlockM / kStepElems;            // k-steps over queries (dV, dK)
-    static constexpr int kKeySteps = kBlockN / kStepElems;          // k-steps over keys (dQ)
     static constexpr int kQTiles = kSQueries / kMmaN;               // 8-query column tiles of S^T
     static constexpr int kDTiles = kOwnCols / kMmaN;                // 8-wide column tiles of dK, dV
     // dQ = dS K per consumer: at hd128 the consumers split the head-dim columns (N = 64 each, one 128 B
@@ -69,9 +68,8 @@ struct BwdWsTraits {
     static constexpr int kDqCols = kDqSplitKeys ? kHeadDim : kHeadDim / kConsumers;   // dQ columns a consumer
     static constexpr int kDqTiles = kDqCols / kMmaN;
     static constexpr int kDqKeySteps = (kDqSplitKeys ? kConsumerKeys : kBlockN) / kStepElems;   // dQ's k-steps
-    static constexpr int kDqPanelCols = kTmaPanelBytes / kElemBytes;   // N of one dQ product (64)
-    static constexpr int kDqPanels = kDqCols / kDqPanelCols;           // dQ products a k-step
-    static constexpr int kPanelElems = kTmaPanelBytes / kElemBytes;   // a TMA box's head-dim extent
+    static constexpr int kPanelElems = kTmaPanelBytes / kElemBytes;   // a TMA box's head-dim extent; N of a dQ product
+    static constexpr int kDqPanels = kDqCols / kPanelElems;           // dQ products a k-step
 
     typedef gmma::KMajorTile<kBlockM, kRowBytes> QTile;                 // Q and dO: [query][d]
     typedef gmma::KMajorTile<kBlockN, kRowBytes> KTile;                 // K and V: [key][d]
@@ -102,8 +100,8 @@ struct BwdWsTraits {
     static_assert(kBlockN == kConsumers * kConsumerKeys || kSplitColumns, "key blocks of 128 (by keys) or 64 (by columns)");
     static_assert(kRowBytes % kTmaPanelBytes == 0, "head dims of whole 128 B panels (64, 128, 256)");
     static_assert(kBlockM * kElemBytes == kTmaPanelBytes, "a dS^T row is one 128 B swizzle panel");
-    static_assert(kDqCols % kDqPanelCols == 0, "dQ's N: whole 128 B panels of the K tile (MmaTT<T, 64>)");
-    static_assert(!kSplitColumns || kOwnCols % kDqPanelCols == 0, "a consumer's columns: whole 128 B panels");
+    static_assert(kDqCols % kPanelElems == 0, "dQ's N: whole 128 B panels of the K tile (MmaTT<T, 64>)");
+    static_assert(!kSplitColumns || kOwnCols % kPanelElems == 0, "a consumer's columns: whole 128 B panels");
     static_assert(kStages >= 2, "Q and dO of the next visit load under this one");
     static_assert((kProducerRegs + kConsumers * kConsumerRegs) * gmma::kWarpgroupThreads <= kRegisterFile,
                   "register budgets fit the register file");
