@@ -3,7 +3,9 @@
 // main kernel, one CTA per (query block, head, batch):
 //   bwd_prepass:    dsum_i = rowsum(dO_i * O_i) (fp32), lse2_i = LSE_i * log2(e) (+inf where the row
 //                   sees no key or lies past seqlen_q), dq_accum rows and the block's semaphore zeroed
-//   bwd_convert_dq: dQ = dq_accum (already scaled by softmax_scale) in the input dtype
+//   bwd_convert_dq: dQ = dq_accum in the input dtype, read in the main kernel's dq_accum layout (DqRowMajor:
+//                   rows of the class's width, already scaled by softmax_scale; fa3_bwd's is
+//                   hopper/dq_layout.cuh's, unscaled)
 // With FLASHKIT_VARLEN each CTA sees its packed sequence (varlen.cuh): q, o, dO, dQ and the LSE rows are
 // offset by the sequence's origin; the workspace keeps one padded slot per (sequence, head), sized by
 // max_seqlen_q (BwdWorkspace over the call's parameter block, not the sequence's view).
@@ -57,6 +59,16 @@ struct BwdWorkspace {
     }
     __device__ __forceinline__ int* semaphore(const Params& p, int batch, int head, int m_block) const {
         return sema + (static_cast<index_t>(batch) * p.heads + head) * m_blocks + m_block;
+    }
+};
+
+// fa2_bwd's dq_accum layout: a query block is kBlockM rows of kHeadDim floats, already scaled by softmax_scale.
+struct DqRowMajor {
+    static constexpr bool kScaled = true;
+    // Float offset of (row r, column c) within a query block of kHeadDim-wide rows.
+    template <int kHeadDim>
+    __device__ __forceinline__ static int offset(int r, int c) {
+        return r * kHeadDim + c;
     }
 };
 
@@ -148,34 +160,36 @@ __device__ __forceinline__ void bwd_prepass(const Params& params, int m_block, i
                                                     });
 }
 
-template <class Kt>
+// dq_accum of the block in Layout (columns 2c and 2c + 1 adjacent in both layouts), scaled unless it is already.
+template <class Kt, class Layout>
 __device__ __forceinline__ void bwd_convert_dq_block(const Params& p,
                                                      const BwdWorkspace<Kt::kBlockM, Kt::kHeadDim>& ws, int m_block,
                                                      int head, int batch, const SeqOrigin& origin) {
     typedef typename Kt::Element Element;
     constexpr int kD = Kt::kHeadDim;
-    constexpr int kPairs = kD / 2;   // of a dq_accum row
-    const int pairs = FLASHKIT_HEAD_DIM_PADDED ? p.head_dim / 2 : kPairs;   // of a dQ row
+    const int pairs = FLASHKIT_HEAD_DIM_PADDED ? p.head_dim / 2 : kD / 2;   // of a dQ row
     const int m0 = m_block * Kt::kBlockM;
-    const float2* acc = reinterpret_cast<const float2*>(ws.dq_accum + (ws.row0(p, batch, head) + m0) * kD);
+    const float* acc = ws.dq_accum + (ws.row0(p, batch, head) + m0) * kD;
+    const float scale = Layout::kScaled ? 1.f : p.softmax_scale;
     Element* dq = static_cast<Element*>(p.bwd.dq) + origin.batch * p.bwd.dq_batch_stride +
                   head * p.bwd.dq_head_stride + static_cast<index_t>(origin.q_row) * p.bwd.dq_row_stride;
     const int rows = min(Kt::kBlockM, p.seqlen_q - m0);
     for (int i = threadIdx.x; i < rows * pairs; i += Kt::kThreads) {
         const int r = i / pairs;
         const int c = i % pairs;
-        const float2 x = acc[r * kPairs + c];
-        *reinterpret_cast<u32*>(dq + (m0 + r) * p.bwd.dq_row_stride + 2 * c) = pack_float2<Element>(x.x, x.y);
+        const float2 x = *reinterpret_cast<const float2*>(acc + Layout::template offset<kD>(r, 2 * c));
+        *reinterpret_cast<u32*>(dq + (m0 + r) * p.bwd.dq_row_stride + 2 * c) =
+            pack_float2<Element>(x.x * scale, x.y * scale);
     }
 }
 
-template <class Kt>
+template <class Kt, class Layout = DqRowMajor>
 __device__ __forceinline__ void bwd_convert_dq(const Params& params, int m_block, int head, int batch) {
     const BwdWorkspace<Kt::kBlockM, Kt::kHeadDim> ws(params);
-    for_sequence<FLASHKIT_VARLEN != 0, Kt::kBlockM>(params, batch, m_block,
-                                                    [&](const Params& p, const SeqOrigin& origin) {
-                                                        bwd_convert_dq_block<Kt>(p, ws, m_block, head, batch, origin);
-                                                    });
+    for_sequence<FLASHKIT_VARLEN != 0, Kt::kBlockM>(
+        params, batch, m_block, [&](const Params& p, const SeqOrigin& origin) {
+            bwd_convert_dq_block<Kt, Layout>(p, ws, m_block, head, batch, origin);
+        });
 }
 
 }  // namespace flashkit

@@ -129,7 +129,7 @@ struct BwdColumnConsumer : BwdConsumerBase<Kt> {
         float(&dq_tiles)[Kt::kDqTiles][4] = reinterpret_cast<float(&)[Kt::kDqTiles][4]>(dq);
         gmma::wait<1>();   // dQ landed; dV, dK still running
         gmma::fence_accumulators(dq_tiles);
-        this->add_dq(dq_tiles, head, m_block, ws_row);
+        this->add_dq(cta, dq_tiles, head, m_block, ws_row);
         gmma::wait<0>();   // dV, dK done: Q_i and dO_i are free, both buffers read
         gmma::fence_accumulators(acc_dv);
         gmma::fence_accumulators(acc_dk);

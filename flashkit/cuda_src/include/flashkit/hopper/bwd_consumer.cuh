@@ -110,6 +110,7 @@ struct BwdConsumer : BwdConsumerBase<Kt> {
             }
 
         gmma::fence_proxy_async();   // the dS^T stores (generic proxy), before wgmma (async proxy) reads them
+        this->dq_panel_free();
         named_sync(kBwdDsReadyBarrier, Kt::kConsumerThreads);   // dS^T of every consumer in the tile
         float dq[Kt::kDqTiles][4];   // dQ: rows 16 warp + g (+ 8), columns dq_col0 + 8 i + 2 t
         // k-steps over the keys this consumer's dQ sums: all of the block's (columns split) or its own (keys split)
@@ -130,7 +131,7 @@ struct BwdConsumer : BwdConsumerBase<Kt> {
         gmma::commit();
         gmma::wait<1>();   // dV, dQ done; dK still running
         gmma::fence_accumulators(dq);
-        this->add_dq(dq, head, m_block, ws_row);
+        this->add_dq(cta, dq, head, m_block, ws_row);
         gmma::wait<0>();   // dK done: Q_i and dO_i are free, the dS^T buffer read
         gmma::fence_accumulators(acc_dv);
         gmma::fence_accumulators(acc_dk);

@@ -101,43 +101,81 @@ struct BwdConsumerBase {
     __device__ __forceinline__ int own_col0() const { return Kt::kSplitColumns ? consumer * Kt::kOwnCols : 0; }
     __device__ __forceinline__ int dq_col0() const { return Kt::kDqSplitKeys ? 0 : consumer * Kt::kDqCols; }
 
-    // dq_accum rows of the visit += scale dQ (this consumer's columns), 16 bytes a reduction (add_rows); in
-    // key-block order when deterministic: key block j waits until the semaphore of (batch, head, m_block)
-    // reads j (every earlier key block visits m_block too, causal included), then adds and increments it (at
-    // hd64 both consumers add to each element: consumer 0's adds, then consumer 1's).
-    __device__ __forceinline__ void add_dq(const float (&dq)[Kt::kDqTiles][4], int head, int m_block,
-                                           index_t ws_row) const {
+    // The visit's query block of dq_accum (dq_layout.cuh), at this consumer's first dQ column.
+    __device__ __forceinline__ float* dq_block(index_t ws_row) const {
+        return ws.dq_accum + ws_row * kD + dq_col0() * DqFragmentLayout::kRows;
+    }
+
+    // dq_accum of the visit += dQ (this consumer's columns, unscaled). Split by keys (kDqBulk): the partial goes
+    // to the consumer's shared panel in dq_accum's own order, then thread 0 adds the whole panel with one bulk
+    // reduction; split by columns: one 16-byte reduction a tile a thread, straight from the registers.
+    // Deterministic (p.bwd.deterministic): in key-block order. Key block j waits until the semaphore of
+    // (batch, head, m_block) reads j (every earlier key block visits m_block too, causal included), adds, waits
+    // for its adds to complete, and increments it; at hd64 both consumers add to each element: consumer 0's
+    // panel first, then consumer 1's.
+    __device__ __forceinline__ void add_dq(const BwdCta<Kt>& cta, const float (&dq)[Kt::kDqTiles][4], int head,
+                                           int m_block, index_t ws_row) const {
         const bool ordered = p.bwd.deterministic != 0;
         const bool leader = consumer == 0 && tid == 0;
         int* sema = ws.semaphore(p, batch, head, m_block);
         if (ordered) {
-            if (leader) wait_semaphore(sema, n_block);
+            if (leader) {
+                wait_semaphore(sema, n_block);
+                fence_proxy_async_global();   // the earlier blocks' bulk adds, before this block's
+            }
             named_sync(kBwdDqOrderBarrier, Kt::kConsumerThreads);
         }
-        float* dq_rows = ws.dq_accum + ws_row * kD + dq_col0() + col2;
-        if (ordered && Kt::kDqSplitKeys) {   // both consumers add to every element: consumer 0 first
+        float* block = dq_block(ws_row);
+        if constexpr (Kt::kDqBulk) {
+            const u32 panel = cta.dq_panel(consumer);
+#pragma unroll
+            for (int i = 0; i < Kt::kDqTiles; ++i)
+                st_shared_v4(panel + DqFragmentLayout::fragment(i, tid) * sizeof(float), dq[i]);
+            gmma::fence_proxy_async();   // the panel's stores (generic proxy), before the bulk reduction reads it
+            named_sync(kBwdDqStagedBarrier + consumer, gmma::kWarpgroupThreads);
+            if (ordered && Kt::kDqSplitKeys) {   // both consumers add to every element: consumer 0 first
 #pragma unroll 1
-            for (int c = 0; c < Kt::kConsumers; ++c) {
-                if (c == consumer) add_rows(dq_rows, dq);
-                __threadfence();
-                named_sync(kBwdDqOrderBarrier, Kt::kConsumerThreads);
+                for (int c = 0; c < Kt::kConsumers; ++c) {
+                    if (c == consumer && tid == 0) reduce_panel(block, panel, true);
+                    named_sync(kBwdDqOrderBarrier, Kt::kConsumerThreads);
+                }
+            } else if (tid == 0) {
+                reduce_panel(block, panel, ordered);
             }
         } else {
-            add_rows(dq_rows, dq);
+#pragma unroll
+            for (int i = 0; i < Kt::kDqTiles; ++i) {
+                float* at = block + DqFragmentLayout::fragment(i, tid);
+                red_add_v4(at, dq[i][0], dq[i][1], dq[i][2], dq[i][3]);
+            }
+            if (ordered) __threadfence();
         }
         if (ordered) {
-            __threadfence();
             named_sync(kBwdDqOrderBarrier, Kt::kConsumerThreads);
             if (leader) atomicAdd(sema, 1);
         }
     }
 
-    // One 8-column tile a red_add_fragment (reduce.cuh: 16 bytes a reduction on sm_90).
-    __device__ __forceinline__ void add_rows(float* dq_rows, const float (&dq)[Kt::kDqTiles][4]) const {
-        float* row = dq_rows + warp_row * kD;
-#pragma unroll
-        for (int i = 0; i < Kt::kDqTiles; ++i)
-            red_add_fragment(row + i * kMmaN, kD, tid, dq[i][0], dq[i][1], dq[i][2], dq[i][3], p.softmax_scale);
+    // One thread: dq_accum block += the staged panel; `complete`: wait until the adds are done and visible to
+    // the next key block (the deterministic order), else only commit them.
+    __device__ __forceinline__ void reduce_panel(float* block, u32 panel, bool complete) const {
+        bulk_reduce_add(block, panel, DqFragmentLayout::kPanelBytes);
+        bulk_commit();
+        if (complete) {
+            bulk_wait();
+            fence_proxy_async_global();
+            __threadfence();
+        }
+    }
+
+    // Before a visit's dQ is staged: thread 0 waits until the previous visit's bulk reduction has read the
+    // panel; the named barrier that every consumer thread passes next (dS^T ready) publishes it.
+    __device__ __forceinline__ void dq_panel_free() const {
+        if (Kt::kDqBulk && tid == 0) bulk_wait_read();
+    }
+    // After the last visit: the last reduction complete before the CTA (and its shared memory) ends.
+    __device__ __forceinline__ void dq_drain() const {
+        if (Kt::kDqBulk && tid == 0) bulk_wait();
     }
 
     // dK = scale dK, dV of the consumer's keys < seqlen_k and its columns < head_dim, 16-bit, straight from

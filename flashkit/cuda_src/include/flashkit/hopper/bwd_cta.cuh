@@ -68,6 +68,10 @@ struct BwdCta : WsRoles {   // smem: the layout in bwd_traits.cuh
     __device__ __forceinline__ u32 ds_tile(int visit) const {   // dS^T, by visit parity
         return smem + Kt::kDsOffset + (visit % Kt::kDsBuffers) * Kt::kDsBufferBytes;
     }
+    __device__ __forceinline__ u32 dq_panel(int consumer) const {   // a consumer's staged dQ (split by keys)
+        static_assert(Kt::kDqBulk, "dQ is staged only when the consumers split the keys");
+        return smem + Kt::kDqOffset + consumer * Kt::kDqBufferBytes;
+    }
     __device__ __forceinline__ u32 pt_tile(int visit) const {   // P^T (split by columns), by visit parity
         static_assert(Kt::kPtBuffers == Kt::kDsBuffers, "P^T is shared only when the consumers split columns");
         return smem + Kt::kPtOffset + (visit % Kt::kPtBuffers) * Kt::kDsBufferBytes;

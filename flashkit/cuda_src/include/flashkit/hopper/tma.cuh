@@ -50,11 +50,34 @@ __device__ __forceinline__ void tma_store(const TensorMap& map, u32 src, int c0,
                  : "memory");
 }
 
-// Close the group of stores issued so far, and wait until every store has read its shared memory.
-__device__ __forceinline__ void tma_store_commit() { asm volatile("cp.async.bulk.commit_group;\n" ::: "memory"); }
-__device__ __forceinline__ void tma_store_wait_read() {
+// Staging for a bulk operation: shared[addr .. addr + 16) = v[0..3] (addr 16 B aligned).
+__device__ __forceinline__ void st_shared_v4(u32 addr, const float (&v)[4]) {
+    asm volatile("st.shared.v4.f32 [%0], {%1, %2, %3, %4};\n" ::"r"(addr), "f"(v[0]), "f"(v[1]), "f"(v[2]), "f"(v[3])
+                 : "memory");
+}
+
+// Global memory accessed through both the generic proxy (loads, atomics) and the async one (bulk
+// operations): orders this thread's accesses of one proxy before its later accesses of the other.
+__device__ __forceinline__ void fence_proxy_async_global() {
+    asm volatile("fence.proxy.async.global;\n" ::: "memory");
+}
+
+// global[dst .. dst + bytes) += shared[src .. src + bytes), elementwise fp32 (the adds are atomic at L2); both
+// 16 B aligned, bytes a multiple of 16. The same fence-and-synchronize discipline as tma_store.
+__device__ __forceinline__ void bulk_reduce_add(float* dst, u32 src, u32 bytes) {
+    asm volatile("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], %2;\n" ::"l"(dst), "r"(src),
+                 "r"(bytes)
+                 : "memory");
+}
+
+// The issuing thread's bulk operations (tma_store, bulk_reduce_add): close the group of those issued so far;
+// wait until every one has read its shared memory (which may then be rewritten); wait until every one has
+// completed its global writes.
+__device__ __forceinline__ void bulk_commit() { asm volatile("cp.async.bulk.commit_group;\n" ::: "memory"); }
+__device__ __forceinline__ void bulk_wait_read() {
     asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory");
 }
+__device__ __forceinline__ void bulk_wait() { asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory"); }
 
 }  // namespace hopper
 }  // namespace flashkit

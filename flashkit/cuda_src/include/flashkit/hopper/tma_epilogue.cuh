@@ -53,7 +53,7 @@ __device__ __forceinline__ void store_output_tma(const float (&o)[1][Kt::kDTiles
     const int group_row0 = consumer * gmma::kWarpgroupRows;   // tile row of this consumer's first row
     const u32 o_tile = smem + Kt::kOOffset;
     if constexpr (Kt::kOwnOTile) {   // the previous tile's store may still be reading these rows
-        if (tid_in_group == 0) tma_store_wait_read();
+        if (tid_in_group == 0) bulk_wait_read();
         named_sync(kEpilogueBarrierBase + consumer, gmma::kWarpgroupThreads);
     }
     float* lse_gmem = p.lse == nullptr
@@ -84,15 +84,15 @@ __device__ __forceinline__ void store_output_tma(const float (&o)[1][Kt::kDTiles
         for (int pnl = 0; pnl < Kt::kOPanels; ++pnl)
             tma_store(o_map, o_tile + pnl * OTile::kPanelSize + group_row0 * OTile::kPanelBytes,
                       pnl * Kt::kOPanelElems, origin.q_row + q_at.row + group_row0, q_at.head, origin.batch);
-        tma_store_commit();
-        if constexpr (!Kt::kOwnOTile) tma_store_wait_read();
+        bulk_commit();
+        if constexpr (!Kt::kOwnOTile) bulk_wait_read();
     }
 }
 
 // At a consumer's end (kOwnOTile): the last store has read its rows before the CTA's shared memory goes.
 template <class Kt>
 __device__ __forceinline__ void drain_output_stores(int tid_in_group) {
-    if (Kt::kOwnOTile && tid_in_group == 0) tma_store_wait_read();
+    if (Kt::kOwnOTile && tid_in_group == 0) bulk_wait_read();
 }
 
 }  // namespace hopper

@@ -23,6 +23,7 @@ __device__ __forceinline__ void bwd_consume(const Params& p, const BwdCta<Kt>& c
     Consumer consumer(p, cta.consumer(), n_block, kv_head, batch);
     if (visits.total > 0) mbarrier_wait(cta.kv_full, 0);   // K, V landed
     for (int i = 0; i < visits.total; ++i) consumer.visit(cta, i, visits.head(i), visits.m_block(i));
+    consumer.dq_drain();
     consumer.store_dk_dv();
 }
 
