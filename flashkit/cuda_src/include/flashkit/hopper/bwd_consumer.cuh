@@ -14,14 +14,20 @@
 //                                           transposed, B = the K tile; consumer c takes head-dim
 //                                           columns [64 c, 64 c + 64) (hd128), or at hd64 every column
 //                                           over its own 64 keys, dQ_c = dS[:, keys_c] K[keys_c, :]
-//   dK  += dS^T Q                           rs, Q read MN-major; issued after dQ, so that
-//   dq_accum += scale dQ                    fp32 vector reductions (red.global.add.v4.f32) run under it; in
-//                                           key-block order when p.bwd.deterministic (bwd_passes.cuh's
-//                                           semaphores)
+//   dK  += dS^T Q                           ss: dS^T from its shared tile (the consumer's rows), Q read
+//                                           MN-major; issued after dQ, so that
+//   dq_accum += dQ                          runs under it: the consumer's dQ to its shared fp32 panel in
+//                                           dq_accum's order (dq_layout.cuh), then one bulk reduction
+//                                           (cp.reduce.async.bulk) issued by its thread 0; in key-block
+//                                           order when p.bwd.deterministic (bwd_passes.cuh's semaphores)
+// dK from shared memory rather than from dS^T fragments in registers: measured as fast within 1-3% (and
+// faster at hd128 causal 8k), and 16 registers fewer at the visit's peak, where hd128 causal spilled.
 // At the end: dK *= scale; dK, dV stored (16-bit) for the consumer's keys < seqlen_k.
 // Ordering of the dS^T buffers: a consumer writes buffer i % 2 in visit i after visit i - 1's barrier,
 // which the other consumer passed only after its visit i - 2 products (the last reads of that buffer)
-// completed (wgmma wait 0 precedes its next barrier arrival).
+// completed (wgmma wait 0 precedes its next barrier arrival). Of the dQ panel: thread 0 waits until the
+// previous visit's bulk reduction has read it (dq_panel_free) before the dS^T barrier, after which the
+// consumer's threads write it again.
 #pragma once
 
 #include "flashkit/hopper/bwd_consumer_base.cuh"
@@ -89,7 +95,6 @@ struct BwdConsumer : BwdConsumerBase<Kt> {
         gmma::wait<1>();   // dP^T landed; dV still running
         gmma::fence_accumulators(dp);
         const float* dsum = ws.dsum + ws_row;
-        u32 ds[Kt::kQSteps][4];   // dS^T, the A fragments of dK += dS^T Q (pt's layout)
 #pragma unroll
         for (int kk = 0; kk < Kt::kQSteps; ++kk)
 #pragma unroll
@@ -100,11 +105,11 @@ struct BwdConsumer : BwdConsumerBase<Kt> {
                 for (int h = 0; h < 2; ++h) {   // dS^T = P^T (dP^T - dsum), to the shared dS^T tile
                     float p0, p1;
                     unpack_float2<Element>(pt[kk][2 * j + h], p0, p1);
-                    ds[kk][2 * j + h] = pack_float2<Element>(p0 * (dp[ni][2 * h] - d.x), p1 * (dp[ni][2 * h + 1] - d.y));
+                    const u32 ds = pack_float2<Element>(p0 * (dp[ni][2 * h] - d.x), p1 * (dp[ni][2 * h + 1] - d.y));
                     const int row = k_row0 + warp_row + h * kFragRowHalf;
                     asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(ds_tile + DsTile::chunk_offset(row, ni) +
                                                                  col2 * Kt::kElemBytes),
-                                 "r"(ds[kk][2 * j + h])
+                                 "r"(ds)
                                  : "memory");
                 }
             }
@@ -126,8 +131,9 @@ struct BwdConsumer : BwdConsumerBase<Kt> {
         gmma::commit();
         // dK after dQ, so that dQ's adds run under it (measured 1-7% faster than dK before the barrier)
 #pragma unroll
-        for (int kk = 0; kk < Kt::kQSteps; ++kk)   // dK += dS^T Q (Q read MN-major)
-            gmma::MmaBT<Element, kD>::rs(acc_dk, ds[kk], QTile::desc_mn_major(q_tile, kk * Kt::kStepElems), 1);
+        for (int kk = 0; kk < Kt::kQSteps; ++kk)   // dK += dS^T Q (dS^T from its tile, Q read MN-major)
+            gmma::MmaBT<Element, kD>::ss(acc_dk, DsTile::desc(ds_tile, k_row0, kk * gmma::kKBytes),
+                                         QTile::desc_mn_major(q_tile, kk * Kt::kStepElems), 1);
         gmma::commit();
         gmma::wait<1>();   // dV, dQ done; dK still running
         gmma::fence_accumulators(dq);

@@ -101,6 +101,20 @@ struct BwdConsumerBase {
     __device__ __forceinline__ int own_col0() const { return Kt::kSplitColumns ? consumer * Kt::kOwnCols : 0; }
     __device__ __forceinline__ int dq_col0() const { return Kt::kDqSplitKeys ? 0 : consumer * Kt::kDqCols; }
 
+    // The thread's index in its warpgroup (tid) and its consumer index, from a volatile read of %tid.x where
+    // the dQ staging uses them. ptxas otherwise kept `consumer` (for the panel's address) over the whole visit
+    // and spilled it at the register peak (S^T and dP^T in flight beside dK and dV; 4-8 B at hd128 causal)
+    // rather than form it again.
+    __device__ __forceinline__ static int fresh_thread() {
+        u32 thread;
+        asm volatile("mov.u32 %0, %%tid.x;\n" : "=r"(thread));
+        return static_cast<int>(thread);
+    }
+    __device__ __forceinline__ static int fresh_tid() { return fresh_thread() % gmma::kWarpgroupThreads; }
+    __device__ __forceinline__ static int fresh_consumer() {   // consumer warpgroups follow the producer's
+        return fresh_thread() / gmma::kWarpgroupThreads - 1;
+    }
+
     // The visit's query block of dq_accum (dq_layout.cuh), at this consumer's first dQ column.
     __device__ __forceinline__ float* dq_block(index_t ws_row) const {
         return ws.dq_accum + ws_row * kD + dq_col0() * DqFragmentLayout::kRows;
@@ -117,32 +131,32 @@ struct BwdConsumerBase {
                                            int m_block, index_t ws_row) const {
         const bool ordered = p.bwd.deterministic != 0;
         const bool leader = consumer == 0 && tid == 0;
-        int* sema = ws.semaphore(p, batch, head, m_block);
         if (ordered) {
             if (leader) {
-                wait_semaphore(sema, n_block);
+                wait_semaphore(ws.semaphore(p, batch, head, m_block), n_block);
                 fence_proxy_async_global();   // the earlier blocks' bulk adds, before this block's
             }
             named_sync(kBwdDqOrderBarrier, Kt::kConsumerThreads);
         }
-        float* block = dq_block(ws_row);
         if constexpr (Kt::kDqBulk) {
-            const u32 panel = cta.dq_panel(consumer);
+            const int thread = fresh_tid(), me = fresh_consumer();
+            const u32 panel = cta.dq_panel(me);
 #pragma unroll
             for (int i = 0; i < Kt::kDqTiles; ++i)
-                st_shared_v4(panel + DqFragmentLayout::fragment(i, tid) * sizeof(float), dq[i]);
+                st_shared_v4(panel + DqFragmentLayout::fragment(i, thread) * sizeof(float), dq[i]);
             gmma::fence_proxy_async();   // the panel's stores (generic proxy), before the bulk reduction reads it
-            named_sync(kBwdDqStagedBarrier + consumer, gmma::kWarpgroupThreads);
+            named_sync(kBwdDqStagedBarrier + me, gmma::kWarpgroupThreads);
             if (ordered && Kt::kDqSplitKeys) {   // both consumers add to every element: consumer 0 first
 #pragma unroll 1
                 for (int c = 0; c < Kt::kConsumers; ++c) {
-                    if (c == consumer && tid == 0) reduce_panel(block, panel, true);
+                    if (c == me && thread == 0) reduce_panel(dq_block(ws_row), panel, true);
                     named_sync(kBwdDqOrderBarrier, Kt::kConsumerThreads);
                 }
-            } else if (tid == 0) {
-                reduce_panel(block, panel, ordered);
+            } else if (thread == 0) {
+                reduce_panel(dq_block(ws_row), panel, ordered);
             }
         } else {
+            float* block = dq_block(ws_row);
 #pragma unroll
             for (int i = 0; i < Kt::kDqTiles; ++i) {
                 float* at = block + DqFragmentLayout::fragment(i, tid);
@@ -152,7 +166,7 @@ struct BwdConsumerBase {
         }
         if (ordered) {
             named_sync(kBwdDqOrderBarrier, Kt::kConsumerThreads);
-            if (leader) atomicAdd(sema, 1);
+            if (leader) atomicAdd(ws.semaphore(p, batch, head, m_block), 1);
         }
     }
 
@@ -171,7 +185,7 @@ struct BwdConsumerBase {
     // Before a visit's dQ is staged: thread 0 waits until the previous visit's bulk reduction has read the
     // panel; the named barrier that every consumer thread passes next (dS^T ready) publishes it.
     __device__ __forceinline__ void dq_panel_free() const {
-        if (Kt::kDqBulk && tid == 0) bulk_wait_read();
+        if (Kt::kDqBulk && fresh_tid() == 0) bulk_wait_read();
     }
     // After the last visit: the last reduction complete before the CTA (and its shared memory) ends.
     __device__ __forceinline__ void dq_drain() const {
