@@ -40,5 +40,5 @@ extern "C" __global__ void __launch_bounds__(BwdKernelTraits::kThreads, 1)
 
 extern "C" __global__ void __launch_bounds__(BwdKernelTraits::kThreads)
     flashkit_fa2_bwd_convert_dq(const flashkit::Params params) {
-    flashkit::bwd_convert_dq<BwdKernelTraits>(params, blockIdx.x, blockIdx.y, blockIdx.z);
+    flashkit::bwd_convert_dq<BwdKernelTraits, BwdKernelTraits::DqLayout>(params, blockIdx.x, blockIdx.y, blockIdx.z);
 }

@@ -56,5 +56,5 @@ extern "C" __global__ void __launch_bounds__(Traits::kThreads, 1) flashkit_fa3_b
 }
 
 extern "C" __global__ void __launch_bounds__(Traits::kThreads) flashkit_fa3_bwd_convert_dq(FLASHKIT_FA3_BWD_ARGS) {
-    flashkit::bwd_convert_dq<PassTraits, flashkit::hopper::DqFragmentLayout>(params, blockIdx.x, blockIdx.y, blockIdx.z);
+    flashkit::bwd_convert_dq<PassTraits, Traits::DqLayout>(params, blockIdx.x, blockIdx.y, blockIdx.z);
 }

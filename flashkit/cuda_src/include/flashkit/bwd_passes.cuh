@@ -3,15 +3,15 @@
 // main kernel, one CTA per (query block, head, batch):
 //   bwd_prepass:    dsum_i = rowsum(dO_i * O_i) (fp32), lse2_i = LSE_i * log2(e) (+inf where the row
 //                   sees no key or lies past seqlen_q), dq_accum rows and the block's semaphore zeroed
-//   bwd_convert_dq: dQ = dq_accum in the input dtype, read in the main kernel's dq_accum layout (DqRowMajor:
-//                   rows of the class's width, already scaled by softmax_scale; fa3_bwd's is
-//                   hopper/dq_layout.cuh's, unscaled)
+//   bwd_convert_dq: dQ = dq_accum in the input dtype, read in the main kernel's dq_accum layout
+//                   (dq_layout.cuh), scaled by softmax_scale unless the main kernel's sums already are
 // With FLASHKIT_VARLEN each CTA sees its packed sequence (varlen.cuh): q, o, dO, dQ and the LSE rows are
 // offset by the sequence's origin; the workspace keeps one padded slot per (sequence, head), sized by
 // max_seqlen_q (BwdWorkspace over the call's parameter block, not the sequence's view).
 // The passes read of their traits Kt only Element, kHeadDim, kBlockM, kWarps and kThreads (BwdPassTraits).
 #pragma once
 
+#include "flashkit/dq_layout.cuh"
 #include "flashkit/params.cuh"
 #include "flashkit/traits.cuh"
 #include "flashkit/varlen.cuh"
@@ -59,16 +59,6 @@ struct BwdWorkspace {
     }
     __device__ __forceinline__ int* semaphore(const Params& p, int batch, int head, int m_block) const {
         return sema + (static_cast<index_t>(batch) * p.heads + head) * m_blocks + m_block;
-    }
-};
-
-// fa2_bwd's dq_accum layout: a query block is kBlockM rows of kHeadDim floats, already scaled by softmax_scale.
-struct DqRowMajor {
-    static constexpr bool kScaled = true;
-    // Float offset of (row r, column c) within a query block of kHeadDim-wide rows.
-    template <int kHeadDim>
-    __device__ __forceinline__ static int offset(int r, int c) {
-        return r * kHeadDim + c;
     }
 };
 
@@ -183,7 +173,7 @@ __device__ __forceinline__ void bwd_convert_dq_block(const Params& p,
     }
 }
 
-template <class Kt, class Layout = DqRowMajor>
+template <class Kt, class Layout>
 __device__ __forceinline__ void bwd_convert_dq(const Params& params, int m_block, int head, int batch) {
     const BwdWorkspace<Kt::kBlockM, Kt::kHeadDim> ws(params);
     for_sequence<FLASHKIT_VARLEN != 0, Kt::kBlockM>(

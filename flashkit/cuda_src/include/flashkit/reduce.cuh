@@ -16,8 +16,9 @@ __device__ __forceinline__ void red_add_v4(float* dst, float a, float b, float c
 }
 #endif
 
-// dst += scale * f for one 8-column tile of an mma C fragment: f = (row g: columns c2, c2 + 1; row g + 8: the
-// same columns), c2 = 2 (lane % 4), `at` = &dst[g][c2], rows `ld` floats apart. Every lane of the warp calls
+// dst += scale * f for one 8-column tile of an mma C fragment in rows (dq_layout.cuh's DqRowMajor): f = (row
+// g: columns c2, c2 + 1; row g + 8: the same columns), c2 = 2 (lane % 4), `at` = &dst[g][c2], rows `ld` floats
+// apart. Every lane of the warp calls
 // it (sm_90: quad lanes t and t ^ 1 swap a half each, so the even lane adds columns c2 .. c2 + 3 of row g and
 // the odd lane columns c2 - 2 .. c2 + 1 of row g + 8, one vector reduction each; `at` and ld 16-byte aligned
 // in floats where c2 is a multiple of 4).

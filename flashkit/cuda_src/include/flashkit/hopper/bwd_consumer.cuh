@@ -17,7 +17,7 @@
 //   dK  += dS^T Q                           ss: dS^T from its shared tile (the consumer's rows), Q read
 //                                           MN-major; issued after dQ, so that
 //   dq_accum += dQ                          runs under it: the consumer's dQ to its shared fp32 panel in
-//                                           dq_accum's order (dq_layout.cuh), then one bulk reduction
+//                                           dq_accum's order (Kt::DqLayout), then one bulk reduction
 //                                           (cp.reduce.async.bulk) issued by its thread 0; in key-block
 //                                           order when p.bwd.deterministic (bwd_passes.cuh's semaphores)
 // dK from shared memory rather than from dS^T fragments in registers: measured as fast within 1-3% (and

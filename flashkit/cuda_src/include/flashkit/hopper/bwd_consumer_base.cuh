@@ -115,9 +115,15 @@ struct BwdConsumerBase {
         return fresh_thread() / gmma::kWarpgroupThreads - 1;
     }
 
-    // The visit's query block of dq_accum (dq_layout.cuh), at this consumer's first dQ column.
+    // Float offset of thread `thread`'s fragment of dQ column tile i (from the consumer's first column): warp w of
+    // the warpgroup holds row tile w.
+    __device__ __forceinline__ static int dq_fragment(int i, int thread) {
+        return Kt::DqLayout::fragment(i, thread / kWarpSize, thread % kWarpSize);
+    }
+
+    // The visit's query block of dq_accum (Kt::DqLayout), at this consumer's first dQ column.
     __device__ __forceinline__ float* dq_block(index_t ws_row) const {
-        return ws.dq_accum + ws_row * kD + dq_col0() * DqFragmentLayout::kRows;
+        return ws.dq_accum + ws_row * kD + dq_col0() * Kt::kBlockM;
     }
 
     // dq_accum of the visit += dQ (this consumer's columns, unscaled). Split by keys (kDqBulk): the partial goes
@@ -143,7 +149,7 @@ struct BwdConsumerBase {
             const u32 panel = cta.dq_panel(me);
 #pragma unroll
             for (int i = 0; i < Kt::kDqTiles; ++i)
-                st_shared_v4(panel + DqFragmentLayout::fragment(i, thread) * sizeof(float), dq[i]);
+                st_shared_v4(panel + dq_fragment(i, thread) * sizeof(float), dq[i]);
             gmma::fence_proxy_async();   // the panel's stores (generic proxy), before the bulk reduction reads it
             named_sync(kBwdDqStagedBarrier + me, gmma::kWarpgroupThreads);
             if (ordered && Kt::kDqSplitKeys) {   // both consumers add to every element: consumer 0 first
@@ -159,7 +165,7 @@ struct BwdConsumerBase {
             float* block = dq_block(ws_row);
 #pragma unroll
             for (int i = 0; i < Kt::kDqTiles; ++i) {
-                float* at = block + DqFragmentLayout::fragment(i, tid);
+                float* at = block + dq_fragment(i, tid);
                 red_add_v4(at, dq[i][0], dq[i][1], dq[i][2], dq[i][3]);
             }
             if (ordered) __threadfence();
@@ -173,7 +179,7 @@ struct BwdConsumerBase {
     // One thread: dq_accum block += the staged panel; `complete`: wait until the adds are done and visible to
     // the next key block (the deterministic order), else only commit them.
     __device__ __forceinline__ void reduce_panel(float* block, u32 panel, bool complete) const {
-        bulk_reduce_add(block, panel, DqFragmentLayout::kPanelBytes);
+        bulk_reduce_add(block, panel, Kt::DqLayout::kPanelBytes);
         bulk_commit();
         if (complete) {
             bulk_wait();

@@ -16,13 +16,13 @@
 // Shared memory, each tile 1024 B aligned in gmma::KMajorTile's layout (what TMA's 128 B swizzle writes):
 //   [ K: kBlockN rows | V: kBlockN rows | Q: kStages x kBlockM rows | dO: kStages x kBlockM rows |
 //     dS^T: 2 x (kBlockN rows of kBlockM 16-bit queries) | P^T: the same, split by columns only |
-//     dQ: one fp32 panel (64 x 64, dq_layout.cuh's order) a consumer, split by keys only |
+//     dQ: one fp32 panel (64 x 64, DqLayout's order) a consumer, split by keys only |
 //     mbarriers: kv_full, the Q ring, the dO ring ]
 // dS^T (and P^T) are double-buffered by visit parity, so one named barrier a visit orders their writes and
 // reads (see bwd_consumer.cuh).
 #pragma once
 
-#include "flashkit/hopper/dq_layout.cuh"
+#include "flashkit/dq_layout.cuh"
 #include "flashkit/hopper/ws_traits.cuh"   // TileCoords, kRegisterFile, the stage ring, tma, wgmma
 
 namespace flashkit {
@@ -73,10 +73,11 @@ struct BwdWsTraits {
     static constexpr int kDqKeySteps = (kDqSplitKeys ? kConsumerKeys : kBlockN) / kStepElems;   // dQ's k-steps
     static constexpr int kPanelElems = kTmaPanelBytes / kElemBytes;   // a TMA box's head-dim extent; N of a dQ product
     static constexpr int kDqPanels = kDqCols / kPanelElems;           // dQ products a k-step
-    // How dQ reaches dq_accum (dq_layout.cuh's order): split by keys, a consumer's 64 x 64 fp32 partial goes
+    // How dQ reaches dq_accum (DqLayout's order): split by keys, a consumer's 64 x 64 fp32 partial goes
     // through its own shared panel and one bulk reduction (cp.reduce.async.bulk) a visit; split by columns
     // (hd256, no shared memory left for 2 x 32 KB) by 16-byte reductions from the registers.
     static constexpr bool kDqBulk = !kSplitColumns;
+    typedef DqFragments<kBlockM, false> DqLayout;   // dq_accum (dq_layout.cuh), unscaled
 
     typedef gmma::KMajorTile<kBlockM, kRowBytes> QTile;                 // Q and dO: [query][d]
     typedef gmma::KMajorTile<kBlockN, kRowBytes> KTile;                 // K and V: [key][d]
@@ -98,7 +99,7 @@ struct BwdWsTraits {
     static constexpr int kDsOffset = kDoOffset + kStages * kQStageBytes;
     static constexpr int kPtOffset = kDsOffset + kDsBuffers * kDsBufferBytes;
     static constexpr int kDqBuffers = kDqBulk ? kConsumers : 0;
-    static constexpr int kDqBufferBytes = DqFragmentLayout::kPanelBytes;
+    static constexpr int kDqBufferBytes = DqLayout::kPanelBytes;
     static constexpr int kDqOffset = kPtOffset + kPtBuffers * kDsBufferBytes;
     static constexpr int kKvBarOffset = kDqOffset + kDqBuffers * kDqBufferBytes;   // kv_full
     static constexpr int kQRingOffset = kKvBarOffset + kBarrierBytes;
@@ -113,7 +114,7 @@ struct BwdWsTraits {
     static_assert(kDqCols % kPanelElems == 0, "dQ's N: whole 128 B panels of the K tile (MmaTT<T, 64>)");
     static_assert(!kSplitColumns || kOwnCols % kPanelElems == 0, "a consumer's columns: whole 128 B panels");
     static_assert(kStages >= 2, "Q and dO of the next visit load under this one");
-    static_assert(!kDqBulk || kDqCols == DqFragmentLayout::kPanelCols, "a staged dQ partial is one panel");
+    static_assert(!kDqBulk || kDqCols == DqLayout::kPanelCols, "a staged dQ partial is one panel");
     static_assert((kProducerRegs + kConsumers * kConsumerRegs) * gmma::kWarpgroupThreads <= kRegisterFile,
                   "register budgets fit the register file");
     static_assert(kSmemBytes <= 227 * 1024, "shared memory of one CTA");

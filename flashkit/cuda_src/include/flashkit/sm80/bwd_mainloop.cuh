@@ -219,16 +219,25 @@ struct BwdMainloop {
             __syncthreads();
         }
         float* dq = ws.dq_accum + (ws.row0(p, batch, head) + m_block * kM) * kD;
+#if FLASHKIT_BWD_DQ_FRAGMENTS   // fragment order (Kt::DqLayout, bwd_traits.cuh): one 16-byte reduction a tile
+#pragma unroll
+        for (int mt = 0; mt < Kt::kDqMTiles; ++mt)   // unscaled: bwd_convert_dq scales
+#pragma unroll
+            for (int nd = 0; nd < Kt::kDqDTiles; ++nd)
+                red_add_v4(dq + Kt::DqLayout::fragment(d0 / kMmaN + nd, mt * Kt::kDqWarpsM + wm, lane),
+                           acc[mt][nd][0], acc[mt][nd][1], acc[mt][nd][2], acc[mt][nd][3]);
+#else
         const int g = lane / kQuadLanes;
         const int c2 = kFragCols * (lane % kQuadLanes);
 #pragma unroll
         for (int mt = 0; mt < Kt::kDqMTiles; ++mt) {
             float* row = dq + ((mt * Kt::kDqWarpsM + wm) * kMmaM + g) * kD + d0 + c2;
 #pragma unroll
-            for (int nd = 0; nd < Kt::kDqDTiles; ++nd)   // reduce.cuh: 16 bytes a reduction on sm_90
+            for (int nd = 0; nd < Kt::kDqDTiles; ++nd)   // rows (Kt::DqLayout); reduce.cuh: 16 bytes a reduction on sm_90
                 red_add_fragment(row + nd * kMmaN, kD, lane, acc[mt][nd][0], acc[mt][nd][1], acc[mt][nd][2],
                                  acc[mt][nd][3], p.softmax_scale);
         }
+#endif
         if (ordered) {
             __threadfence();
             __syncthreads();

@@ -1,0 +1,55 @@
+// The layouts of the backward's dq_accum workspace (bwd_passes.cuh): how a query block of kRows x kHeadDim fp32
+// dQ sums lies in its kRows * kHeadDim floats. bwd_convert_dq reads a block by element through `offset`.
+//   DqRowMajor          rows of kHeadDim floats (fa2_bwd off Hopper, whose scalar atomics add a fragment's
+//                       row pairs)
+//   DqFragments<kRows>  the order of the m16n8 accumulator fragments that produce it, so that a warp's partial
+//                       sums reach it as whole contiguous runs: 64-column panels, each ordered
+//                       [column tile ct (8)][row tile rt (kRows / 16)][lane (32)][e (4)], where lane g * 4 + t
+//                       holds rows 16 rt + g + 8 h and columns 8 ct + 2 t + c as e = 2 h + c (fragment.cuh's
+//                       conventions). One lane's four floats of a tile are 16 contiguous bytes (one
+//                       red.global.add.v4.f32), a warp's 512. A wgmma warpgroup's accumulators over 64 rows are
+//                       warp w = row tile w, so its thread tid's four floats of column tile i lie at
+//                       i * 512 + tid * 4 within a panel, and a 64 x 64 panel is one run (one bulk reduction).
+// kScaled: the sums already carry softmax_scale (else bwd_convert_dq multiplies).
+#pragma once
+
+#include "flashkit/traits.cuh"
+
+namespace flashkit {
+
+template <bool kScaled_>
+struct DqRowMajor {
+    static constexpr bool kScaled = kScaled_;
+    template <int kHeadDim>
+    __device__ __forceinline__ static int offset(int r, int c) {
+        return r * kHeadDim + c;
+    }
+};
+
+template <int kRows, bool kScaled_>
+struct DqFragments {
+    static constexpr bool kScaled = kScaled_;
+    static constexpr int kPanelCols = 64;                        // columns of a panel
+    static constexpr int kTilesPerPanel = kPanelCols / kMmaN;    // 8 column tiles
+    static constexpr int kRowTiles = kRows / kMmaM;
+    static constexpr int kFragFloats = 4;                        // e: one lane's floats of a tile
+    static constexpr int kTileFloats = kWarpSize * kFragFloats;  // 128
+    static constexpr int kPanelFloats = kRows * kPanelCols;
+    static constexpr int kPanelBytes = kPanelFloats * static_cast<int>(sizeof(float));
+    static_assert(kRows % kMmaM == 0, "whole 16-row tiles");
+
+    // Float offset of `lane`'s four floats of the tile at (row tile rt, column tile ct) in the block.
+    __device__ __forceinline__ static int fragment(int ct, int rt, int lane) {
+        return ct / kTilesPerPanel * kPanelFloats + ((ct % kTilesPerPanel) * kRowTiles + rt) * kTileFloats +
+               lane * kFragFloats;
+    }
+    // Float offset of (row r, column c) in the block (c and c + 1 adjacent for even c); kHeadDim a multiple of 64.
+    template <int kHeadDim>
+    __device__ __forceinline__ static int offset(int r, int c) {
+        static_assert(kHeadDim % kPanelCols == 0, "whole 64-column panels");
+        const int lane = r % kFragRowHalf * kQuadLanes + c % kMmaN / kFragCols;
+        return fragment(c / kMmaN, r / kMmaM, lane) + r % kMmaM / kFragRowHalf * kFragCols + c % kFragCols;
+    }
+};
+
+}  // namespace flashkit
