@@ -1,6 +1,6 @@
 /*---
 name: fa3_bwd
-summary: FlashAttention-3 backward on Hopper (sm_90a) - TMA producer, two consumer warpgroups on wgmma, dQ by fp32 vector reductions
+summary: FlashAttention-3 backward on Hopper (sm_90a) - TMA producer, two consumer warpgroups on wgmma, dQ by bulk reductions
 entry: [flashkit_fa3_bwd_prepass, flashkit_fa3_bwd_main, flashkit_fa3_bwd_convert_dq]
 arch: {min: "9.0", max: "9.0", targets: {"9.0": sm_90a}}
 dtypes: [float16, bfloat16]
@@ -23,9 +23,10 @@ workspace: dq_accum
 //   main       grid (ceil(seqlen_k / block_n), kv_heads, batch): one CTA per key block; a producer thread
 //              streams Q and dO by TMA, two consumer warpgroups keep dK, dV in registers over every query
 //              head of the group and every visible query block (64 keys each at hd64 / hd128; at hd256
-//              the block's 64 keys, half the head-dim columns each), dQ by fp32 vector reductions
+//              the block's 64 keys, half the head-dim columns each), dQ added to dq_accum in fragment
+//              order (dq_layout.cuh) by one bulk reduction a visit (hd256: 16-byte reductions)
 //              (hopper/ws_backward.cuh)
-//   convert_dq grid (ceil(seqlen_q / block_m), heads, batch): dQ = dq_accum in the input dtype
+//   convert_dq grid (ceil(seqlen_q / block_m), heads, batch): dQ = scale dq_accum in the input dtype
 // Causal (FLASHKIT_CAUSAL) skips the query blocks above the diagonal and masks the tiles crossing it.
 #include "flashkit/bwd_passes.cuh"
 #include "flashkit/hopper/ws_backward.cuh"

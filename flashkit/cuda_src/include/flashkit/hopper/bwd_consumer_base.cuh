@@ -123,7 +123,7 @@ struct BwdConsumerBase {
 
     // The visit's query block of dq_accum (Kt::DqLayout), at this consumer's first dQ column.
     __device__ __forceinline__ float* dq_block(index_t ws_row) const {
-        return ws.dq_accum + ws_row * kD + dq_col0() * Kt::kBlockM;
+        return ws.dq_accum + ws_row * kD + Kt::DqLayout::template offset<kD>(0, dq_col0());
     }
 
     // dq_accum of the visit += dQ (this consumer's columns, unscaled). Split by keys (kDqBulk): the partial goes

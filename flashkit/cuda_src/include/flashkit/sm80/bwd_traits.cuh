@@ -15,6 +15,17 @@
 #include "flashkit/dq_layout.cuh"
 #include "flashkit/traits.cuh"
 
+// fa2_bwd's dq_accum layout (dq_layout.cuh): on sm_90 in fragment order, unscaled, one 16-byte reduction a tile
+// a lane into 512 contiguous bytes a warp (red.global.add.v4.f32; measured 10-12% faster than rows on the H200);
+// before sm_90 in rows, scaled, where a fragment's scalar atomics touch 8 rows of 32 bytes rather than 16
+// sectors. Varlen builds keep rows: at 255 registers with the sequence offsets, the fragment order's build
+// spilled 8-16 B (float16 hd128).
+#if __CUDA_ARCH__ >= 900 && !FLASHKIT_VARLEN
+#define FLASHKIT_BWD_DQ_FRAGMENTS 1
+#else
+#define FLASHKIT_BWD_DQ_FRAGMENTS 0
+#endif
+
 namespace flashkit {
 
 template <int kHeadDim_, int kBlockM_, int kBlockN_, int kWarps_, typename Element_>
@@ -28,16 +39,10 @@ struct BwdTraits {
     static constexpr int kElemBytes = sizeof(Element);
 
     static constexpr int kWarpKeys = kBlockN / kWarps;   // keys (rows of dK, dV) per warp
-    // dq_accum (dq_layout.cuh): on sm_90 in fragment order, unscaled, one 16-byte reduction a tile a lane into
-    // 512 contiguous bytes a warp (red.global.add.v4.f32; measured 10-12% faster than rows on the H200); before
-    // sm_90 in rows, scaled, where a fragment's scalar atomics touch 8 rows of 32 bytes rather than 16 sectors.
-    // Varlen builds keep rows: at 255 registers with the sequence offsets, the fragment order's build spilled
-    // 8-16 B (float16 hd128).
-#if __CUDA_ARCH__ >= 900 && !FLASHKIT_VARLEN
-#define FLASHKIT_BWD_DQ_FRAGMENTS 1
+    // dq_accum (dq_layout.cuh; FLASHKIT_BWD_DQ_FRAGMENTS above)
+#if FLASHKIT_BWD_DQ_FRAGMENTS
     typedef DqFragments<kBlockM, false> DqLayout;
 #else
-#define FLASHKIT_BWD_DQ_FRAGMENTS 0
     typedef DqRowMajor<true> DqLayout;
 #endif
     // A query block is processed in slices of kSubM queries (S^T, P^T, dP^T of one slice in registers
