@@ -1,6 +1,6 @@
 /*---
 name: fa3_bwd
-summary: FlashAttention-3 backward on Hopper (sm_90a) - TMA producer, two consumer warpgroups on wgmma, dQ by bulk reductions
+summary: FlashAttention-3 backward on Hopper (sm_90a) - TMA producer, two or three consumer warpgroups on wgmma, dQ by bulk reductions
 entry: [flashkit_fa3_bwd_prepass, flashkit_fa3_bwd_main, flashkit_fa3_bwd_convert_dq]
 arch: {min: "9.0", max: "9.0", targets: {"9.0": sm_90a}}
 dtypes: [float16, bfloat16]
@@ -11,8 +11,9 @@ requires: {backward: true}
 # 1.6x fa2_bwd's TFLOP/s at hd128 and 1.1x at hd64, so it outranks fa2_bwd on sm_90.
 priority: 60
 launch: {grid: [q_blocks, kv_tiles, q_blocks], block_m: 64, block_n: 128, warps: 12, stages: 2}   # 1 producer + 2 consumers
+# hd64: key blocks of 192, three consumers of 64 keys (measured 15-23% faster than two at 8k, BENCHMARKS.md);
 # hd256: key blocks of 64, the consumers split dK, dV and dQ by head-dim columns (bwd_traits.cuh).
-overrides: {"hd256": {block_n: 64}}
+overrides: {"hd64": {block_n: 192, warps: 16}, "hd256": {block_n: 64}}
 tensor_maps: {q: block_m, k: block_n, v: block_n, dout: block_m}   # box rows
 workspace: dq_accum
 ---*/
@@ -21,9 +22,9 @@ workspace: dq_accum
 //   prepass    grid (ceil(seqlen_q / block_m), heads, batch): dsum = rowsum(dO O), lse2 = LSE log2(e),
 //              dq_accum and the semaphores zeroed (bwd_passes.cuh, shared with fa2_bwd)
 //   main       grid (ceil(seqlen_k / block_n), kv_heads, batch): one CTA per key block; a producer thread
-//              streams Q and dO by TMA, two consumer warpgroups keep dK, dV in registers over every query
-//              head of the group and every visible query block (64 keys each at hd64 / hd128; at hd256
-//              the block's 64 keys, half the head-dim columns each), dQ added to dq_accum in fragment
+//              streams Q and dO by TMA, the consumer warpgroups keep dK, dV in registers over every query
+//              head of the group and every visible query block (64 keys each: three at hd64, two at hd128;
+//              at hd256 two, the block's 64 keys, half the head-dim columns each), dQ added to dq_accum in fragment
 //              order (dq_layout.cuh) by one bulk reduction a visit (hd256: 16-byte reductions)
 //              (hopper/ws_backward.cuh)
 //   convert_dq grid (ceil(seqlen_q / block_m), heads, batch): dQ = scale dq_accum in the input dtype
@@ -36,7 +37,7 @@ typedef flashkit::hopper::BwdWsTraits<flashkit::Element, FLASHKIT_HEAD_DIM, FLAS
     Traits;
 // The passes run on the main kernel's block of threads (the runtime launches every entry with one block).
 typedef flashkit::BwdPassTraits<flashkit::Element, FLASHKIT_HEAD_DIM, FLASHKIT_BLOCK_M, FLASHKIT_WARPS> PassTraits;
-static_assert(FLASHKIT_WARPS * flashkit::kWarpSize == Traits::kThreads, "warps: a producer and two consumers");
+static_assert(FLASHKIT_WARPS * flashkit::kWarpSize == Traits::kThreads, "warps: a producer and the consumers");
 
 FLASHKIT_EXPORT_SMEM_BYTES(Traits::kSmemBytes);
 

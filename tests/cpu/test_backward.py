@@ -88,10 +88,11 @@ def test_fa3_bwd_manifest():
     assert spec.grids == ("q_blocks", "kv_tiles", "q_blocks") and spec.workspace == "dq_accum"
     assert spec.supports("gqa") and spec.supports("causal") and spec.head_dims.classes == (64, 128, 256)
     assert all(d in spec.head_dims for d in range(8, 257, 8)) and 100 not in spec.head_dims
-    for hd in (64, 128):   # consumers split by keys: key blocks of 128
+    # consumers split by keys, 64 each: hd128 key blocks of 128 (1 producer + 2 consumers), hd64 of 192 (+ 3)
+    for hd, keys, warps in ((128, 128, 12), (64, 192, 16)):
         launch = spec.launch_config((9, 0), hd, ())
-        assert launch["block_m"] == 64 and launch["block_n"] == 128 and launch["warps"] == 12   # 1 producer + 2 consumers
-        assert spec.tensor_map_rows(launch) == {"q": 64, "k": 128, "v": 128, "dout": 64}
+        assert launch["block_m"] == 64 and launch["block_n"] == keys and launch["warps"] == warps
+        assert spec.tensor_map_rows(launch) == {"q": 64, "k": keys, "v": keys, "dout": 64}
     launch = spec.launch_config((9, 0), 256, ())   # consumers split by head-dim columns: key blocks of 64
     assert launch["block_m"] == 64 and launch["block_n"] == 64 and launch["warps"] == 12
     assert spec.tensor_map_rows(launch) == {"q": 64, "k": 64, "v": 64, "dout": 64}
@@ -174,6 +175,14 @@ def test_fa3_bwd_hd256_launches_key_blocks_of_64(monkeypatch):
     b, sq, sk, h, hk, d = 1, 200, 300, 4, 4, 256
     launches, _ = fa3_bwd_launches(monkeypatch, b, sq, sk, h, hk, d)
     assert [grid for _, grid, *_ in launches] == [(4, h, b), (5, hk, b), (4, h, b)]
+
+
+def test_fa3_bwd_hd64_launches_three_consumers_on_key_blocks_of_192(monkeypatch):
+    """hd64: key blocks of 192 keys, one producer and three consumer warpgroups (512 threads) a CTA."""
+    b, sq, sk, h, hk, d = 2, 500, 385, 8, 8, 64
+    launches, _ = fa3_bwd_launches(monkeypatch, b, sq, sk, h, hk, d)
+    assert [grid for _, grid, *_ in launches] == [(8, h, b), (3, hk, b), (8, h, b)]
+    assert all(block == (512, 1, 1) for _, _, block, *_ in launches)
 
 
 @pytest.mark.parametrize("causal", [False, True])

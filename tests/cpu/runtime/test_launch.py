@@ -29,7 +29,7 @@ def test_backward_maps_put_dout_after_q_k_v_with_its_address():
     dout = fake((2, 100, 4, 64))
     layouts = tensor_map_layouts(spec, spec.launch_config((9, 0), 64, ()), P, inputs(dout=dout))
     assert [i for i, _ in layouts] == [0, 1, 2, None]
-    assert [g.box[1] for _, g in layouts] == [64, 128, 128, 64]
+    assert [g.box[1] for _, g in layouts] == [64, 192, 192, 64]   # hd64: key blocks of 192 (three consumers)
     assert all(g.address == 0 for i, g in layouts if i is not None)   # filled in per call
     assert layouts[3][1].address == dout.data.ptr and layouts[3][1].dims == (64, 100, 4, 2)
 

@@ -9,7 +9,9 @@
 //   dV  += P^T dO                           rs: P^T as 16-bit A fragments, dO read MN-major (as the
 //                                           forward reads V: desc_mn_major)
 //   dS^T = P^T (dP^T - dsum)                (P^T rounded to 16 bits once, reused here as fa2_bwd does)
-//   dS^T -> the shared dS^T tile [key][query] (buffer i % 2); named barrier over both consumers
+//   dS^T -> the shared dS^T tile [key][query] (buffer i % 2); named barrier over every consumer (hd128),
+//                                           or over the consumer's own warpgroup where it reads only its
+//                                           own rows (hd64: kDqSplitKeys)
 //   dQ[:, cols_c] = dS K[:, cols_c]         ss, both operands MN-major (MmaTT): A = dS^T tile read
 //                                           transposed, B = the K tile; consumer c takes head-dim
 //                                           columns [64 c, 64 c + 64) (hd128), or at hd64 every column
@@ -24,8 +26,9 @@
 // faster at hd128 causal 8k), and 16 registers fewer at the visit's peak, where hd128 causal spilled.
 // At the end: dK *= scale; dK, dV stored (16-bit) for the consumer's keys < seqlen_k.
 // Ordering of the dS^T buffers: a consumer writes buffer i % 2 in visit i after visit i - 1's barrier,
-// which the other consumer passed only after its visit i - 2 products (the last reads of that buffer)
-// completed (wgmma wait 0 precedes its next barrier arrival). Of the dQ panel: thread 0 waits until the
+// which every consumer that reads its rows (itself at hd64, the other at hd128) passed only after its
+// visit i - 2 products (the last reads of that buffer) completed (wgmma wait 0 precedes its next barrier
+// arrival). Of the dQ panel: thread 0 waits until the
 // previous visit's bulk reduction has read it (dq_panel_free) before the dS^T barrier, after which the
 // consumer's threads write it again.
 #pragma once
@@ -116,7 +119,10 @@ struct BwdConsumer : BwdConsumerBase<Kt> {
 
         gmma::fence_proxy_async();   // the dS^T stores (generic proxy), before wgmma (async proxy) reads them
         this->dq_panel_free();
-        named_sync(kBwdDsReadyBarrier, Kt::kConsumerThreads);   // dS^T of every consumer in the tile
+        if constexpr (Kt::kDqSplitKeys)   // dQ and dK read only this consumer's rows of the tile
+            named_sync(kBwdConsumerBarrier + this->fresh_consumer(), gmma::kWarpgroupThreads);
+        else   // dQ reads every consumer's rows
+            named_sync(kBwdDsReadyBarrier, Kt::kConsumerThreads);
         float dq[Kt::kDqTiles][4];   // dQ: rows 16 warp + g (+ 8), columns dq_col0 + 8 i + 2 t
         // k-steps over the keys this consumer's dQ sums: all of the block's (columns split) or its own (keys split)
         const int dq_key0 = Kt::kDqSplitKeys ? k_row0 : 0;

@@ -32,7 +32,8 @@ struct BwdConsumerBase {
     float acc_dv[Kt::kDTiles][4];
 
     __device__ __forceinline__ BwdConsumerBase(const Params& p_, int consumer_, int n_block_, int kv_head_, int batch_)
-        : p(p_), ws(p_), batch(batch_), kv_head(kv_head_), n_block(n_block_), consumer(consumer_) {
+        : p(p_), ws(p_), batch(batch_), kv_head(kv_head_), n_block(n_block_),
+          consumer(Kt::kUniformConsumer ? __shfl_sync(kFullWarp, consumer_, 0) : consumer_) {
         key0 = n_block * Kt::kBlockN + (Kt::kSplitColumns ? 0 : consumer * Kt::kConsumerKeys);
         tid = threadIdx.x % gmma::kWarpgroupThreads;
         const int lane = tid % kWarpSize;
@@ -151,7 +152,7 @@ struct BwdConsumerBase {
             for (int i = 0; i < Kt::kDqTiles; ++i)
                 st_shared_v4(panel + dq_fragment(i, thread) * sizeof(float), dq[i]);
             gmma::fence_proxy_async();   // the panel's stores (generic proxy), before the bulk reduction reads it
-            named_sync(kBwdDqStagedBarrier + me, gmma::kWarpgroupThreads);
+            named_sync(kBwdConsumerBarrier + me, gmma::kWarpgroupThreads);
             if (ordered && Kt::kDqSplitKeys) {   // both consumers add to every element: consumer 0 first
 #pragma unroll 1
                 for (int c = 0; c < Kt::kConsumers; ++c) {

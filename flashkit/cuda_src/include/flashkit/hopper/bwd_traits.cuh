@@ -2,12 +2,14 @@
 // backward (FlashAttention-3's backward; fa3_bwd.cu).
 //
 // One CTA per (key block of kBlockN keys, kv head, batch): one producer warpgroup (its thread 0 issues every
-// TMA load) and kConsumers = 2 consumer warpgroups, which split the key block's work one of two ways:
-//   by keys (kBlockN = 128; hd64, hd128; bwd_consumer.cuh): consumer c owns keys [64 c, 64 c + 64): its rows
-//     of S^T, dP^T, dS^T and of the dK, dV accumulators, every head-dim column. Per visited query block of
-//     kBlockM queries, dQ = dS K needs every key of the block: the consumers exchange dS^T through a shared
-//     tile and split dQ's head-dim columns (hd128; at hd64 its keys: kDqSplitKeys).
-//   by head-dim columns (kBlockN = 64; hd256, where one warpgroup's dK and dV of every column would take all
+// TMA load) and kConsumers consumer warpgroups, which split the key block's work one of two ways:
+//   by keys (kBlockN = 64 kConsumers; hd128: 128 keys, two consumers; hd64: 192 keys, three consumers;
+//     bwd_consumer.cuh): consumer c owns keys [64 c, 64 c + 64): its rows of S^T, dP^T, dS^T and of the dK,
+//     dV accumulators, every head-dim column. Per visited query block of kBlockM queries, dQ = dS K needs
+//     every key of the block: at hd128 the consumers exchange dS^T through a shared tile and split dQ's
+//     head-dim columns; at hd64 each adds the dQ of its own keys (kDqSplitKeys) and reads only its own dS^T
+//     rows, so the consumers never wait for each other within a visit.
+//   by head-dim columns (kBlockN = 64, two consumers; hd256, where one warpgroup's dK and dV of every column would take all
 //     of its registers; bwd_column_consumer.cuh): both consumers own the 64 keys, consumer c the columns
 //     [kOwnCols c, kOwnCols (c + 1)) of dK, dV and dQ; it computes S^T and dP^T for queries
 //     [kSQueries c, kSQueries (c + 1)) only, and the two halves of P^T and dS^T meet in shared tiles.
@@ -19,7 +21,12 @@
 //     dQ: one fp32 panel (64 x 64, DqLayout's order) a consumer, split by keys only |
 //     mbarriers: kv_full, the Q ring, the dO ring ]
 // dS^T (and P^T) are double-buffered by visit parity, so one named barrier a visit orders their writes and
-// reads (see bwd_consumer.cuh).
+// reads (see bwd_consumer.cuh): over every consumer where they exchange it, over the consumer's own warpgroup
+// where each reads only its own rows (kDqSplitKeys).
+// Why three consumers at hd64: a visit's products there are short (m64n64k16, 4 k-steps each) beside its
+// serial chain (S^T wait, exponentials, dS^T, barrier, dQ staging), and a third warpgroup's chain fills the
+// tensor pipe's gaps: 15-23% faster than two at 8k (BENCHMARKS.md). It fits 160 registers a consumer; hd128's
+// dK and dV (64 x 128 fp32 each) do not.
 #pragma once
 
 #include "flashkit/dq_layout.cuh"
@@ -29,10 +36,12 @@ namespace flashkit {
 namespace hopper {
 
 // Named barrier ids of the backward (0 is __syncthreads): dS^T of a visit complete in shared memory (every
-// consumer thread), and the deterministic dQ order (every consumer thread, around the semaphore).
+// consumer thread), the deterministic dQ order (every consumer thread, around the semaphore), and one
+// barrier a consumer over its own warpgroup (its dS^T rows written where it reads only those; its dQ panel
+// written).
 constexpr int kBwdDsReadyBarrier = 1;
 constexpr int kBwdDqOrderBarrier = 2;
-constexpr int kBwdDqStagedBarrier = 3;   // + consumer: its dQ panel written (its own threads)
+constexpr int kBwdConsumerBarrier = 3;   // + consumer
 
 template <typename Element_, int kHeadDim_, int kBlockM_, int kBlockN_, int kStages_>
 struct BwdWsTraits {
@@ -43,18 +52,23 @@ struct BwdWsTraits {
     static constexpr int kBlockN = kBlockN_;   // keys per CTA
     static constexpr int kStages = kStages_;   // Q and dO stages
 
-    static constexpr int kConsumers = 2;
     // The split (see above): by head-dim columns when the key block is one wgmma row block.
     static constexpr bool kSplitColumns = kBlockN == gmma::kWarpgroupRows;
     static constexpr int kConsumerKeys = gmma::kWarpgroupRows;   // keys (wgmma rows) of a consumer's dK, dV
+    static constexpr int kConsumers = kSplitColumns ? 2 : kBlockN / kConsumerKeys;
     static constexpr int kOwnCols = kSplitColumns ? kHeadDim / kConsumers : kHeadDim;   // its dK, dV columns
     static constexpr int kSQueries = kSplitColumns ? kBlockM / kConsumers : kBlockM;    // its S^T, dP^T columns
     static constexpr int kConsumerThreads = kConsumers * gmma::kWarpgroupThreads;
     static constexpr int kThreads = kConsumerThreads + gmma::kWarpgroupThreads;   // + the producer warpgroup
     static constexpr int kWarps = kThreads / kWarpSize;
-    // setmaxnreg budgets (multiples of 8), as the forward's two-consumer split: 24 + 2 x 240 of 512 a lane.
+    // setmaxnreg budgets (multiples of 8), as the forward's: 24 + 2 x 240 or 24 + 3 x 160 of 512 a lane.
     static constexpr int kProducerRegs = 24;
-    static constexpr int kConsumerRegs = 240;
+    static constexpr int kConsumerRegs = kConsumers == 2 ? 240 : 160;
+    // The consumer index as a warp-uniform value (a shuffle from lane 0), so that ptxas keeps what derives
+    // from it (the consumer's K and V rows, its descriptors) in uniform registers: three consumers at 160
+    // registers spill 20-68 B without it. At two consumers (240) it measured no faster and made hd128 causal
+    // spill 36 B, so there the index stays a plain one.
+    static constexpr bool kUniformConsumer = kConsumers > 2;
 
     static constexpr int kRowBytes = kHeadDim * kElemBytes;         // a Q, dO, K or V row
     static constexpr int kStepElems = gmma::kKBytes / kElemBytes;   // k of one wgmma (16)
@@ -108,7 +122,9 @@ struct BwdWsTraits {
 
     static_assert(kElemBytes == 2, "16-bit inputs (wgmma's transposed operands are 16-bit only)");
     static_assert(kBlockM == gmma::kWarpgroupRows, "one wgmma row block of queries: dQ's M is 64");
-    static_assert(kBlockN == kConsumers * kConsumerKeys || kSplitColumns, "key blocks of 128 (by keys) or 64 (by columns)");
+    static_assert(kBlockN == kConsumers * kConsumerKeys || kSplitColumns, "key blocks of 64 keys a consumer, or 64 (by columns)");
+    static_assert(kConsumers >= 2 && kConsumers <= kMaxConsumers, "2 or 3 consumer warpgroups");
+    static_assert(kConsumers == 2 || kDqSplitKeys, "more than two consumers add the dQ of their own keys");
     static_assert(kRowBytes % kTmaPanelBytes == 0, "head dims of whole 128 B panels (64, 128, 256)");
     static_assert(kBlockM * kElemBytes == kTmaPanelBytes, "a dS^T row is one 128 B swizzle panel");
     static_assert(kDqCols % kPanelElems == 0, "dQ's N: whole 128 B panels of the K tile (MmaTT<T, 64>)");
