@@ -137,7 +137,7 @@ struct BwdConsumerBase {
     __device__ __forceinline__ void add_dq(const BwdCta<Kt>& cta, const float (&dq)[Kt::kDqTiles][4], int head,
                                            int m_block, index_t ws_row) const {
         const bool ordered = p.bwd.deterministic != 0;
-        const bool leader = consumer == 0 && tid == 0;
+        const bool leader = fresh_thread() == gmma::kWarpgroupThreads;   // consumer 0's thread 0 (see fresh_thread)
         if (ordered) {
             if (leader) {
                 wait_semaphore(ws.semaphore(p, batch, head, m_block), n_block);
