@@ -132,8 +132,8 @@ struct BwdConsumerBase {
     // reduction; split by columns: one 16-byte reduction a tile a thread, straight from the registers.
     // Deterministic (p.bwd.deterministic): in key-block order. Key block j waits until the semaphore of
     // (batch, head, m_block) reads j (every earlier key block visits m_block too, causal included), adds, waits
-    // for its adds to complete, and increments it; at hd64 both consumers add to each element: consumer 0's
-    // panel first, then consumer 1's.
+    // for its adds to complete, and increments it; at hd64 every consumer adds to each element: their panels in
+    // consumer order.
     __device__ __forceinline__ void add_dq(const BwdCta<Kt>& cta, const float (&dq)[Kt::kDqTiles][4], int head,
                                            int m_block, index_t ws_row) const {
         const bool ordered = p.bwd.deterministic != 0;
@@ -153,7 +153,7 @@ struct BwdConsumerBase {
                 st_shared_v4(panel + dq_fragment(i, thread) * sizeof(float), dq[i]);
             gmma::fence_proxy_async();   // the panel's stores (generic proxy), before the bulk reduction reads it
             named_sync(kBwdConsumerBarrier + me, gmma::kWarpgroupThreads);
-            if (ordered && Kt::kDqSplitKeys) {   // both consumers add to every element: consumer 0 first
+            if (ordered && Kt::kDqSplitKeys) {   // every consumer adds to each element: in consumer order
 #pragma unroll 1
                 for (int c = 0; c < Kt::kConsumers; ++c) {
                     if (c == me && thread == 0) reduce_panel(dq_block(ws_row), panel, true);

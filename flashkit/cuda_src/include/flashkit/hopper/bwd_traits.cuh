@@ -9,8 +9,8 @@
 //     every key of the block: at hd128 the consumers exchange dS^T through a shared tile and split dQ's
 //     head-dim columns; at hd64 each adds the dQ of its own keys (kDqSplitKeys) and reads only its own dS^T
 //     rows, so the consumers never wait for each other within a visit.
-//   by head-dim columns (kBlockN = 64, two consumers; hd256, where one warpgroup's dK and dV of every column would take all
-//     of its registers; bwd_column_consumer.cuh): both consumers own the 64 keys, consumer c the columns
+//   by head-dim columns (kBlockN = 64, two consumers; hd256, where one warpgroup's dK and dV of every column
+//     would take all of its registers; bwd_column_consumer.cuh): both consumers own the 64 keys, consumer c the columns
 //     [kOwnCols c, kOwnCols (c + 1)) of dK, dV and dQ; it computes S^T and dP^T for queries
 //     [kSQueries c, kSQueries (c + 1)) only, and the two halves of P^T and dS^T meet in shared tiles.
 // Warp w of a consumer owns keys [16 w, 16 w + 16) of its 64 (the m16n8 fragment conventions of
@@ -122,7 +122,8 @@ struct BwdWsTraits {
 
     static_assert(kElemBytes == 2, "16-bit inputs (wgmma's transposed operands are 16-bit only)");
     static_assert(kBlockM == gmma::kWarpgroupRows, "one wgmma row block of queries: dQ's M is 64");
-    static_assert(kBlockN == kConsumers * kConsumerKeys || kSplitColumns, "key blocks of 64 keys a consumer, or 64 (by columns)");
+    static_assert(kBlockN == kConsumers * kConsumerKeys || kSplitColumns,
+                  "key blocks of 64 keys a consumer, or 64 (by columns)");
     static_assert(kConsumers >= 2 && kConsumers <= kMaxConsumers, "2 or 3 consumer warpgroups");
     static_assert(kConsumers == 2 || kDqSplitKeys, "more than two consumers add the dQ of their own keys");
     static_assert(kRowBytes % kTmaPanelBytes == 0, "head dims of whole 128 B panels (64, 128, 256)");
