@@ -34,7 +34,6 @@ struct BwdColumnConsumer : BwdConsumerBase<Kt> {
     using Base::batch;
     using Base::col2;
     using Base::consumer;
-    using Base::key0;
     using Base::p;
     using Base::warp_row;
     using Base::ws;
@@ -43,12 +42,10 @@ struct BwdColumnConsumer : BwdConsumerBase<Kt> {
                                                  int batch_)
         : Base(p_, consumer_, n_block_, kv_head_, batch_) {}
 
-    // A 16-bit pair of (key row, this thread's queries of column tile ni) to a shared [key][query] tile.
-    __device__ __forceinline__ void store_pair(u32 tile, int row, int ni, u32 pair) const {
-        asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(tile + DsTile::chunk_offset(row, consumer * kQueryChunks + ni) +
-                                                       col2 * Kt::kElemBytes),
-                     "r"(pair)
-                     : "memory");
+    // A 16-bit pair of (key row warp_row + 8 h, this thread's queries of column tile ni) to a shared [key][query]
+    // tile, at the consumer's query columns.
+    __device__ __forceinline__ void store_pair(u32 tile, int h, int ni, u32 pair) const {
+        st_shared_b32(this->pair_address(tile, warp_row, consumer * kQueryChunks + ni, h), pair);
     }
 
     // Visit number `slot` of the CTA: query block m_block of `head`, Q and dO in ring stage slot % kStages,
@@ -82,7 +79,7 @@ struct BwdColumnConsumer : BwdConsumerBase<Kt> {
                     pr[c] = this->template prob<kCausal>(s[ni][2 * h + c], c ? lse2[ni].y : lse2[ni].x,
                                                          over + h * kFragRowHalf - (ni * kMmaN + c));
                 pt[ni][h] = pack_float2<Element>(pr[0], pr[1]);
-                store_pair(pt_tile, warp_row + h * kFragRowHalf, ni, pt[ni][h]);
+                store_pair(pt_tile, h, ni, pt[ni][h]);
             }
 
         gmma::wait<0>();   // dP^T landed
@@ -95,7 +92,7 @@ struct BwdColumnConsumer : BwdConsumerBase<Kt> {
             for (int h = 0; h < 2; ++h) {   // dS^T = P^T (dP^T - dsum), P^T as rounded (bwd_consumer.cuh)
                 float p0, p1;
                 unpack_float2<Element>(pt[ni][h], p0, p1);
-                store_pair(ds_tile, warp_row + h * kFragRowHalf, ni,
+                store_pair(ds_tile, h, ni,
                            pack_float2<Element>(p0 * (dp[ni][2 * h] - d.x), p1 * (dp[ni][2 * h + 1] - d.y)));
             }
         }

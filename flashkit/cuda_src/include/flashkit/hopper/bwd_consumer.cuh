@@ -109,11 +109,7 @@ struct BwdConsumer : BwdConsumerBase<Kt> {
                     float p0, p1;
                     unpack_float2<Element>(pt[kk][2 * j + h], p0, p1);
                     const u32 ds = pack_float2<Element>(p0 * (dp[ni][2 * h] - d.x), p1 * (dp[ni][2 * h + 1] - d.y));
-                    // rows g and g + 8 share their swizzle key (the row mod 8): the second half is the first
-                    // plus 8 rows, so ptxas keeps 8 chunk offsets over the visits rather than 16
-                    const u32 at = ds_tile + DsTile::chunk_offset(k_row0 + warp_row, ni) +
-                                   h * kFragRowHalf * DsTile::kPanelBytes + col2 * Kt::kElemBytes;
-                    asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(at), "r"(ds) : "memory");
+                    st_shared_b32(this->pair_address(ds_tile, k_row0 + warp_row, ni, h), ds);
                 }
             }
 

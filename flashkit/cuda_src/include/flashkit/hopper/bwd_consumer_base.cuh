@@ -50,6 +50,16 @@ struct BwdConsumerBase {
         return *reinterpret_cast<const float2*>(row_vec + ni * kMmaN + col2);
     }
 
+    // Address of this thread's 16-bit pair (two queries) in a shared [key][query] tile (dS^T, P^T: Kt::DsTile) at
+    // key row row0 + 8 h, 16 B chunk `chunk` (its column tile), where row0 is a fragment's first row. Rows g and
+    // g + 8 share their swizzle key (the row mod 8), so the second half is the first plus 8 rows: ptxas keeps
+    // one set of chunk offsets over the visits rather than two (with two, hd64 float16 spilled 4 B).
+    __device__ __forceinline__ u32 pair_address(u32 tile, int row0, int chunk, int h) const {
+        typedef typename Kt::DsTile DsTile;
+        return tile + DsTile::chunk_offset(row0, chunk) + h * kFragRowHalf * DsTile::kPanelBytes +
+               col2 * Kt::kElemBytes;
+    }
+
     // The consumer's S^T and dP^T: its first rows of the K and V tiles (keys) and of the Q and dO tiles (queries).
     __device__ __forceinline__ int s_key_row0() const { return Kt::kSplitColumns ? 0 : consumer * Kt::kConsumerKeys; }
     __device__ __forceinline__ int s_query0() const { return Kt::kSplitColumns ? consumer * Kt::kSQueries : 0; }

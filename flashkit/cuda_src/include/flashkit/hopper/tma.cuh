@@ -50,7 +50,11 @@ __device__ __forceinline__ void tma_store(const TensorMap& map, u32 src, int c0,
                  : "memory");
 }
 
-// Staging for a bulk operation: shared[addr .. addr + 16) = v[0..3] (addr 16 B aligned).
+// Stores to shared memory by address (the staging of a TMA store or a bulk operation, the tiles wgmma reads):
+// shared[addr .. addr + 4) = v; shared[addr .. addr + 16) = v[0..3] (addr 16 B aligned).
+__device__ __forceinline__ void st_shared_b32(u32 addr, u32 v) {
+    asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(addr), "r"(v) : "memory");
+}
 __device__ __forceinline__ void st_shared_v4(u32 addr, const float (&v)[4]) {
     asm volatile("st.shared.v4.f32 [%0], {%1, %2, %3, %4};\n" ::"r"(addr), "f"(v[0]), "f"(v[1]), "f"(v[2]), "f"(v[3])
                  : "memory");

@@ -66,8 +66,7 @@ __device__ __forceinline__ void store_output_tma(const float (&o)[1][Kt::kDTiles
 #pragma unroll
         for (int nd = 0; nd < Kt::kDTiles; ++nd) {   // column tile nd: 8 elements = one 16 B chunk
             const u32 addr = o_tile + OTile::chunk_offset(row, nd) + t * kFragCols * sizeof(OutT);
-            asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(addr), "r"(pack_float2<OutT>(o[0][nd][2 * h], o[0][nd][2 * h + 1]))
-                         : "memory");
+            st_shared_b32(addr, pack_float2<OutT>(o[0][nd][2 * h], o[0][nd][2 * h + 1]));
         }
         if (lse_gmem != nullptr && t == 0 && q_at.row + row < p.seqlen_q) lse_gmem[row] = lse[0][h];
     }
