@@ -14,14 +14,14 @@ launch: {grid: tiles, persistent: 1, defer_pv_wait: 1, block_m: 128, block_n: 12
 # registers of two consumers. hd64 (three consumers of 160 registers), hd256 and drop-in functors run one
 # tile a CTA: the persistent loop's state does not fit beside their main loops (ptxas spills). A consumer waits for
 # each P V at the top of its next visit (defer_pv_wait, ws_mainloop.cuh): measured 3-15% faster at hd96/128/192,
-# 1-3% slower at hd64/256; not for drop-in functors, nor packed sequences at hd128 (ptxas spills).
+# 1-3% slower at hd64/256; not for packed sequences at hd128 (ptxas spills).
 overrides: {"hd64": {block_m: 192, warps: 16, persistent: 0, defer_pv_wait: 0}, "hd64/softcap": {block_m: 128, warps: 12},
             "hd64/alibi": {block_m: 128, warps: 12}, "hd64/score_mod": {block_m: 128, warps: 12},
             "hd64/mask_mod": {block_m: 128, warps: 12}, "hd192": {block_n: 64}, "hd256": {block_n: 64, persistent: 0, defer_pv_wait: 0},
             "hd128/varlen": {defer_pv_wait: 0},
-            "hd96/score_mod": {persistent: 0, defer_pv_wait: 0}, "hd96/mask_mod": {persistent: 0, defer_pv_wait: 0},
-            "hd128/score_mod": {persistent: 0, defer_pv_wait: 0}, "hd128/mask_mod": {persistent: 0, defer_pv_wait: 0},
-            "hd192/score_mod": {persistent: 0, defer_pv_wait: 0}, "hd192/mask_mod": {persistent: 0, defer_pv_wait: 0}}
+            "hd96/score_mod": {persistent: 0}, "hd96/mask_mod": {persistent: 0},
+            "hd128/score_mod": {persistent: 0}, "hd128/mask_mod": {persistent: 0},
+            "hd192/score_mod": {persistent: 0}, "hd192/mask_mod": {persistent: 0}}
 tensor_maps: {q: block_m, k: block_n, v: block_n, o: 64}   # box rows; o: one consumer's 64 rows
 workspace: none
 ---*/

@@ -46,11 +46,21 @@ struct FunctorScoreMod {
     int head, batch;
     __device__ __forceinline__ FunctorScoreMod(const Params& p_, int head_, int batch_)
         : p(p_), head(head_), batch(batch_) {}
-    __device__ __forceinline__ float score(float s, int row, int col, float) const {
-        return ::score_mod(s * p.softmax_scale, batch, head, min(row, p.seqlen_q - 1), min(col, p.seqlen_k - 1),
-                           p.mods.args);
+    // Indices clamped into the sequences (rows past seqlen_q and, on a tail tile, keys past seqlen_k are masked
+    // afterwards, but a functor may index arrays with them). Off the tail tiles every key is below seqlen_k
+    // (mask.cuh's unmasked visits), and the per-score clamp is skipped: it kept hd128 causal from fitting
+    // the deferred P V wait's registers (8 bytes spilled).
+    template <bool kTailTile>
+    __device__ __forceinline__ float score(float s, int row, int col) const {
+        return ::score_mod(s * p.softmax_scale, batch, head, min(row, p.seqlen_q - 1),
+                           kTailTile ? min(col, p.seqlen_k - 1) : col, p.mods.args);
     }
 };
+
+template <bool kTailTile>
+__device__ __forceinline__ float modified_score(const FunctorScoreMod& mod, float s, int row, int col, float) {
+    return mod.template score<kTailTile>(s, row, col);
+}
 #endif
 
 // The score modification of a variant: the functor's when built with one, else Otherwise (BuildScoreMod).

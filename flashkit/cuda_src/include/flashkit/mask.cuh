@@ -2,7 +2,7 @@
 //   num_kv_blocks()      how many K/V tiles the block visits; they are visited in the order
 //                        it = num_kv_blocks() - 1 down to 0, tile kv_block(it)
 //   num_masked_blocks()  the first that many visited tiles need the element mask (tails,
-//                        diagonal); the rest are fully visible and skip it
+//                        diagonal); the rest are fully visible (every key below seqlen_k) and skip it
 //   kv_block(it)         the K/V tile index (block index, in units of kBlockN keys)
 //   key_end(row)         keys [0, key_end(row)) may be visible to query row `row`
 // A BlockSparse mask fits the same shape: kv_block(it) reads the index list, num_kv_blocks()

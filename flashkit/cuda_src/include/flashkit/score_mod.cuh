@@ -9,7 +9,9 @@
 // element of absolute query row `row`, key `col` (col_f: the same key as a float, formed by a float add
 // per element instead of a conversion). apply_score_mod runs it over an mma C-layout S tile (the
 // layout apply_mask reads), so any main loop with that layout (sm80's, Hopper's wgmma fragments) can
-// call it before apply_mask. The runtime values live in Params::mods (params.cuh).
+// call it before apply_mask; a main loop that knows a tile's keys all lie below seqlen_k (an unmasked visit:
+// mask.cuh) says so with kTailTile = false, and a drop-in functor then skips clamping its key index
+// (functor.cuh's modified_score). The runtime values live in Params::mods (params.cuh).
 // Selection at compile time: ScoreModOf<FLASHKIT_SOFTCAP, FLASHKIT_ALIBI>::type.
 #pragma once
 
@@ -87,9 +89,16 @@ struct ComposeMods {
     }
 };
 
+// One modified score: Mod::score. kTailTile: the tile may hold keys at or past seqlen_k (the built-ins
+// ignore it; FunctorScoreMod overloads this to clamp the indices it hands a functor only there).
+template <bool kTailTile, class Mod>
+__device__ __forceinline__ float modified_score(const Mod& mod, float s, int row, int col, float col_f) {
+    return mod.score(s, row, col, col_f);
+}
+
 // S = mod(S) on an mma C-layout tile: s[mi][ni][2h + e] is row row0 + 16 mi + 8 h, column
 // col0 + 8 ni + e (row0: the thread's absolute row g; col0: the tile's first key + 2t).
-template <class Mod, int kMTiles, int kNTiles>
+template <bool kTailTile = true, class Mod, int kMTiles, int kNTiles>
 __device__ __forceinline__ void apply_score_mod(const Mod& mod, float (&s)[kMTiles][kNTiles][4],
                                                 int row0, int col0) {
     const float col0_f = static_cast<float>(col0);
@@ -103,13 +112,13 @@ __device__ __forceinline__ void apply_score_mod(const Mod& mod, float (&s)[kMTil
 #pragma unroll
                 for (int e = 0; e < 2; ++e) {
                     const int c = ni * kMmaN + e;
-                    s[mi][ni][2 * h + e] = mod.score(s[mi][ni][2 * h + e], row, col0 + c,
-                                                     col0_f + static_cast<float>(c));
+                    s[mi][ni][2 * h + e] = modified_score<kTailTile>(mod, s[mi][ni][2 * h + e], row, col0 + c,
+                                                                     col0_f + static_cast<float>(c));
                 }
         }
 }
 // NoScoreMod: nothing to do (not even the index arithmetic).
-template <int kMTiles, int kNTiles>
+template <bool kTailTile = true, int kMTiles, int kNTiles>
 __device__ __forceinline__ void apply_score_mod(const NoScoreMod&, float (&)[kMTiles][kNTiles][4], int, int) {}
 
 template <bool kSoftcap, bool kAlibi>

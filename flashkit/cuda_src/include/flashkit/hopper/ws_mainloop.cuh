@@ -136,7 +136,7 @@ struct WsMainloop {
     template <bool kMasked>
     __device__ __forceinline__ void softmax_step(int n_block, int row0, int col_lane) {
         gmma::fence_accumulators(s[0]);
-        apply_score_mod(score_mod, s, row0, n_block * kBN + col_lane);   // S = mod(S)
+        apply_score_mod<kMasked>(score_mod, s, row0, n_block * kBN + col_lane);   // S = mod(S)
         if constexpr (kMasked) apply_mask(mask, s, row0, n_block * kBN + col_lane);
         softmax.update_max(s, alpha, scale_log2);
         softmax.exponentiate(s, scale_log2);
