@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from dataclasses import replace
+
 from .api import _aligned, request_for
 from .call.arrays import ArrayMeta, describe, to_cupy
 from .call.dtypes import BY_NAME
@@ -14,6 +16,7 @@ from .runtime.build import build_module, make_config
 from .runtime.device import cupy_module, device_info
 from .runtime.launch import LaunchInputs, launch, stride_fields
 from .call.validate import Problem, check_device, check_flag, check_on_gpu, check_variant, validate_inputs
+from .features.mods import Mods, launch_fields as mod_launch_fields, mods_of
 from .features.varlen import check_values, kernel_fields, validate_varlen
 
 LSE_DTYPE = "float32"
@@ -21,12 +24,15 @@ LSE_DTYPE = "float32"
 
 def attention_backward(dout: Any, q: Any, k: Any, v: Any, out: Any, lse: Any, *, causal: bool = False,
                        softmax_scale: float | None = None, deterministic: bool = False,
-                       variant: str | None = None):
-    """(dq, dk, dv) of out = attention(q, k, v, causal=..., softmax_scale=...) for the upstream gradient dout.
+                       variant: str | None = None, window_size: tuple[int, int] | None = None,
+                       softcap: float = 0.0, alibi_slopes: Any = None, attention_chunk: int = 0):
+    """(dq, dk, dv) of out = attention(q, k, v, causal=..., softmax_scale=..., window_size=..., softcap=...,
+    alibi_slopes=..., attention_chunk=...) for the upstream gradient dout.
 
     out and lse are the forward's output and log-sum-exp (`attention(..., return_lse=True)`); dk and dv
     are summed over each kv head's group of query heads (GQA/MQA). deterministic=True makes every
-    gradient bit-identical run to run (dQ's per-key-block sums are added in a fixed order).
+    gradient bit-identical run to run (dQ's per-key-block sums are added in a fixed order). The
+    modifications take the forward's values (flashkit.features.mods); the slopes get no gradient.
     Returns CuPy arrays shaped like q, k, v.
     """
     causal, deterministic = check_flag(causal, "causal"), check_flag(deterministic, "deterministic")
@@ -37,8 +43,10 @@ def attention_backward(dout: Any, q: Any, k: Any, v: Any, out: Any, lse: Any, *,
     for x, name in ((dout, "dout"), (out, "out")):
         _check_like_q(describe(x, name), q_meta)
     _check_lse(describe(lse, "lse"), problem, q_meta)
+    mods = mods_of(problem, causal, window_size=window_size, softcap=softcap, alibi_slopes=alibi_slopes,
+                   attention_chunk=attention_chunk, device=q_meta.device)
     cc = device_info().cc
-    req = request_for(problem, cc=cc, causal=causal, backward=True)
+    req = request_for(problem, cc=cc, causal=causal, backward=True, **mods.request_flags())
     spec = select_kernel(req, discover_kernels().specs, variant).chosen
 
     cupy = cupy_module()
@@ -47,16 +55,20 @@ def attention_backward(dout: Any, q: Any, k: Any, v: Any, out: Any, lse: Any, *,
     lsec = cupy.ascontiguousarray(to_cupy(lse, "lse"))
     storage = BY_NAME[problem.dtype].storage
     dq, dk, dv = (cupy.empty(x.shape, dtype=storage) for x in (qc, kc, vc))
-    _launch_backward(spec, cc, problem, causal, deterministic, (qc, kc, vc, doc, oc, lsec), (dq, dk, dv))
+    _launch_backward(spec, cc, problem, causal, deterministic, (qc, kc, vc, doc, oc, lsec), (dq, dk, dv),
+                     mods=mods, alibi_slopes=alibi_slopes)
     return dq, dk, dv
 
 
 def attention_varlen_backward(dout: Any, q: Any, k: Any, v: Any, out: Any, lse: Any, cu_seqlens_q: Any,
                               cu_seqlens_k: Any, max_seqlen_q: int, max_seqlen_k: int, *, causal: bool = False,
                               softmax_scale: float | None = None, deterministic: bool = False,
-                              variant: str | None = None, check_indices: bool = True):
+                              variant: str | None = None, check_indices: bool = True,
+                              window_size: tuple[int, int] | None = None, softcap: float = 0.0,
+                              alibi_slopes: Any = None, attention_chunk: int = 0):
     """(dq, dk, dv) of out = attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
-    causal=..., softmax_scale=...) for the upstream gradient dout (total_q, heads, D).
+    causal=..., softmax_scale=..., window_size=..., softcap=..., alibi_slopes=..., attention_chunk=...) for the
+    upstream gradient dout (total_q, heads, D); alibi_slopes (heads,) or (sequences, heads).
 
     out and lse are the forward's output and LSE (`attention_varlen(..., return_lse=True)`; lse (heads, total_q)
     float32); the packed layout, cu_seqlens and max_seqlen are checked as the forward checks them (check_indices
@@ -75,8 +87,10 @@ def attention_varlen_backward(dout: Any, q: Any, k: Any, v: Any, out: Any, lse: 
     for x, name in ((dout, "dout"), (out, "out")):
         _check_like_q(describe(x, name), q_meta)
     _check_varlen_lse(describe(lse, "lse"), problem.heads, call.total_q, q_meta)
+    mods = mods_of(problem, causal, window_size=window_size, softcap=softcap, alibi_slopes=alibi_slopes,
+                   attention_chunk=attention_chunk, device=q_meta.device)
     cc = device_info().cc
-    req = request_for(problem, cc=cc, causal=causal, backward=True, varlen=True)
+    req = request_for(problem, cc=cc, causal=causal, backward=True, varlen=True, **mods.request_flags())
     spec = select_kernel(req, discover_kernels().specs, variant).chosen
 
     cupy = cupy_module()
@@ -94,24 +108,36 @@ def attention_varlen_backward(dout: Any, q: Any, k: Any, v: Any, out: Any, lse: 
                            ((q, "q"), (k, "k"), (v, "v"), (dout, "dout"), (out, "out")))
     lsec = cupy.ascontiguousarray(to_cupy(lse, "lse"))
     _launch_backward(spec, cc, problem, causal, deterministic, (qc, kc, vc, doc, oc, lsec),
-                     (dq[None], dk[None], dv[None]), mods=("varlen",),
+                     (dq[None], dk[None], dv[None]), mods=mods, alibi_slopes=alibi_slopes, varlen=True,
                      extras=kernel_fields(cu_q, cu_k, call.total_q))
     return dq, dk, dv
 
 
 def _launch_backward(spec, cc, problem: Problem, causal: bool, deterministic: bool, inputs: tuple, grads: tuple,
-                     mods: tuple[str, ...] = (), extras: dict | None = None) -> None:
+                     mods: Mods, alibi_slopes: Any = None, varlen: bool = False, extras: dict | None = None) -> None:
     """Launch a backward variant: inputs = (q, k, v, dout, out, lse) and grads = (dq, dk, dv) as its kernels
-    index them (Params.bwd carries the gradients' pointers and strides, dout also as a tensor map)."""
+    index them (Params.bwd carries the gradients' pointers and strides, dout also as a tensor map), with the
+    call's modifications built in (Params.mods as the forward's).
+
+    A modified call with a negative softmax_scale runs as the forward does (features/mods.kernel_fields: raw
+    scores of -q at |scale|): on -q, and dq negated back."""
     qc, kc, vc, doc, oc, lsec = inputs
     dq, dk, dv = grads
+    negate = bool(mods.features) and problem.softmax_scale < 0
+    if negate:
+        qc, problem = -qc, replace(problem, softmax_scale=-problem.softmax_scale)
     bwd = {"dout": doc.data.ptr, "dq": dq.data.ptr, "dk": dk.data.ptr, "dv": dv.data.ptr,
            "deterministic": int(deterministic),
            **stride_fields("do", doc), **stride_fields("dq", dq), **stride_fields("dk", dk),
            **stride_fields("dv", dv)}
-    config = make_config(spec, problem.dtype, problem.head_dim, causal, cc, mods=mods)
+    keep: list = []   # the slopes' CuPy view, alive until the launch is queued
+    extras = {**(extras or {}), **mod_launch_fields(mods, problem, alibi_slopes, keep), "bwd": bwd}
+    config = make_config(spec, problem.dtype, problem.head_dim, causal, cc,
+                         mods=(("varlen",) if varlen else ()) + mods.features)
     launch(spec, build_module(spec, config, cc), config, problem,
-           LaunchInputs(qc, kc, vc, oc, lsec, extras={**(extras or {}), "bwd": bwd}, map_arrays={"dout": doc}))
+           LaunchInputs(qc, kc, vc, oc, lsec, extras=extras, map_arrays={"dout": doc}))
+    if negate:
+        dq *= -1
 
 
 def check_same_head_dims(p: Problem) -> None:

@@ -65,50 +65,70 @@ def cupy_views(arrays: tuple) -> tuple:
     return tuple(views)
 
 
+def _mods_kw(window_left: int, window_right: int, softcap: float, alibi_slopes: torch.Tensor | None,
+             attention_chunk: int) -> dict:
+    """The ops' modification arguments as flashkit's keywords (window (-1, -1): none; the slopes as a CuPy view,
+    so call it on torch's stream and allocator)."""
+    window = None if (window_left, window_right) == (-1, -1) else (window_left, window_right)
+    slopes = None if alibi_slopes is None else cupy_views((alibi_slopes.detach(),))[0]
+    return dict(window_size=window, softcap=softcap, alibi_slopes=slopes, attention_chunk=attention_chunk)
+
+
+# The modifications (window_size as window_left / window_right, softcap, alibi_slopes, attention_chunk) ride along
+# as the ops' last arguments, so that the backward sees the forward's; the slopes get no gradient.
 @torch.library.custom_op("flashkit::attention_fwd", mutates_args=(), device_types="cuda")
 def attention_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, softmax_scale: float | None,
-                  deterministic: bool) -> tuple[torch.Tensor, torch.Tensor]:
+                  deterministic: bool, window_left: int = -1, window_right: int = -1, softcap: float = 0.0,
+                  alibi_slopes: torch.Tensor | None = None,
+                  attention_chunk: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
     q, k, v = (x.detach() for x in (q, k, v))   # DLPack refuses tensors that require grad
     with _on_torch_stream_and_allocator():
-        out, lse = _attention(*cupy_views((q, k, v)), causal=causal, softmax_scale=softmax_scale, return_lse=True)
+        out, lse = _attention(*cupy_views((q, k, v)), causal=causal, softmax_scale=softmax_scale, return_lse=True,
+                              **_mods_kw(window_left, window_right, softcap, alibi_slopes, attention_chunk))
     return _as_torch(out), _as_torch(lse)
 
 
 @attention_fwd.register_fake
-def _attention_fwd_fake(q, k, v, causal, softmax_scale, deterministic):
+def _attention_fwd_fake(q, k, v, causal, softmax_scale, deterministic, window_left=-1, window_right=-1, softcap=0.0,
+                        alibi_slopes=None, attention_chunk=0):
     b, sq, h, _ = q.shape
     return q.new_empty((b, sq, h, v.shape[-1])), q.new_empty((b, h, sq), dtype=torch.float32)   # out: v's head dim
 
 
 @torch.library.custom_op("flashkit::attention_bwd", mutates_args=(), device_types="cuda")
 def attention_bwd(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
-                  lse: torch.Tensor, causal: bool, softmax_scale: float | None,
-                  deterministic: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                  lse: torch.Tensor, causal: bool, softmax_scale: float | None, deterministic: bool,
+                  window_left: int = -1, window_right: int = -1, softcap: float = 0.0,
+                  alibi_slopes: torch.Tensor | None = None,
+                  attention_chunk: int = 0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     dout, q, k, v, out, lse = (x.detach() for x in (dout, q, k, v, out, lse))
     if dout.stride(-1) != 1:
         dout = dout.contiguous()
     with _on_torch_stream_and_allocator():
         dq, dk, dv = _attention_backward(dout, q, k, v, out, lse, causal=causal, softmax_scale=softmax_scale,
-                                         deterministic=deterministic)
+                                         deterministic=deterministic,
+                                         **_mods_kw(window_left, window_right, softcap, alibi_slopes,
+                                                    attention_chunk))
     return _as_torch(dq), _as_torch(dk), _as_torch(dv)
 
 
 @attention_bwd.register_fake
-def _attention_bwd_fake(dout, q, k, v, out, lse, causal, softmax_scale, deterministic):
+def _attention_bwd_fake(dout, q, k, v, out, lse, causal, softmax_scale, deterministic, window_left=-1,
+                        window_right=-1, softcap=0.0, alibi_slopes=None, attention_chunk=0):
     return tuple(torch.empty_like(x, memory_format=torch.contiguous_format) for x in (q, k, v))
 
 
 def _setup_context(ctx, inputs, output):
-    q, k, v, causal, softmax_scale, deterministic = inputs
+    q, k, v, causal, softmax_scale, deterministic, *mods = inputs
     out, lse = output
     ctx.save_for_backward(q, k, v, out, lse)
-    ctx.causal, ctx.softmax_scale, ctx.deterministic = causal, softmax_scale, deterministic
+    ctx.causal, ctx.softmax_scale, ctx.deterministic, ctx.mods = causal, softmax_scale, deterministic, mods
 
 
 def _backward(ctx, dout, dlse):
     q, k, v, out, lse = ctx.saved_tensors
-    dq, dk, dv = attention_bwd(dout, q, k, v, out, lse, ctx.causal, ctx.softmax_scale, ctx.deterministic)
-    return dq, dk, dv, None, None, None
+    dq, dk, dv = attention_bwd(dout, q, k, v, out, lse, ctx.causal, ctx.softmax_scale, ctx.deterministic, *ctx.mods)
+    return (dq, dk, dv) + (None,) * (3 + len(ctx.mods))
 
 
 attention_fwd.register_autograd(_backward, setup_context=_setup_context)
@@ -117,17 +137,21 @@ attention_fwd.register_autograd(_backward, setup_context=_setup_context)
 @torch.library.custom_op("flashkit::attention_varlen_fwd", mutates_args=(), device_types="cuda")
 def attention_varlen_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q: torch.Tensor,
                          cu_seqlens_k: torch.Tensor, max_seqlen_q: int, max_seqlen_k: int, causal: bool,
-                         softmax_scale: float | None, deterministic: bool) -> tuple[torch.Tensor, torch.Tensor]:
+                         softmax_scale: float | None, deterministic: bool, window_left: int = -1,
+                         window_right: int = -1, softcap: float = 0.0, alibi_slopes: torch.Tensor | None = None,
+                         attention_chunk: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
     q, k, v = (x.detach() for x in (q, k, v))
     with _on_torch_stream_and_allocator():
         out, lse = _attention_varlen(*cupy_views((q, k, v, cu_seqlens_q, cu_seqlens_k)), max_seqlen_q, max_seqlen_k,
-                                     causal=causal, softmax_scale=softmax_scale, return_lse=True)
+                                     causal=causal, softmax_scale=softmax_scale, return_lse=True,
+                                     **_mods_kw(window_left, window_right, softcap, alibi_slopes, attention_chunk))
     return _as_torch(out), _as_torch(lse)
 
 
 @attention_varlen_fwd.register_fake
 def _attention_varlen_fwd_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal,
-                               softmax_scale, deterministic):
+                               softmax_scale, deterministic, window_left=-1, window_right=-1, softcap=0.0,
+                               alibi_slopes=None, attention_chunk=0):
     total, h, _ = q.shape
     return q.new_empty((total, h, v.shape[-1])), q.new_empty((h, total), dtype=torch.float32)
 
@@ -135,59 +159,80 @@ def _attention_varlen_fwd_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q
 @torch.library.custom_op("flashkit::attention_varlen_bwd", mutates_args=(), device_types="cuda")
 def attention_varlen_bwd(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
                          lse: torch.Tensor, cu_seqlens_q: torch.Tensor, cu_seqlens_k: torch.Tensor, max_seqlen_q: int,
-                         max_seqlen_k: int, causal: bool, softmax_scale: float | None,
-                         deterministic: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                         max_seqlen_k: int, causal: bool, softmax_scale: float | None, deterministic: bool,
+                         window_left: int = -1, window_right: int = -1, softcap: float = 0.0,
+                         alibi_slopes: torch.Tensor | None = None,
+                         attention_chunk: int = 0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     dout, q, k, v, out, lse = (x.detach() for x in (dout, q, k, v, out, lse))
     if dout.stride(-1) != 1:
         dout = dout.contiguous()
     with _on_torch_stream_and_allocator():   # the forward checked the offsets' values: no second host read
         dq, dk, dv = _attention_varlen_backward(*cupy_views((dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k)),
                                                 max_seqlen_q, max_seqlen_k, causal=causal, softmax_scale=softmax_scale,
-                                                deterministic=deterministic, check_indices=False)
+                                                deterministic=deterministic, check_indices=False,
+                                                **_mods_kw(window_left, window_right, softcap, alibi_slopes,
+                                                           attention_chunk))
     return _as_torch(dq), _as_torch(dk), _as_torch(dv)
 
 
 @attention_varlen_bwd.register_fake
 def _attention_varlen_bwd_fake(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
-                               causal, softmax_scale, deterministic):
+                               causal, softmax_scale, deterministic, window_left=-1, window_right=-1, softcap=0.0,
+                               alibi_slopes=None, attention_chunk=0):
     return tuple(torch.empty_like(x, memory_format=torch.contiguous_format) for x in (q, k, v))
 
 
 def _setup_varlen_context(ctx, inputs, output):
-    q, k, v, cu_q, cu_k, max_q, max_k, causal, softmax_scale, deterministic = inputs
+    q, k, v, cu_q, cu_k, max_q, max_k, causal, softmax_scale, deterministic, *mods = inputs
     out, lse = output
     ctx.save_for_backward(q, k, v, out, lse, cu_q, cu_k)
     ctx.max_q, ctx.max_k = max_q, max_k
-    ctx.causal, ctx.softmax_scale, ctx.deterministic = causal, softmax_scale, deterministic
+    ctx.causal, ctx.softmax_scale, ctx.deterministic, ctx.mods = causal, softmax_scale, deterministic, mods
 
 
 def _varlen_backward(ctx, dout, dlse):
     q, k, v, out, lse, cu_q, cu_k = ctx.saved_tensors
     dq, dk, dv = attention_varlen_bwd(dout, q, k, v, out, lse, cu_q, cu_k, ctx.max_q, ctx.max_k, ctx.causal,
-                                      ctx.softmax_scale, ctx.deterministic)
-    return dq, dk, dv, None, None, None, None, None, None, None
+                                      ctx.softmax_scale, ctx.deterministic, *ctx.mods)
+    return (dq, dk, dv) + (None,) * (7 + len(ctx.mods))
 
 
 attention_varlen_fwd.register_autograd(_varlen_backward, setup_context=_setup_varlen_context)
 
 
+def mod_args(window_size: tuple[int, int] | None = None, softcap: float = 0.0,
+             alibi_slopes: torch.Tensor | None = None, attention_chunk: int = 0) -> tuple:
+    """flashkit's modification keywords as the ops' trailing arguments (window (-1, -1): none; a window that is
+    no pair of ints, or a bad chunk, is named by the forward's checks)."""
+    from .features.mods import check_chunk, check_softcap, check_window
+    left, right = check_window(window_size)
+    return left, right, check_softcap(softcap), alibi_slopes, check_chunk(attention_chunk)
+
+
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool = False,
-              softmax_scale: float | None = None, deterministic: bool = False) -> torch.Tensor:
-    """softmax(scale q k^T [causal]) v for (batch, seqlen, heads, head_dim) CUDA tensors; differentiable.
+              softmax_scale: float | None = None, deterministic: bool = False,
+              window_size: tuple[int, int] | None = None, softcap: float = 0.0,
+              alibi_slopes: torch.Tensor | None = None, attention_chunk: int = 0) -> torch.Tensor:
+    """softmax(scale q k^T [causal, modified]) v for (batch, seqlen, heads, head_dim) CUDA tensors; differentiable,
+    the modifications (window_size, softcap, alibi_slopes, attention_chunk: flashkit.attention's) included.
 
     v may have a head dim of its own (head_dim_v, forward only: a call that needs a gradient raises)."""
     check_gradient_head_dims(q, k, v)
-    return attention_fwd(q, k, v, causal, softmax_scale, deterministic)[0]
+    return attention_fwd(q, k, v, causal, softmax_scale, deterministic,
+                         *mod_args(window_size, softcap, alibi_slopes, attention_chunk))[0]
 
 
 def attention_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q: torch.Tensor,
                      cu_seqlens_k: torch.Tensor, max_seqlen_q: int, max_seqlen_k: int, *, causal: bool = False,
-                     softmax_scale: float | None = None, deterministic: bool = False) -> torch.Tensor:
+                     softmax_scale: float | None = None, deterministic: bool = False,
+                     window_size: tuple[int, int] | None = None, softcap: float = 0.0,
+                     alibi_slopes: torch.Tensor | None = None, attention_chunk: int = 0) -> torch.Tensor:
     """flashkit.attention_varlen for packed (total_tokens, heads, head_dim) CUDA tensors and int32 cu_seqlens;
-    differentiable (attention_varlen_backward). Returns out (total_q, heads, head_dim)."""
+    differentiable (attention_varlen_backward), modifications included. Returns out (total_q, heads, head_dim)."""
     check_gradient_head_dims(q, k, v)
     return attention_varlen_fwd(q, k, v, cu_seqlens_q, cu_seqlens_k, int(max_seqlen_q), int(max_seqlen_k), causal,
-                                softmax_scale, deterministic)[0]
+                                softmax_scale, deterministic,
+                                *mod_args(window_size, softcap, alibi_slopes, attention_chunk))[0]
 
 
 def check_gradient_head_dims(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:

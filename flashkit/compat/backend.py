@@ -10,7 +10,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..errors import UnsupportedError
 from ..features.mods import given as given_mods
 
 
@@ -46,40 +45,31 @@ def dense(q: Any, k: Any, v: Any, *, causal: bool, softmax_scale: float | None, 
     if not is_torch(q):
         return attention(q, k, v, causal=causal, softmax_scale=softmax_scale, return_lse=return_lse,
                          window_size=window_size, softcap=softcap, alibi_slopes=alibi_slopes)
-    if needs_grad(q, k, v) and mods:
-        raise _no_backward_mod(window_size, softcap)
-    if not mods:   # the custom op: differentiable, and traceable under torch.compile
+    if not mods or needs_grad(q, k, v):   # the custom op: differentiable, and traceable under torch.compile
         import torch
         from .. import torch as fk_torch   # defines torch.ops.flashkit.*
         fk_torch.check_gradient_head_dims(q, k, v)
-        out, lse = torch.ops.flashkit.attention_fwd(q, k, v, causal, softmax_scale, deterministic)
+        out, lse = torch.ops.flashkit.attention_fwd(q, k, v, causal, softmax_scale, deterministic,
+                                                    *fk_torch.mod_args(window_size, softcap, alibi_slopes))
         return (out, lse) if return_lse else out
     return _torch_call(attention, (q, k, v), causal=causal, softmax_scale=softmax_scale, return_lse=return_lse,
                        window_size=window_size, softcap=softcap, alibi_slopes=alibi_slopes)
-
-
-def _no_backward_mod(window_size, softcap) -> UnsupportedError:
-    """The refusal, by name, of a modification in a call that needs a gradient (the backward has none yet)."""
-    name = "window_size" if window_size is not None else "softcap" if softcap != 0 else "alibi_slopes"
-    return UnsupportedError(f"{name}: flashkit's backward has no {name} yet, so a call that needs a gradient "
-                            "cannot use it; run it under torch.no_grad() for inference")
 
 
 def varlen(q: Any, k: Any, v: Any, cu_seqlens_q: Any, cu_seqlens_k: Any, max_seqlen_q: int, max_seqlen_k: int, *,
            causal: bool, softmax_scale: float | None, window_size=None, softcap: float = 0.0,
            alibi_slopes: Any = None, deterministic: bool = False, return_lse: bool = False):
     """flashkit.attention_varlen on packed (total, heads, head_dim) arrays; differentiable for torch tensors that
-    need a gradient (flashkit.torch's varlen custom op; no window / softcap / ALiBi then).
+    need a gradient (flashkit.torch's varlen custom op, modifications included).
     Returns out, or (out, lse) with return_lse=True (lse (heads, total_q))."""
     from ..varlen import attention_varlen
     if needs_grad(q, k, v):
-        if given_mods(window_size, softcap, alibi_slopes):
-            raise _no_backward_mod(window_size, softcap)
         import torch
         from .. import torch as fk_torch   # defines torch.ops.flashkit.*
         fk_torch.check_gradient_head_dims(q, k, v)
         out, lse = torch.ops.flashkit.attention_varlen_fwd(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
-                                                           max_seqlen_k, causal, softmax_scale, deterministic)
+                                                           max_seqlen_k, causal, softmax_scale, deterministic,
+                                                           *fk_torch.mod_args(window_size, softcap, alibi_slopes))
         return (out, lse) if return_lse else out
     kw = dict(causal=causal, softmax_scale=softmax_scale, return_lse=return_lse, window_size=window_size,
               softcap=softcap, alibi_slopes=alibi_slopes)

@@ -13,7 +13,7 @@ Same signatures, layouts and return conventions as flash_attn.flash_attn_interfa
     (batch, heads, seqlen_q) with return_softmax_lse=True); like flash-attn's, it has no backward.
 Torch tensors in, torch tensors out (on torch's current stream and allocator); CuPy in, CuPy out.
 Arguments flashkit cannot honour (dropout_p != 0, rotary_cos / rotary_sin, cache_batch_idx, cache_leftpad,
-num_splits != 0, block_table with varlen, window / softcap / ALiBi when a gradient or a KV cache is needed)
+num_splits != 0, block_table with varlen, window / softcap / ALiBi with a KV cache)
 raise one flashkit error naming the argument, before any launch.
 """
 
@@ -67,7 +67,7 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
                            deterministic=False, return_attn_probs=False, block_table=None):
     """Packed sequences: q (total_q, heads, D), k and v (total_k, kv_heads, D), cu_seqlens int32 (batch + 1,).
 
-    Differentiable for torch tensors that need a gradient (no window / softcap / ALiBi then). Returns out
+    Differentiable for torch tensors that need a gradient (window / softcap / ALiBi included). Returns out
     (total_q, heads, D), or (out, softmax_lse (heads, total_q), None) with return_attn_probs=True.
     """
     _args.check_dropout(dropout_p)

@@ -6,7 +6,7 @@ arch: {min: "8.0"}
 dtypes: [float16, bfloat16]
 head_dims: {min: 8, max: 256, multiple_of: 8, classes: [32, 64, 96, 128, 160, 192, 256]}
 features: {causal: true, block_sparse: false, fp8: false, backward: false, lse: true, gqa: true,
-           window: true, softcap: true, alibi: true, varlen: true,
+           window: true, chunk: true, softcap: true, alibi: true, varlen: true,
            score_mod: true, mask_mod: true, head_dim_v: true}
 priority: 50
 launch: {grid: q_blocks, block_m: 128, block_n: 64, warps: 4}

@@ -5,7 +5,8 @@ entry: [flashkit_fa2_bwd_prepass, flashkit_fa2_bwd_main, flashkit_fa2_bwd_conver
 arch: {min: "8.0"}
 dtypes: [float16, bfloat16]
 head_dims: {min: 8, max: 128, multiple_of: 8, classes: [64, 128]}
-features: {causal: true, block_sparse: false, fp8: false, backward: true, lse: false, gqa: true, varlen: true}
+features: {causal: true, block_sparse: false, fp8: false, backward: true, lse: false, gqa: true, varlen: true,
+           window: true, chunk: true, softcap: true, alibi: true}
 requires: {backward: true}
 priority: 50
 launch: {grid: [q_blocks, kv_tiles, q_blocks], block_m: 64, block_n: 128, warps: 8}
@@ -18,13 +19,16 @@ workspace: dq_accum
 //              registers while it walks the query blocks of its group's heads, recomputing P from the
 //              LSE; dQ through fp32 atomics (bwd_mainloop.cuh)
 //   convert_dq grid (ceil(seqlen_q / block_m), heads, batch): dQ = dq_accum in the input dtype
-// Causal (FLASHKIT_CAUSAL) skips the query blocks above the diagonal and masks the tiles crossing it.
+// Causal (FLASHKIT_CAUSAL) skips the query blocks above the diagonal and masks the tiles crossing it; a window
+// or chunk (FLASHKIT_WINDOW) the query blocks outside it (bwd_mask.cuh); softcap and ALiBi (FLASHKIT_SOFTCAP,
+// FLASHKIT_ALIBI) modify the recomputed scores as the forward did, and softcap's slope scales dS.
 // Varlen (FLASHKIT_VARLEN, attention_varlen_backward): packed sequences, the grids of the longest (batch = the
 // sequences); every CTA sees its own sequence through varlen.cuh (causal bottom-right aligned per sequence),
 // blocks past the sequence's last query (prepass, convert_dq) or key (main) return at once.
 #include "flashkit/sm80/bwd_mainloop.cuh"
 
 using flashkit::BwdKernelTraits;
+typedef flashkit::BwdMaskOf<FLASHKIT_WINDOW != 0, FLASHKIT_CAUSAL != 0>::type BwdMask;
 
 FLASHKIT_EXPORT_SMEM_BYTES(BwdKernelTraits::kSmemBytes);
 
@@ -35,7 +39,7 @@ extern "C" __global__ void __launch_bounds__(BwdKernelTraits::kThreads)
 
 extern "C" __global__ void __launch_bounds__(BwdKernelTraits::kThreads, 1)
     flashkit_fa2_bwd_main(const flashkit::Params params) {
-    flashkit::bwd_block<BwdKernelTraits, FLASHKIT_CAUSAL != 0>(params, blockIdx.x, blockIdx.y, blockIdx.z);
+    flashkit::bwd_block<BwdKernelTraits, BwdMask, flashkit::BuildScoreMod>(params, blockIdx.x, blockIdx.y, blockIdx.z);
 }
 
 extern "C" __global__ void __launch_bounds__(BwdKernelTraits::kThreads)

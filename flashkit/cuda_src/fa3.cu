@@ -6,7 +6,7 @@ arch: {min: "9.0", max: "9.0", targets: {"9.0": sm_90a}}
 dtypes: [float16, bfloat16]
 head_dims: [64, 96, 128, 192, 256]
 features: {causal: true, block_sparse: false, fp8: false, backward: false, lse: true, gqa: true,
-           window: true, softcap: true, alibi: true, varlen: true,
+           window: true, chunk: true, softcap: true, alibi: true, varlen: true,
            score_mod: true, mask_mod: true, head_dim_v: true}
 priority: 80
 launch: {grid: tiles, persistent: 1, defer_pv_wait: 1, block_m: 128, block_n: 128, warps: 12, stages: 2}   # 1 producer + block_m / 64 consumers

@@ -5,7 +5,8 @@ entry: [flashkit_fa3_bwd_prepass, flashkit_fa3_bwd_main, flashkit_fa3_bwd_conver
 arch: {min: "9.0", max: "9.0", targets: {"9.0": sm_90a}}
 dtypes: [float16, bfloat16]
 head_dims: {min: 8, max: 256, multiple_of: 8, classes: [64, 128, 256]}
-features: {causal: true, block_sparse: false, fp8: false, backward: true, lse: false, gqa: true}
+features: {causal: true, block_sparse: false, fp8: false, backward: true, lse: false, gqa: true,
+           window: true, softcap: true, alibi: true}
 requires: {backward: true}
 # Verified on the H100 (GPU tier and verify --backward, 2026-11-23). Measured in one run (BENCHMARKS.md):
 # 1.6x fa2_bwd's TFLOP/s at hd128 and 1.1x at hd64, so it outranks fa2_bwd on sm_90.
@@ -13,7 +14,11 @@ priority: 60
 launch: {grid: [q_blocks, kv_tiles, q_blocks], block_m: 64, block_n: 128, warps: 12, stages: 2}   # 1 producer + 2 consumers
 # hd64: key blocks of 192, three consumers of 64 keys (measured 15-23% faster than two at 8k, BENCHMARKS.md);
 # hd256: key blocks of 64, the consumers split dK, dV and dQ by head-dim columns (bwd_traits.cuh).
-overrides: {"hd64": {block_n: 192, warps: 16}, "hd256": {block_n: 64}}
+# A modification at hd64 (window, softcap, ALiBi) needs the 240 registers of two consumers (three spill); softcap
+# with ALiBi at hd128 the column split of 64-key blocks (ALiBi undone for softcap's slope spills 32-44 B at 128).
+overrides: {"hd64": {block_n: 192, warps: 16}, "hd256": {block_n: 64}, "hd64/window": {block_n: 128, warps: 12},
+            "hd64/softcap": {block_n: 128, warps: 12}, "hd64/alibi": {block_n: 128, warps: 12},
+            "hd128/alibi+softcap": {block_n: 64}}
 tensor_maps: {q: block_m, k: block_n, v: block_n, dout: block_m}   # box rows
 workspace: dq_accum
 ---*/
@@ -28,7 +33,9 @@ workspace: dq_accum
 //              order (dq_layout.cuh) by one bulk reduction a visit (hd256: 16-byte reductions)
 //              (hopper/ws_backward.cuh)
 //   convert_dq grid (ceil(seqlen_q / block_m), heads, batch): dQ = scale dq_accum in the input dtype
-// Causal (FLASHKIT_CAUSAL) skips the query blocks above the diagonal and masks the tiles crossing it.
+// Causal (FLASHKIT_CAUSAL) skips the query blocks above the diagonal and masks the tiles crossing it; a window
+// or chunk (FLASHKIT_WINDOW) the query blocks outside it (bwd_mask.cuh); softcap and ALiBi (FLASHKIT_SOFTCAP,
+// FLASHKIT_ALIBI) modify the recomputed scores as the forward did, and softcap's slope scales dS.
 #include "flashkit/bwd_passes.cuh"
 #include "flashkit/hopper/ws_backward.cuh"
 
@@ -38,6 +45,7 @@ typedef flashkit::hopper::BwdWsTraits<flashkit::Element, FLASHKIT_HEAD_DIM, FLAS
 // The passes run on the main kernel's block of threads (the runtime launches every entry with one block).
 typedef flashkit::BwdPassTraits<flashkit::Element, FLASHKIT_HEAD_DIM, FLASHKIT_BLOCK_M, FLASHKIT_WARPS> PassTraits;
 static_assert(FLASHKIT_WARPS * flashkit::kWarpSize == Traits::kThreads, "warps: a producer and the consumers");
+typedef flashkit::BwdMaskOf<FLASHKIT_WINDOW != 0, FLASHKIT_CAUSAL != 0>::type BwdMask;
 
 FLASHKIT_EXPORT_SMEM_BYTES(Traits::kSmemBytes);
 
@@ -53,8 +61,8 @@ extern "C" __global__ void __launch_bounds__(Traits::kThreads) flashkit_fa3_bwd_
 }
 
 extern "C" __global__ void __launch_bounds__(Traits::kThreads, 1) flashkit_fa3_bwd_main(FLASHKIT_FA3_BWD_ARGS) {
-    flashkit::hopper::ws_backward<Traits, FLASHKIT_CAUSAL != 0>(params, {q_map, k_map, v_map, do_map}, blockIdx.x,
-                                                                 blockIdx.y, blockIdx.z);
+    flashkit::hopper::ws_backward<Traits, BwdMask, flashkit::BuildScoreMod>(params, {q_map, k_map, v_map, do_map},
+                                                                          blockIdx.x, blockIdx.y, blockIdx.z);
 }
 
 extern "C" __global__ void __launch_bounds__(Traits::kThreads) flashkit_fa3_bwd_convert_dq(FLASHKIT_FA3_BWD_ARGS) {

@@ -48,7 +48,7 @@ class Mods:
                      if on)
 
     def request_flags(self) -> dict[str, bool]:
-        return {"window": self.local, "softcap": self.softcap > 0, "alibi": self.alibi}
+        return {"window": self.local, "chunk": self.chunk > 0, "softcap": self.softcap > 0, "alibi": self.alibi}
 
     def window(self) -> tuple[int, int]:
         return (self.window_left, self.window_right)

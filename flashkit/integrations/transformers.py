@@ -11,8 +11,7 @@ flash_attention_2 builds them (a 2D padding mask, or None), are classified exact
   - none, or right padding under causal attention: the plain call, differentiable (training works);
   - left padding, holes, non-causal padding, packed sequences (position_ids restarting, or cu_seq_lens_*):
     the tokens are packed and run through flashkit's varlen path, differentiable too (training works,
-    attention_varlen_backward); sliding_window / softcap with a gradient raise UnsupportedError by name on
-    either path (flashkit's backward has no window or softcap yet);
+    attention_varlen_backward); sliding_window and softcap train on either path (the backward has both);
   - anything else (a custom 4D mask that is no padding pattern, mask functions flash_attention_2 would
     ignore): UnsupportedError. Never a silently wrong result.
 """

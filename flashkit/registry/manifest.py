@@ -15,7 +15,9 @@ from ..errors import ManifestError
 MANIFEST_RE = re.compile(r"\A\s*/\*---\s*\n(.*?)\n\s*---\*/", re.S)
 NAME_RE = re.compile(r"^[a-z][a-z0-9_]*$")
 SYMBOL_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-FEATURES = ("causal", "block_sparse", "fp8", "backward", "lse", "gqa", "window", "softcap", "alibi", "kv_cache",
+# window: window_size or attention_chunk (a local mask); chunk: attention_chunk itself, which a kernel may lack
+# beside a window (fa3_bwd's one-register window test has no chunks).
+FEATURES = ("causal", "block_sparse", "fp8", "backward", "lse", "gqa", "window", "chunk", "softcap", "alibi", "kv_cache",
             "varlen", "score_mod", "mask_mod",   # score_mod / mask_mod: builds a drop-in functor in (functor.cuh)
             "head_dim_v")   # v / o of a head dim below q / k's, of the variant's head dims (FLASHKIT_HEAD_DIM_V)
 # Launch parameters that are switches (0 or 1) rather than positive sizes; like the others they reach the
@@ -148,8 +150,8 @@ class KernelSpec:
         return f"{lo} exactly" if self.arch_max == self.arch_min else f"from {lo} to {hi}"
 
     def launch_config(self, cc: tuple[int, int] | None, head_dim: int, mods: tuple[str, ...] = ()) -> dict[str, int]:
-        """The launch table with overrides applied: arch key, hd key, 'arch/hd' key, then 'hd/<mod>' per modification
-        (hd: the head dim's class)."""
+        """The launch table with overrides applied: arch key, hd key, 'arch/hd' key, then 'hd/<mod>' per modification,
+        then each 'hd/<mod>+<mod>..' whose modifications are all among the call's (hd: the head dim's class)."""
         config = dict(self.launch)
         arch_key = None
         if cc is not None:
@@ -158,7 +160,9 @@ class KernelSpec:
             arch_key = max(fitting, key=lambda k: parse_cc(k, self.name), default=None)
         hd = self.head_dims.class_of(head_dim)   # keys name the compiled class
         keys = [arch_key, f"hd{hd}", f"{arch_key}/hd{hd}" if arch_key else None]
-        for key in keys + [f"hd{hd}/{m}" for m in sorted(mods)]:
+        combined = sorted(k for k in self.overrides if k.startswith(f"hd{hd}/") and "+" in k
+                          and set(k.split("/", 1)[1].split("+")) <= set(mods))
+        for key in keys + [f"hd{hd}/{m}" for m in sorted(mods)] + combined:
             if key and key in self.overrides:
                 config.update(self.overrides[key])
         return config

@@ -27,6 +27,7 @@ class Request:
     lse: bool = False
     cc: tuple[int, int] | None = None
     window: bool = False     # window_size or attention_chunk (a local mask)
+    chunk: bool = False      # attention_chunk
     softcap: bool = False
     alibi: bool = False
     kv_cache: bool = False   # attention_with_kvcache: per-sequence lengths, a paged cache
@@ -45,7 +46,7 @@ class Request:
         return self.head_dim_v not in (None, self.head_dim)
 
     def summary(self) -> str:
-        flags = [f for f in ("causal", "block_sparse", "fp8", "backward", "lse", "window", "softcap", "alibi",
+        flags = [f for f in ("causal", "block_sparse", "fp8", "backward", "lse", "window", "chunk", "softcap", "alibi",
                              "varlen", "score_mod", "mask_mod")
                  if getattr(self, f)]
         arch = f"sm_{self.cc[0]}{self.cc[1]}" if self.cc else "no device"
@@ -59,7 +60,8 @@ class Request:
 FEATURE_WORDS = {
     "causal": "causal masks", "block_sparse": "block masks", "fp8": "fp8 inputs",
     "backward": "the backward pass", "lse": "return_lse", "gqa": "GQA/MQA (kv_heads < heads)",
-    "window": "local attention (window_size, attention_chunk)", "softcap": "softcap", "alibi": "ALiBi slopes",
+    "window": "local attention (window_size, attention_chunk)", "chunk": "attention_chunk",
+    "softcap": "softcap", "alibi": "ALiBi slopes",
     "kv_cache": "KV caches (cache_seqlens, block_table)",
     "varlen": "variable-length batches (cu_seqlens)",
     "score_mod": "drop-in score_mod functors", "mask_mod": "drop-in mask_mod functors",

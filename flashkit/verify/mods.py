@@ -31,7 +31,7 @@ class ModCase:
     alibi: str | None = None
 
     def features(self) -> set[str]:
-        return ({"window"} if self.window is not None or self.chunk else set()) | (
+        return ({"window"} if self.window is not None or self.chunk else set()) | ({"chunk"} if self.chunk else set()) | (
             {"softcap"} if self.softcap else set()) | ({"alibi"} if self.alibi else set())
 
 
@@ -63,9 +63,19 @@ def alibi_slopes(case: ModCase, shape: Shape, seed: int, xp):
     return slopes[0] if case.alibi == "heads" else slopes
 
 
+def case_mask(case: ModCase, shape: Shape, xp):
+    """The window's or chunk's explicit element mask, or None."""
+    if case.window is None and not case.chunk:
+        return None
+    return local_mask(shape.seqlen_q, shape.seqlen_k, case.window or (-1, -1), case.chunk, xp)
+
+
 def mod_check(spec: KernelSpec, shape: Shape, head_dim: int, dtype: str, case: ModCase,
               head_dim_v: int | None = None) -> Check:
-    """One modified run against the float64 reference with the same modification (v of head_dim_v columns)."""
+    """One modified run against the float64 reference with the same modification (v of head_dim_v columns); a
+    backward variant's gradients against the float64 gradients of the modified attention."""
+    if spec.supports("backward"):
+        return backward_mod_check(spec, shape, head_dim, dtype, case)
     label = f"{shape.label()} {head_dims_label(head_dim, head_dim_v)} {dtype} {case.name}"
 
     def run(seed: int) -> CheckResult:
@@ -79,14 +89,39 @@ def mod_check(spec: KernelSpec, shape: Shape, head_dim: int, dtype: str, case: M
                            window_size=case.window, softcap=case.softcap, alibi_slopes=slopes,
                            attention_chunk=case.chunk)
         out, lse = result if want_lse else (result, None)
-        emask = None
-        if case.window is not None or case.chunk:
-            emask = local_mask(shape.seqlen_q, shape.seqlen_k, case.window or (-1, -1), case.chunk, xp)
+        emask = case_mask(case, shape, xp)
         kw = dict(scale=head_dim ** -0.5, causal=case.causal, mask=emask, softcap=case.softcap, alibi_slopes=slopes)
         ref, lse_ref = reference_attention(q, k, v, **kw)
         plain, lse_plain = plain_attention(q, k, v, dtype=BY_NAME[dtype], **kw)
         atol = output_atol(ref, BY_NAME[dtype], max(shape.seqlen_k, head_dim))
         return judge(spec.name, label, out, ref, plain, atol, lse, lse_ref, lse_plain, head_dim=head_dim)
+
+    return Check(spec.name, label, run)
+
+
+def backward_mod_check(spec: KernelSpec, shape: Shape, head_dim: int, dtype: str, case: ModCase) -> Check:
+    """The modified forward by the default kernel, then the variant's gradients (on NaN-poisoned memory) against
+    the float64 gradients with the same modification (verify/backward.py's rule on each of dq, dk, dv)."""
+    label = f"{shape.label()} d{head_dim} {dtype} {case.name} backward"
+
+    def run(seed: int) -> CheckResult:
+        from ..api import attention
+        from ..backward import attention_backward
+        from .backward import judge_each, poison_pool
+        from .reference_backward import plain_backward, reference_backward
+        xp = cupy_module()
+        q, k, v = random_qkv(shape, head_dim, dtype, seed)
+        dout = xp.random.default_rng(seed + 2).standard_normal(q.shape, dtype=xp.float32).astype(q.dtype)
+        slopes = alibi_slopes(case, shape, seed, xp) if case.alibi else None
+        mods = dict(window_size=case.window, softcap=case.softcap, alibi_slopes=slopes, attention_chunk=case.chunk)
+        out, lse = attention(q, k, v, causal=case.causal, return_lse=True, **mods)
+        poison_pool((q, k, v))
+        grads = attention_backward(dout, q, k, v, out, lse, causal=case.causal, variant=spec.name, **mods)
+        kw = dict(scale=head_dim ** -0.5, causal=case.causal, mask=case_mask(case, shape, xp), softcap=case.softcap,
+                  alibi_slopes=slopes)
+        refs = reference_backward(q, k, v, dout, **kw)
+        plains = plain_backward(q, k, v, dout, dtype=BY_NAME[dtype], **kw)
+        return judge_each(spec.name, label, grads, refs, plains, dtype, max(shape.seqlen_q, shape.seqlen_k))
 
     return Check(spec.name, label, run)
 

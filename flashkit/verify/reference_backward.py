@@ -9,15 +9,22 @@ import numpy as np
 
 from ..call.arrays import array_module
 from ..call.dtypes import DType
-from .reference import element_mask, expand_kv
+from .reference import element_mask, expand_kv, score_mod
 
 
-def _attention_grads(q, k, v, dout, scale: float, mask, xp, round_to=None):
-    """(dq, dk, dv) of softmax(scale q k^T) v in q's float type; round_to rounds P and dS as a 16-bit kernel does."""
+def _attention_grads(q, k, v, dout, scale: float, mask, xp, round_to=None, softcap: float = 0.0, alibi_slopes=None):
+    """(dq, dk, dv) of softmax(mod(scale q k^T)) v in q's float type; round_to rounds P and dS as a 16-bit kernel
+    does. mod: softcap c tanh(s / c) (slope 1 - tanh^2), then ALiBi's bias (slope 1), as reference.score_mod."""
     heads, kv_heads = q.shape[2], k.shape[2]
     r = round_to or (lambda x: x)
     ke, ve = expand_kv(k, heads, xp), expand_kv(v, heads, xp)
     s = xp.einsum("bqhd,bkhd->bhqk", q, ke) * scale
+    tanh = None
+    if softcap:
+        tanh = xp.tanh(s / softcap)
+        s = softcap * tanh
+    if alibi_slopes is not None:
+        s = score_mod(alibi_slopes=alibi_slopes)(s, xp)
     if mask is not None:
         s = xp.where(mask, s, -xp.inf)
     m = s.max(axis=-1, keepdims=True)
@@ -29,7 +36,8 @@ def _attention_grads(q, k, v, dout, scale: float, mask, xp, round_to=None):
     dv = xp.einsum("bhqk,bqhd->bkhd", p, dout)                         # dV = P^T dO
     dp = xp.einsum("bqhd,bkhd->bhqk", dout, ve)                        # dP = dO V^T
     dsum = xp.einsum("bqhd,bqhd->bhq", dout, out)[..., None]           # D = rowsum(dO O)
-    ds = r(p * (dp - dsum))                                            # dS = P (dP - D)
+    ds = p * (dp - dsum)                                               # dS = P (dP - D)
+    ds = r(ds if tanh is None else ds * (1 - tanh * tanh))             # of the unmodified score
     dq = xp.einsum("bhqk,bkhd->bqhd", ds, ke) * scale
     dk = xp.einsum("bhqk,bqhd->bkhd", ds, q) * scale
     group = heads // kv_heads
@@ -39,15 +47,19 @@ def _attention_grads(q, k, v, dout, scale: float, mask, xp, round_to=None):
     return r(dq), r(dk), r(dv)
 
 
-def reference_backward(q, k, v, dout, *, scale: float, causal: bool = False):
-    """float64 (dq, dk, dv) on upcast inputs, the element mask explicit."""
+def reference_backward(q, k, v, dout, *, scale: float, causal: bool = False, mask=None, softcap: float = 0.0,
+                       alibi_slopes=None):
+    """float64 (dq, dk, dv) on upcast inputs, the element mask explicit (causal and `mask`, e.g. a window's), the
+    modifications (softcap, alibi_slopes (heads,) or (batch, heads)) applied as the forward's reference does."""
     xp = array_module(q)
     q64, k64, v64, do64 = (xp.asarray(x).astype(xp.float64) for x in (q, k, v, dout))
-    mask = element_mask(q.shape[1], k.shape[1], causal, None, xp)
-    return _attention_grads(q64, k64, v64, do64, scale, mask, xp)
+    emask = element_mask(q.shape[1], k.shape[1], causal, mask, xp)
+    slopes = None if alibi_slopes is None else xp.asarray(alibi_slopes).astype(xp.float64)
+    return _attention_grads(q64, k64, v64, do64, scale, emask, xp, softcap=softcap, alibi_slopes=slopes)
 
 
-def plain_backward(q, k, v, dout, *, scale: float, dtype: DType, causal: bool = False):
+def plain_backward(q, k, v, dout, *, scale: float, dtype: DType, causal: bool = False, mask=None,
+                   softcap: float = 0.0, alibi_slopes=None):
     """The textbook backward in the input precision: fp32 products, P, O, dS and the gradients rounded to `dtype`."""
     xp = array_module(q)
     compute = np.dtype(dtype.compute)
@@ -56,5 +68,6 @@ def plain_backward(q, k, v, dout, *, scale: float, dtype: DType, causal: bool = 
         return x.astype(compute).astype(xp.float32)
 
     q32, k32, v32, do32 = (round_to(xp.asarray(x).astype(xp.float32)) for x in (q, k, v, dout))
-    mask = element_mask(q.shape[1], k.shape[1], causal, None, xp)
-    return _attention_grads(q32, k32, v32, do32, scale, mask, xp, round_to)
+    emask = element_mask(q.shape[1], k.shape[1], causal, mask, xp)
+    slopes = None if alibi_slopes is None else xp.asarray(alibi_slopes).astype(xp.float32)
+    return _attention_grads(q32, k32, v32, do32, scale, emask, xp, round_to, softcap, slopes)

@@ -53,8 +53,12 @@ def good(**over):
     ({}, {"deterministic": "yes"}, "deterministic"),
     ({}, {"softmax_scale": float("inf")}, "softmax_scale"),
     ({}, {"variant": 3}, "variant"),
+    ({}, {"window_size": (3,)}, "window_size"),
+    ({}, {"softcap": -1.0}, "softcap"),
+    ({}, {"alibi_slopes": cuda((H + 1,), "<f4")}, "alibi_slopes"),
+    ({}, {"attention_chunk": -2}, "attention_chunk"),
 ], ids=["dout-shape", "dout-dtype", "out-strided", "out-none", "lse-shape", "lse-dtype", "lse-host", "kv-heads",
-        "causal", "deterministic", "scale", "variant"])
+        "causal", "deterministic", "scale", "variant", "window", "softcap", "alibi", "chunk"])
 def test_bad_inputs_fail_before_compile_or_launch(no_launch, over, kw, arg):
     args = good(**over)
     with pytest.raises(InputError, match=rf"^{arg}: ") as e:
@@ -216,23 +220,30 @@ def test_dq_accum_workspace_size():
     assert workspace_bytes("dq_accum", p, {"block_m": 64}) == (rows * (64 + 2) + 2 * 3 * 2) * 4
 
 
-@pytest.mark.parametrize("causal", [False, True])
-def test_reference_backward_matches_finite_differences(causal):
-    from flashkit.verify.reference import reference_attention
+@pytest.mark.parametrize("causal,mods", [
+    (False, {}), (True, {}), (False, {"softcap": 0.7}), (True, {"alibi_slopes": np.array([0.5, 0.25, 1.0, 2.0])}),
+    (False, {"softcap": 1.1, "alibi_slopes": np.array([[0.5, 0.3, 0.2, 0.1]]), "mask": "window"})])
+def test_reference_backward_matches_finite_differences(causal, mods):
+    """The float64 gradients, softcap's slope and ALiBi's bias and a window included, against central differences
+    of the forward reference with the same modification."""
+    from flashkit.verify.reference import local_mask, reference_attention
     from flashkit.verify.reference_backward import reference_backward
     rng = np.random.default_rng(0)
     q = rng.standard_normal((1, 5, 4, 8))
     k = rng.standard_normal((1, 3, 2, 8))
     v = rng.standard_normal((1, 3, 2, 8))
     dout = rng.standard_normal((1, 5, 4, 8))
-    grads = reference_backward(q, k, v, dout, scale=0.3, causal=causal)
+    kw = dict(mods, scale=0.3, causal=causal)
+    if kw.get("mask") == "window":
+        kw["mask"] = local_mask(5, 3, (1, 0))
+    grads = reference_backward(q, k, v, dout, **kw)
     eps = 1e-6
     for x, g in zip((q, k, v), grads):
         idx = (0, 1, 1, 2)
         x[idx] += eps
-        up = float((reference_attention(q, k, v, scale=0.3, causal=causal)[0] * dout).sum())
+        up = float((reference_attention(q, k, v, **kw)[0] * dout).sum())
         x[idx] -= 2 * eps
-        down = float((reference_attention(q, k, v, scale=0.3, causal=causal)[0] * dout).sum())
+        down = float((reference_attention(q, k, v, **kw)[0] * dout).sum())
         x[idx] += eps
         assert abs((up - down) / (2 * eps) - g[idx]) < 1e-6
 
@@ -313,10 +324,45 @@ def test_varlen_backward_selects_fa2_bwd_and_no_forward_kernel(causal, kv_heads)
 
 
 @pytest.mark.parametrize("mod", ["window", "softcap", "alibi"])
-def test_varlen_backward_has_no_modifications(mod):
-    with pytest.raises(UnsupportedError, match="not supported"):
-        select_kernel(Request(dtype="float16", head_dim=64, backward=True, varlen=True, cc=(8, 0), **{mod: True}),
+def test_varlen_backward_modifications_run_on_fa2_bwd(mod):
+    sel = select_kernel(Request(dtype="float16", head_dim=64, backward=True, varlen=True, cc=(9, 0), **{mod: True}),
+                        discover_kernels().specs)
+    assert sel.chosen.name == "fa2_bwd"
+
+
+@pytest.mark.parametrize("cc,head_dim,flags,chosen", [
+    ((9, 0), 128, {"window": True, "softcap": True, "alibi": True}, "fa3_bwd"),
+    ((9, 0), 256, {"softcap": True}, "fa3_bwd"),
+    ((8, 0), 128, {"window": True, "softcap": True}, "fa2_bwd"),
+    ((9, 0), 128, {"window": True, "chunk": True}, "fa2_bwd"),   # fa3_bwd's window test has no chunks
+])
+def test_backward_modifications_select(cc, head_dim, flags, chosen):
+    sel = select_kernel(Request(dtype="bfloat16", head_dim=head_dim, backward=True, cc=cc, **flags),
+                        discover_kernels().specs)
+    assert sel.chosen.name == chosen
+    if flags.get("chunk"):
+        assert "attention_chunk not supported" in sel.rejected["fa3_bwd"]
+
+
+def test_a_chunked_backward_past_fa2_bwd_head_dims_is_refused_by_name():
+    with pytest.raises(UnsupportedError, match="attention_chunk"):
+        select_kernel(Request(dtype="bfloat16", head_dim=256, backward=True, cc=(9, 0), window=True, chunk=True),
                       discover_kernels().specs)
+
+
+@pytest.mark.parametrize("mods,block_n,warps", [((), 192, 16), (("window",), 128, 12), (("softcap", "alibi"), 128, 12)])
+def test_fa3_bwd_modified_hd64_runs_two_consumers(mods, block_n, warps):
+    """hd64 with a modification: two consumers of 240 registers (three at 160 spill)."""
+    launch = discover_kernels().get("fa3_bwd").launch_config((9, 0), 64, mods)
+    assert (launch["block_n"], launch["warps"]) == (block_n, warps)
+
+
+def test_fa3_bwd_softcap_with_alibi_at_hd128_splits_columns():
+    """The combined key 'hd128/alibi+softcap' applies when both are among the call's, with or without a window."""
+    spec = discover_kernels().get("fa3_bwd")
+    assert spec.launch_config((9, 0), 128, ("softcap",))["block_n"] == 128
+    assert spec.launch_config((9, 0), 128, ("alibi", "softcap"))["block_n"] == 64
+    assert spec.launch_config((9, 0), 128, ("window", "softcap", "alibi"))["block_n"] == 64
 
 
 def test_varlen_compile_matrix_includes_the_backward_varlen_builds():

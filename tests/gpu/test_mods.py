@@ -1,6 +1,7 @@
-"""The built-in modifications (window_size, attention_chunk, softcap, alibi_slopes) on the FA2 family, against the
-float64 reference with the same modification (DESIGN.md's rule), over the shape matrix: fp16/bf16, hd 64/128,
-each modification and combinations (window + causal, chunk + causal, softcap + alibi, all together).
+"""The built-in modifications (window_size, attention_chunk, softcap, alibi_slopes) on the forward kernels and the
+backward (fa2_bwd, fa3_bwd: dq, dk, dv), against the float64 reference with the same modification (DESIGN.md's
+rule), over the shape matrix: fp16/bf16, hd 64/128 (256 on fa3_bwd), each modification and combinations (window +
+causal, chunk + causal, softcap + alibi, all together).
 """
 
 from __future__ import annotations
@@ -20,13 +21,20 @@ SHAPES = (Shape(1, 1, 1, 1, 1), Shape(2, 17, 17, 4, 4), Shape(3, 128, 128, 8, 1)
           Shape(2, 127, 1000, 4, 4), Shape(2, 1000, 127, 8, 8), Shape(1, 17, 4097, 8, 1))
 
 
+# The backward's: tile edges (64-query, 64/128/192-key blocks), seqlen_q != seqlen_k both ways, GQA 8:1.
+BACKWARD_SHAPES = (Shape(2, 17, 17, 4, 4), Shape(3, 128, 128, 8, 1), Shape(1, 300, 300, 2, 2),
+                   Shape(2, 127, 1000, 4, 4), Shape(2, 1000, 127, 8, 8))
+BACKWARD_HEAD_DIMS = {"fa2_bwd": [64, 128], "fa3_bwd": [64, 128, 256]}
+
+
 def _params():
     specs = discover_kernels().specs
     out = []
-    for name in ("fa2", "causal", "fa3"):
+    for name in ("fa2", "causal", "fa3", "fa2_bwd", "fa3_bwd"):
         spec = specs[name]
-        checks = mod_checks(spec, ["float16", "bfloat16"], [64, 128], spec.causal_options(), quick=False,
-                            shapes=SHAPES)
+        backward = spec.supports("backward")
+        checks = mod_checks(spec, ["float16", "bfloat16"], BACKWARD_HEAD_DIMS.get(name, [64, 128]),
+                            spec.causal_options(), quick=False, shapes=BACKWARD_SHAPES if backward else SHAPES)
         assert checks, name
         out += [pytest.param(name, c, id=f"{name}: {c.label}") for c in checks]
     return out
@@ -55,3 +63,26 @@ def test_window_skips_tiles_and_matches_dense_when_unbounded():
     assert bool((dense == wide).all())   # same tiles in the same order: the same sums
     assert bool((flashkit.attention(q, k, v, window_size=(-1, -1), variant="fa2")
                  == flashkit.attention(q, k, v, variant="fa2")).all())
+
+
+@pytest.mark.parametrize("variant", ["fa2_bwd", "fa3_bwd"])
+def test_backward_window_deterministic_is_bit_identical(variant):
+    """deterministic=True with a window: each query block's dQ waits only for the key blocks that visit it (the
+    first from the mask, bwd_mask.cuh), so the run ends, and two runs agree bit for bit."""
+    import cupy
+
+    import flashkit
+    from flashkit.backward import attention_backward
+    from flashkit.runtime.device import device_info
+    if not discover_kernels().get(variant).runs_on(device_info().cc):
+        pytest.skip(f"{variant} does not run here")
+    from flashkit.call.dtypes import BY_NAME
+    rng = cupy.random.default_rng(7)
+    q, k, v, dout = (rng.standard_normal((2, 700, 4, 128), dtype=cupy.float32).astype(BY_NAME["bfloat16"].storage)
+                     for _ in range(4))
+    kw = dict(causal=True, window_size=(150, 0), softcap=20.0)
+    out, lse = flashkit.attention(q, k, v, return_lse=True, **kw)
+    runs = [attention_backward(dout, q, k, v, out, lse, deterministic=True, variant=variant, **kw) for _ in range(2)]
+    for a, b in zip(*runs):
+        assert bool((a.view(cupy.uint16) == b.view(cupy.uint16)).all())
+

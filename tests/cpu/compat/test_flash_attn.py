@@ -158,22 +158,33 @@ def test_kvcache_maps_k_v_and_a_missing_cache_seqlens(recorder):
     assert recorder.calls[-1][2]["cache_seqlens"] == 48
 
 
-def test_torch_calls_that_need_a_gradient_refuse_what_has_no_backward():
-    """window, softcap and ALiBi have no backward: refused by name, dense and varlen (varlen itself has one)."""
+def test_torch_calls_that_need_a_gradient_carry_the_modifications_to_the_custom_ops(monkeypatch):
+    """window, softcap and ALiBi have a backward: a call that needs a gradient runs flashkit.torch's differentiable
+    ops with them as trailing arguments (window as left, right; the slopes as given), dense and varlen."""
     torch = pytest.importorskip("torch")
+    seen = []
+
+    class Ops:
+        def attention_fwd(self, *args):
+            seen.append(("dense", args[6:]))
+            return args[0], None
+
+        def attention_varlen_fwd(self, *args):
+            seen.append(("varlen", args[10:]))
+            return args[0], None
+
+    monkeypatch.setattr(torch.ops, "flashkit", Ops(), raising=False)
     q = torch.zeros(1, 8, 2, 64, requires_grad=True)
-    with pytest.raises(UnsupportedError, match="^window_size: flashkit's backward has no window_size"):
-        fa.flash_attn_func(q, q, q, window_size=(2, 0))
-    with pytest.raises(UnsupportedError, match="^softcap: "):
-        fa.flash_attn_func(q, q, q, softcap=5.0)
+    fa.flash_attn_func(q, q, q, window_size=(2, 0))
+    fa.flash_attn_func(q, q, q, softcap=5.0)
     packed = torch.zeros(8, 2, 64, requires_grad=True)
     cu = torch.tensor([0, 8], dtype=torch.int32)
-    with pytest.raises(UnsupportedError, match="^window_size: flashkit's backward has no window_size"):
-        fa.flash_attn_varlen_func(packed, packed, packed, cu, cu, 8, 8, window_size=(2, 0))
-    with pytest.raises(UnsupportedError, match="^softcap: "):
-        fa.flash_attn_varlen_func(packed, packed, packed, cu, cu, 8, 8, softcap=5.0)
-    with pytest.raises(UnsupportedError, match="^alibi_slopes: "):
-        fa.flash_attn_varlen_func(packed, packed, packed, cu, cu, 8, 8, alibi_slopes=torch.ones(2))
+    slopes = torch.ones(2)
+    fa.flash_attn_varlen_func(packed, packed, packed, cu, cu, 8, 8, window_size=(2, 0))
+    fa.flash_attn_varlen_func(packed, packed, packed, cu, cu, 8, 8, alibi_slopes=slopes)
+    assert seen[:3] == [("dense", (2, 0, 0.0, None, 0)), ("dense", (-1, -1, 5.0, None, 0)),
+                        ("varlen", (2, 0, 0.0, None, 0))]
+    assert seen[3][0] == "varlen" and seen[3][1][3] is slopes
     assert fa.flash_attn_varlen_func.__module__ == "flashkit.compat.flash_attn"
 
 

@@ -251,13 +251,23 @@ def test_dropout_and_sinks_are_refused():
         fk_hf.attention_forward(Module(), q, q, q, None, s_aux=torch.zeros(2))
 
 
-def test_a_sliding_window_with_a_gradient_on_a_ragged_batch_is_refused_by_name():
-    """The real backend (no stand-in): varlen has a backward, but not with a window; refused before any launch."""
+def test_a_sliding_window_with_a_gradient_on_a_ragged_batch_runs_the_differentiable_varlen_op(monkeypatch):
+    """The real backend (no stand-in): a ragged batch goes through the varlen custom op, the window with it
+    (sliding_window w: (w - 1, w - 1), as flash_attention_2)."""
+    torch = pytest.importorskip("torch")
+    seen = []
+
+    class Ops:
+        def attention_varlen_fwd(self, *args):
+            seen.append(args[10:])
+            return args[0], None
+
+    monkeypatch.setattr(torch.ops, "flashkit", Ops(), raising=False)
     q = torch.zeros(2, 4, 8, 64, requires_grad=True)   # (batch, heads, seqlen, head_dim), as transformers hands it
     mask = torch.tensor([[0, 0, 1, 1, 1, 1, 1, 1], [1] * 8])
 
     class Module:
         is_causal = True
 
-    with pytest.raises(UnsupportedError, match="^window_size: flashkit's backward has no window_size"):
-        fk_hf.attention_forward(Module(), q, q, q, mask, sliding_window=4)
+    fk_hf.attention_forward(Module(), q, q, q, mask, sliding_window=4)
+    assert seen == [(3, 3, 0.0, None, 0)]   # (causal closes the right side in the op, flash-attn's rule)

@@ -232,7 +232,8 @@ def test_launch_switches_take_zero(tmp_path):
 @pytest.mark.parametrize("variant,head_dim,mods,deferred", [
     ("fa3", 96, (), 1), ("fa3", 128, (), 1), ("fa3", 192, (), 1), ("fa3", 128, ("softcap", "alibi"), 1),
     ("fa3", 64, (), 0), ("fa3", 64, ("softcap",), 0), ("fa3", 256, (), 0),
-    ("fa3", 128, ("varlen",), 0), ("fa3", 128, ("score_mod",), 0), ("fa3", 96, ("mask_mod",), 0),
+    ("fa3", 128, ("varlen",), 0), ("fa3", 128, ("score_mod",), 1), ("fa3", 96, ("mask_mod",), 1),
+    ("fa3", 64, ("score_mod",), 0),
     ("fa3_fp8", 64, (), 1), ("fa3_fp8", 256, (), 1),
     ("block_sparse_hopper", 128, (), 1), ("block_sparse_hopper", 64, (), 0)])
 def test_hopper_manifests_defer_the_pv_wait_where_measured(variant, head_dim, mods, deferred):

@@ -22,8 +22,11 @@ def test_each_variant_goes_to_the_family_its_manifest_requires():
 def test_backward_variants_are_checked_through_their_gradients():
     specs = discover_kernels().specs
     from flashkit.verify.backward import QUICK_VARLEN_CASES, VARLEN_CASES
+    from flashkit.verify.mods import mod_checks
     checks = harness.checks_for(specs["fa2_bwd"], ["bfloat16"], [64], [False, True], quick=True)
-    assert len(checks) == 2 * (len(harness.QUICK_SHAPES) + len(QUICK_VARLEN_CASES))
+    modified = mod_checks(specs["fa2_bwd"], ["bfloat16"], [64], [False, True], quick=True)   # the mods extension
+    assert modified and all(c.label.endswith(" backward") for c in modified)
+    assert len(checks) == 2 * (len(harness.QUICK_SHAPES) + len(QUICK_VARLEN_CASES)) + len(modified)
     assert all(c.variant == "fa2_bwd" and c.label.endswith(" backward") for c in checks)
     varlen = [c.label for c in checks if c.label.startswith("varlen ")]   # the forward's varlen matrix stays out
     assert len(varlen) == 2 * len(QUICK_VARLEN_CASES)

@@ -23,15 +23,6 @@
 #define FLASHKIT_MASK_MOD 0
 #endif
 
-namespace flashkit {
-
-// float(x) for |x| < 2^22, exactly, in an integer add and a float add (both full rate; a conversion
-// instruction runs at a quarter of it): 1.5 * 2^23 + x has x in its low mantissa bits.
-constexpr int kMagicIntBits = 0x4B400000;        // the bits of 1.5 * 2^23 = 12582912.f
-constexpr float kMagicIntFloat = 12582912.f;
-__device__ __forceinline__ float index_float(int x) { return __int_as_float(kMagicIntBits + x) - kMagicIntFloat; }
-
-}  // namespace flashkit
 
 #ifdef FLASHKIT_MOD_FILE
 #include FLASHKIT_MOD_FILE

@@ -99,15 +99,10 @@ __device__ __forceinline__ void apply_mask(const Mask& mask, float (&s)[kMTiles]
 // of which tiles inside [key_begin(m1), key_end(m0)) are visible to every row and skip the element mask.
 // Visiting order (it = num_kv_blocks() - 1 down to 0): the masked tiles of the left edge, of the right
 // edge, then the fully visible ones, so that the loop's "masked first" split holds.
-template <int kBlockM, int kBlockN>
-struct LocalMask {
+// The intervals themselves (the backward's BwdLocal reads them too).
+struct LocalWindow {
     const Params& p;
-    int n_blocks, n_masked;
-    int n_full;    // fully visible tiles: it < n_full is tile full0 + it
-    int full0;     // first fully visible tile
-    int right0;    // first masked tile of the right edge (n_right of them, then the left edge)
-    int n_right;
-    int left0;     // first visited tile (the left edge's masked tiles start here)
+    __device__ __forceinline__ explicit LocalWindow(const Params& p_) : p(p_) {}
 
     // floor(x / c) * c for any sign of x (c > 0).
     static __device__ __forceinline__ int chunk_floor(int x, int c) {
@@ -125,8 +120,18 @@ struct LocalMask {
         if (p.mods.chunk > 0) hi = min(hi, chunk_floor(diag, p.mods.chunk) + p.mods.chunk);
         return hi;
     }
+};
 
-    __device__ __forceinline__ LocalMask(const Params& p_, int m_block) : p(p_) {
+template <int kBlockM, int kBlockN>
+struct LocalMask : LocalWindow {
+    int n_blocks, n_masked;
+    int n_full;    // fully visible tiles: it < n_full is tile full0 + it
+    int full0;     // first fully visible tile
+    int right0;    // first masked tile of the right edge (n_right of them, then the left edge)
+    int n_right;
+    int left0;     // first visited tile (the left edge's masked tiles start here)
+
+    __device__ __forceinline__ LocalMask(const Params& p_, int m_block) : LocalWindow(p_) {
         const int m0 = m_block * kBlockM;
         const int m1 = min(m0 + kBlockM, p.seqlen_q) - 1;   // last row of the block
         const int lo = key_begin(m0), hi = key_end(m1);

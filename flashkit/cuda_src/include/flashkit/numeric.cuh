@@ -149,6 +149,13 @@ __device__ __forceinline__ float fast_exp2(float x) {
     return y;
 }
 
+// float(x) for |x| < 2^22, exactly, in an integer add and a float add (both full rate; a conversion
+// instruction runs at a quarter of it): 1.5 * 2^23 + x has x in its low mantissa bits. (Drop-in functors
+// use it too: docs/functors.md.)
+constexpr int kMagicIntBits = 0x4B400000;        // the bits of 1.5 * 2^23 = 12582912.f
+constexpr float kMagicIntFloat = 12582912.f;
+__device__ __forceinline__ float index_float(int x) { return __int_as_float(kMagicIntBits + x) - kMagicIntFloat; }
+
 // log2(x), flush-to-zero; lg2.approx(0) = -inf.
 __device__ __forceinline__ float fast_log2(float x) {
     float y;

@@ -13,6 +13,9 @@
 // mask.cuh) says so with kTailTile = false, and a drop-in functor then skips clamping its key index
 // (functor.cuh's modified_score). The runtime values live in Params::mods (params.cuh).
 // Selection at compile time: ScoreModOf<FLASHKIT_SOFTCAP, FLASHKIT_ALIBI>::type.
+// The backward (raw_score_grad) needs d mod(s) / ds at each element, from the modified score m that it reads
+// back from P (m = (log2 P + lse2) / (scale log2 e)): `grad(m, row, col)`, 1 wherever kUnitGrad; and
+// `unapply(m, row, col)`, the score before a modification that is not the first (ALiBi after softcap).
 #pragma once
 
 #include "flashkit/numeric.cuh"
@@ -49,16 +52,25 @@ __device__ __forceinline__ float fast_tanh(float x) {
 }
 
 struct NoScoreMod {
+    static constexpr bool kUnitGrad = true;
     __device__ __forceinline__ NoScoreMod(const Params&, int, int) {}
     __device__ __forceinline__ float score(float s, int, int, float) const { return s; }
+    __device__ __forceinline__ float grad(float, int, int) const { return 1.f; }
+    __device__ __forceinline__ float unapply(float m, int, int) const { return m; }
 };
 
 // s -> (c / scale) tanh(s * scale / c); the two factors come from the parameter block (constant bank).
+// d/ds: m = softcap_out tanh(softcap_in s) has slope softcap_out softcap_in (1 - tanh^2) = 1 - (m softcap_in)^2.
 struct Softcap {
+    static constexpr bool kUnitGrad = false;
     const Params& p;
     __device__ __forceinline__ Softcap(const Params& p_, int, int) : p(p_) {}
     __device__ __forceinline__ float score(float s, int, int, float) const {
         return p.mods.softcap_out * fast_tanh(s * p.mods.softcap_in);
+    }
+    __device__ __forceinline__ float grad(float m, int, int) const {
+        const float t = m * p.mods.softcap_in;
+        return fmaf(-t, t, 1.f);
     }
 };
 
@@ -73,8 +85,19 @@ struct Alibi {
                 p.mods.inv_softmax_scale;
     }
     __device__ __forceinline__ float score(float s, int row, int, float col_f) const {
+        return biased(s, distance(row, col_f));
+    }
+    __device__ __forceinline__ float biased(float s, float dist) const { return fmaf(-slope, dist, s); }
+    // A bias: slope 1 in s. (The distance from the integer difference: the backward's elements differ in the
+    // query, and one int add per element holds fewer registers than a float per query.)
+    static constexpr bool kUnitGrad = true;
+    __device__ __forceinline__ float grad(float, int, int) const { return 1.f; }
+    __device__ __forceinline__ float unapply(float m, int row, int col) const {
+        return fmaf(slope, fabsf(index_float(row + p.seqlen_k - p.seqlen_q - col)), m);
+    }
+    __device__ __forceinline__ float distance(int row, float col_f) const {
         const float diag = static_cast<float>(row + p.seqlen_k - p.seqlen_q);   // one conversion per row
-        return fmaf(-slope, fabsf(diag - col_f), s);
+        return fabsf(diag - col_f);
     }
 };
 
@@ -86,6 +109,11 @@ struct ComposeMods {
         : a(p, head, batch), b(p, head, batch) {}
     __device__ __forceinline__ float score(float s, int row, int col, float col_f) const {
         return b.score(a.score(s, row, col, col_f), row, col, col_f);
+    }
+    // Chain rule: a's slope at b's input (m with b undone), times b's.
+    static constexpr bool kUnitGrad = A::kUnitGrad && B::kUnitGrad;
+    __device__ __forceinline__ float grad(float m, int row, int col) const {
+        return a.grad(b.unapply(m, row, col), row, col) * b.grad(m, row, col);
     }
 };
 
@@ -120,6 +148,18 @@ __device__ __forceinline__ void apply_score_mod(const Mod& mod, float (&s)[kMTil
 // NoScoreMod: nothing to do (not even the index arithmetic).
 template <bool kTailTile = true, int kMTiles, int kNTiles>
 __device__ __forceinline__ void apply_score_mod(const NoScoreMod&, float (&)[kMTiles][kNTiles][4], int, int) {}
+
+// The backward's dS of the raw score (before the modification) from dS of the modified one, at the element of
+// query `row`, key `col` whose probability (rounded as the kernel holds it) is `prob`, with lse2 = LSE log2(e):
+// m = (log2 prob + lse2) ln 2 / scale. A zero prob (a masked element, an underflow, or a row that sees no key or
+// lies past seqlen_q, whose lse2 is +inf) has dS = 0 and no finite m: it stays 0.
+template <class Mod>
+__device__ __forceinline__ float raw_score_grad(const Mod& mod, const Params& p, float ds, float prob, float lse2,
+                                                int row, int col) {
+    if constexpr (Mod::kUnitGrad) return ds;
+    const float m = (fast_log2(prob) + lse2) * (kLn2 * p.mods.inv_softmax_scale);
+    return prob > 0.f ? ds * mod.grad(m, row, col) : 0.f;
+}
 
 template <bool kSoftcap, bool kAlibi>
 struct ScoreModOf {

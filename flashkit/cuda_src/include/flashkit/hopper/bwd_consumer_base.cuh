@@ -1,9 +1,11 @@
 // What both consumers of the warp-specialized Hopper backward share (split by keys: bwd_consumer.cuh; by
 // head-dim columns: bwd_column_consumer.cuh): the thread's place in the wgmma layouts, dK and dV of the
 // consumer's 64 keys x kOwnCols columns in fp32 registers over every visit, the dQ adds into dq_accum, and
-// the final dK, dV store.
+// the final dK, dV store; the score modification (softcap / ALiBi) and the window's element mask (Mask:
+// bwd_mask.cuh) of the recomputed scores, and softcap's slope on dS.
 #pragma once
 
+#include "flashkit/bwd_mask.cuh"
 #include "flashkit/fragment.cuh"
 #include "flashkit/hopper/bwd_cta.cuh"
 #include "flashkit/reduce.cuh"
@@ -11,7 +13,7 @@
 namespace flashkit {
 namespace hopper {
 
-template <class Kt>
+template <class Kt, class Mask>
 struct BwdConsumerBase {
     typedef typename Kt::Element Element;
     typedef typename Kt::QTile QTile;
@@ -21,6 +23,7 @@ struct BwdConsumerBase {
 
     const Params& p;
     const BwdWorkspace<Kt::kBlockM, Kt::kHeadDim> ws;
+    const Mask mask;
     int batch, kv_head, n_block;
     int consumer;   // 0 .. kConsumers - 1
     int key0;       // first key (within the sequence) of this consumer's rows
@@ -32,7 +35,7 @@ struct BwdConsumerBase {
     float acc_dv[Kt::kDTiles][4];
 
     __device__ __forceinline__ BwdConsumerBase(const Params& p_, int consumer_, int n_block_, int kv_head_, int batch_)
-        : p(p_), ws(p_), batch(batch_), kv_head(kv_head_), n_block(n_block_),
+        : p(p_), ws(p_), mask(p_), batch(batch_), kv_head(kv_head_), n_block(n_block_),
           consumer(Kt::kUniformConsumer ? __shfl_sync(kFullWarp, consumer_, 0) : consumer_) {
         key0 = n_block * Kt::kBlockN + (Kt::kSplitColumns ? 0 : consumer * Kt::kConsumerKeys);
         tid = threadIdx.x % gmma::kWarpgroupThreads;
@@ -100,6 +103,37 @@ struct BwdConsumerBase {
         return key0 + warp_row - (m0 + s_query0() + col2) - shift;
     }
 
+    // S^T = mod(S^T) (the visit's head's modification), then -inf outside the window (BwdLocal): every visit,
+    // with no branch (one copy of the step serves masked and unmasked visits, as for causal_over).
+    template <class Mod>
+    __device__ __forceinline__ void modify_scores(const Mod& mod, float (&s)[Kt::kQTiles][4], int m0) const {
+        const int query0 = m0 + s_query0() + col2;
+        apply_score_mod_transposed(mod, s, key0 + warp_row, query0);
+    }
+    // BwdLocal (a window, no chunk: the manifest leaves chunks to fa2_bwd): key - query of the thread's first
+    // element of the visit at m0, as causal_over's one register; element (h, c = 8 ni + e) is `d + 8 h - c`.
+    __device__ __forceinline__ int window_diff(int m0) const { return key0 + warp_row - (m0 + s_query0() + col2); }
+    // x, or 0 where the window hides the element whose key - query is `diff`.
+    __device__ __forceinline__ float windowed(float x, int diff) const {
+        if constexpr (Mask::kLocal)
+            return diff < mask.key_minus_query_min() || diff > mask.key_minus_query_max() ? 0.f : x;
+        return x;
+    }
+
+    // dS of the raw scores from the modified ones' (softcap's slope) for the thread's pair (ds0, ds1) of row half
+    // h, column tile ni, whose probabilities are (p0, p1); lse2 re-read from the workspace (ws_row: the visit's).
+    template <class Mod>
+    __device__ __forceinline__ void raw_grad_pair(const Mod& mod, float& ds0, float& ds1, float p0, float p1,
+                                                  index_t ws_row, int m0, int h, int ni) const {
+        if constexpr (!Mod::kUnitGrad) {
+            const float2 l = query_pair(ws.lse2 + ws_row + s_query0(), ni);
+            const int query = m0 + s_query0() + col2 + ni * kMmaN;
+            const int key = key0 + warp_row + h * kFragRowHalf;
+            ds0 = raw_score_grad(mod, p, ds0, p0, l.x, query, key);
+            ds1 = raw_score_grad(mod, p, ds1, p1, l.y, query + 1, key);
+        }
+    }
+
     // P^T of one element: exp2(S^T scale log2(e) - lse2), 0 where its causal excess (over + ...) is positive.
     template <bool kCausal>
     __device__ __forceinline__ float prob(float s, float lse2, int excess) const {
@@ -141,7 +175,7 @@ struct BwdConsumerBase {
     // to the consumer's shared panel in dq_accum's own order, then thread 0 adds the whole panel with one bulk
     // reduction; split by columns: one 16-byte reduction a tile a thread, straight from the registers.
     // Deterministic (p.bwd.deterministic): in key-block order. Key block j waits until the semaphore of
-    // (batch, head, m_block) reads j (every earlier key block visits m_block too, causal included), adds, waits
+    // (batch, head, m_block) reads j - j0 (blocks j0 .. j - 1 visit m_block too: Mask::first_n_block), adds, waits
     // for its adds to complete, and increments it; at hd64 every consumer adds to each element: their panels in
     // consumer order.
     __device__ __forceinline__ void add_dq(const BwdCta<Kt>& cta, const float (&dq)[Kt::kDqTiles][4], int head,
@@ -150,7 +184,8 @@ struct BwdConsumerBase {
         const bool leader = fresh_thread() == gmma::kWarpgroupThreads;   // consumer 0's thread 0 (see fresh_thread)
         if (ordered) {
             if (leader) {
-                wait_semaphore(ws.semaphore(p, batch, head, m_block), n_block);
+                wait_semaphore(ws.semaphore(p, batch, head, m_block),
+                               n_block - mask.first_n_block(m_block * Kt::kBlockM, Kt::kBlockN));
                 fence_proxy_async_global();   // the earlier blocks' bulk adds, before this block's
             }
             named_sync(kBwdDqOrderBarrier, Kt::kConsumerThreads);

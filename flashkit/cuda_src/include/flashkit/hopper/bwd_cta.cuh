@@ -20,8 +20,8 @@ struct BackwardMaps {
 };
 
 // The visits of key block n_block: every query head of the kv head's group (GQA / MQA: dK, dV summed in
-// the CTA), each over the query blocks that see any key of the block (causal: from first_m_block on).
-template <int kBlockM, int kBlockN, bool kCausal>
+// the CTA), each over the query blocks that see any key of the block (Mask: bwd_mask.cuh).
+template <int kBlockM, int kBlockN, class Mask>
 struct BwdVisits {
     int group;     // query heads per kv head
     int m_begin;   // first visited query block of each head
@@ -32,9 +32,10 @@ struct BwdVisits {
     __device__ __forceinline__ BwdVisits(const Params& p, int n_block, int kv_head) {
         group = p.heads / p.kv_heads;
         head0 = kv_head * group;
-        const int m_blocks = (p.seqlen_q + kBlockM - 1) / kBlockM;
-        m_begin = BwdCausal<kCausal>::first_m_block(p, n_block * kBlockN, kBlockM);
-        n_m = m_blocks - m_begin;
+        const Mask mask(p);
+        const int n0 = n_block * kBlockN;
+        m_begin = mask.m_begin(n0, kBlockM);
+        n_m = max(mask.m_end(min(n0 + kBlockN, p.seqlen_k), kBlockM) - m_begin, 0);
         total = group * n_m;
     }
     __device__ __forceinline__ int head(int i) const { return head0 + i / n_m; }

@@ -27,19 +27,19 @@ __device__ __forceinline__ void bwd_consume(const Params& p, const BwdCta<Kt>& c
     consumer.store_dk_dv();
 }
 
-template <class Kt, bool kCausal>
+template <class Kt, class Mask, class Mod>
 __device__ __forceinline__ void ws_backward(const Params& p, const BackwardMaps& maps, int n_block, int kv_head,
                                             int batch) {
     BwdCta<Kt> cta(ws_smem_base());
-    const BwdVisits<Kt::kBlockM, Kt::kBlockN, kCausal> visits(p, n_block, kv_head);
+    const BwdVisits<Kt::kBlockM, Kt::kBlockN, Mask> visits(p, n_block, kv_head);
     if (cta.producer()) {
         release_registers<Kt::kProducerRegs>();
         if (cta.issuer()) bwd_produce<Kt>(cta, maps, visits, n_block, kv_head, batch);
         return;
     }
     claim_registers<Kt::kConsumerRegs>();
-    if constexpr (Kt::kSplitColumns) bwd_consume<BwdColumnConsumer<Kt, kCausal> >(p, cta, visits, n_block, kv_head, batch);
-    else bwd_consume<BwdConsumer<Kt, kCausal> >(p, cta, visits, n_block, kv_head, batch);
+    if constexpr (Kt::kSplitColumns) bwd_consume<BwdColumnConsumer<Kt, Mask, Mod> >(p, cta, visits, n_block, kv_head, batch);
+    else bwd_consume<BwdConsumer<Kt, Mask, Mod> >(p, cta, visits, n_block, kv_head, batch);
 }
 
 }  // namespace hopper

@@ -4,10 +4,12 @@
 // i of every query head of its kv head's group (GQA / MQA: dK, dV summed over the group in registers).
 // Per visited query block, with the pre-pass's lse2 = LSE log2(e) and dsum = rowsum(dO O):
 //   S^T  = K_j Q_i^T                      warp w: its 16 keys x kBlockM queries
+//   S^T  = mod(S^T), masked               softcap / ALiBi (score_mod.cuh), the window's or chunk's element
+//                                         mask (bwd_mask.cuh) on the slices that cross its edges
 //   P^T  = exp2(S^T scale log2(e) - lse2) recomputed, never stored; 0 above the causal diagonal
 //   dV  += P^T dO_i                       P^T packed to 16 bits as the A operand
 //   dP^T = V_j dO_i^T
-//   dS^T = P^T (dP^T - dsum)
+//   dS^T = P^T (dP^T - dsum)              times d mod / ds (softcap: 1 - tanh^2, raw_score_grad)
 //   dK  += dS^T Q_i                       (times scale at the end)
 //   dQ_i += scale dS K_j                  dS^T through shared memory; fp32 atomics into dq_accum,
 //                                         in key-block order when p.bwd.deterministic
@@ -21,6 +23,8 @@
 #pragma once
 
 #include "flashkit/sm80/bwd_traits.cuh"
+#include "flashkit/bwd_mask.cuh"
+#include "flashkit/score_mod.cuh"
 #include "flashkit/fragment.cuh"
 #include "flashkit/sm80/mma.cuh"
 #include "flashkit/reduce.cuh"
@@ -54,7 +58,7 @@ __device__ __forceinline__ LdsmLane<kCols> ldsm_rows8x2(int lane) {
     return LdsmLane<kCols>((lane / 16) * 8 + lane % 8, (lane / 8) % 2, lane);
 }
 
-template <class Kt, bool kCausal>
+template <class Kt, class Mask, class Mod>
 struct BwdMainloop {
     typedef typename Kt::Element Element;
     static constexpr int kD = Kt::kHeadDim;
@@ -64,8 +68,12 @@ struct BwdMainloop {
     static constexpr int kM = Kt::kBlockM;
     static constexpr int kN = Kt::kBlockN;
 
+    static constexpr bool kCausal = Mask::kCausal;
+
     const Params& p;               // the sequence's view (varlen) or the call's parameter block
     const BwdWorkspace<kM, kD> ws;     // over the call's parameter block
+    const Mask mask;
+    BwdKeyRows key_rows;           // BwdLocal: the queries that see this thread's keys (rows g, g + 8)
     int batch, kv_head, n0, warp, lane;
     int t_batch, q_row0, k_row0;   // the sequence's row 0 in the tensors (SeqOrigin; varlen: re-read from
                                    // cu_seqlens where used inside the loop, varlen.cuh's reload_range)
@@ -79,10 +87,11 @@ struct BwdMainloop {
     // call: the call's parameter block (the workspace's layout); p_: the sequence's view, or call itself.
     __device__ __forceinline__ BwdMainloop(const Params& p_, const Params& call, unsigned char* smem, int n_block,
                                            int kv_head_, int batch_, const SeqOrigin& origin)
-        : p(p_), ws(call), batch(batch_), kv_head(kv_head_), n0(n_block * kN), t_batch(origin.batch),
+        : p(p_), ws(call), mask(p_), batch(batch_), kv_head(kv_head_), n0(n_block * kN), t_batch(origin.batch),
           q_row0(origin.q_row), k_row0(origin.k_row) {
         warp = threadIdx.x / kWarpSize;
         lane = threadIdx.x % kWarpSize;
+        if constexpr (Mask::kLocal) key_rows = mask.key_rows(n0 + warp * kMmaM + lane / kQuadLanes);
         sQ = smem_u32(smem);
         sdO = sQ + 2 * Kt::kQElems * Kt::kElemBytes;
         sK = sdO + 2 * Kt::kQElems * Kt::kElemBytes;
@@ -214,8 +223,8 @@ struct BwdMainloop {
         }
         const bool ordered = p.bwd.deterministic != 0;
         int* sema = ws.semaphore(p, batch, head, m_block);
-        if (ordered) {   // wait for key blocks 0 .. n_block - 1 (every block before this one visits m_block)
-            if (threadIdx.x == 0) wait_semaphore(sema, n0 / kN);
+        if (ordered) {   // wait for the key blocks before this one that visit m_block (from the mask's first)
+            if (threadIdx.x == 0) wait_semaphore(sema, n0 / kN - mask.first_n_block(m_block * kM, kN));
             __syncthreads();
         }
         float* dq = ws.dq_accum + (ws.row0(p, batch, head) + m_block * kM) * kD;
@@ -257,32 +266,39 @@ struct BwdMainloop {
         return p.seqlen_k - p.seqlen_q;
     }
 
-    // One query block: everything but the dQ product, which needs dS^T of every warp.
-    __device__ __forceinline__ void step(int m_block, int buf) {
+    // One query block of `head`: everything but the dQ product, which needs dS^T of every warp.
+    __device__ __forceinline__ void step(int head, int m_block, int buf) {
+        const Mod mod(p, head, batch);
 #pragma unroll 1
-        for (int q0 = 0; q0 < kM; q0 += Kt::kSubM) step_slice(m_block, buf, q0);
+        for (int q0 = 0; q0 < kM; q0 += Kt::kSubM) step_slice(mod, m_block, buf, q0);
     }
 
     // Queries q0 .. q0 + kSubM - 1 of the block.
-    __device__ __forceinline__ void step_slice(int m_block, int buf, int q0) {
+    __device__ __forceinline__ void step_slice(const Mod& mod, int m_block, int buf, int q0) {
         const int m0 = m_block * kM;
         const int g = lane / kQuadLanes;
         const int c2 = kFragCols * (lane % kQuadLanes);
         const float* lse2 = s_lse2 + buf * kM + q0;
         const float* dsum = s_dsum + buf * kM + q0;
+        const int key = n0 + warp * kMmaM + g;   // this thread's keys: key, key + 8
+        const int query0 = m0 + q0 + c2;         // and queries query0 + 8 ni + (0, 1)
 
         float st[Kt::kMCols][4];   // S^T, then P^T: keys (rows g, g + 8) x queries
         gemm_rows_by_queries(st, sK, q_buf(buf), q0);
-        const int offset = causal_offset();
-        if (BwdCausal<kCausal>::crosses(offset, m0 + q0, n0, kN)) {
+        apply_score_mod_transposed(mod, st, key, query0);
+        if constexpr (Mask::kLocal) {   // the slice's queries not inside every key's interval: the element mask
+            if (m0 + q0 < mask.query_begin(n0 + kN - 1) || m0 + q0 + Kt::kSubM > mask.query_end(n0))
+                apply_key_mask(key_rows, st, query0);
+        } else {
+            const int offset = causal_offset();
+            if (BwdCausal<kCausal>::crosses(offset, m0 + q0, n0, kN)) {
 #pragma unroll
-            for (int ni = 0; ni < Kt::kMCols; ++ni)
+                for (int ni = 0; ni < Kt::kMCols; ++ni)
 #pragma unroll
-                for (int e = 0; e < 4; ++e) {
-                    const int key = n0 + warp * kMmaM + g + (e / 2) * kFragRowHalf;
-                    const int query = m0 + q0 + ni * kMmaN + c2 + e % 2;
-                    if (key > query + offset) st[ni][e] = FLASHKIT_NEG_INF;
-                }
+                    for (int e = 0; e < 4; ++e)
+                        if (key + (e / 2) * kFragRowHalf > query0 + ni * kMmaN + e % 2 + offset)
+                            st[ni][e] = FLASHKIT_NEG_INF;
+            }
         }
 #pragma unroll
         for (int ni = 0; ni < Kt::kMCols; ++ni) {   // P^T = exp2(S^T c - lse2)
@@ -315,7 +331,14 @@ struct BwdMainloop {
                 for (int h = 0; h < 2; ++h) {
                     float p0, p1;
                     unpack_float2<Element>(pt[kk][2 * j + h], p0, p1);
-                    ds[2 * j + h] = pack_float2<Element>(p0 * (dpt[ni][2 * h] - d.x), p1 * (dpt[ni][2 * h + 1] - d.y));
+                    float ds0 = p0 * (dpt[ni][2 * h] - d.x), ds1 = p1 * (dpt[ni][2 * h + 1] - d.y);
+                    if constexpr (!Mod::kUnitGrad) {   // dS of the raw score (softcap's 1 - tanh^2)
+                        const float2 l = *reinterpret_cast<const float2*>(lse2 + ni * kMmaN + c2);
+                        const int key_h = key + h * kFragRowHalf;
+                        ds0 = raw_score_grad(mod, p, ds0, p0, l.x, query0 + ni * kMmaN, key_h);
+                        ds1 = raw_score_grad(mod, p, ds1, p1, l.y, query0 + ni * kMmaN + 1, key_h);
+                    }
+                    ds[2 * j + h] = pack_float2<Element>(ds0, ds1);
                     const int row = warp * kMmaM + g + h * kFragRowHalf;
                     asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(sdS + swizzle_offset<kM>(row, q0 + ni * kMmaN + c2) * 2),
                                  "r"(ds[2 * j + h]));
@@ -355,16 +378,16 @@ struct BwdMainloop {
 // The whole backward of key block n_block of (kv_head, sequence `batch`); p: the sequence's view (varlen) or
 // the call's parameter block, origin: where the sequence's rows lie. A sequence without queries visits no
 // query block and stores dK = dV = 0.
-template <class Kt, bool kCausal>
+template <class Kt, class Mask, class Mod>
 __device__ __forceinline__ void bwd_block_seq(const Params& p, const Params& call, int n_block, int kv_head, int batch,
                                               const SeqOrigin& origin) {
     extern __shared__ __align__(128) unsigned char smem_raw[];
-    BwdMainloop<Kt, kCausal> loop(p, call, smem_raw, n_block, kv_head, batch, origin);
+    BwdMainloop<Kt, Mask, Mod> loop(p, call, smem_raw, n_block, kv_head, batch, origin);
     const int group = p.heads / p.kv_heads;
-    const int m_begin = BwdCausal<kCausal>::first_m_block(p, n_block * Kt::kBlockN, Kt::kBlockM);
-    // Query blocks visited per head: the sequence's (varlen), or the workspace's (dense: the same number).
-    const int m_blocks = FLASHKIT_VARLEN != 0 ? (p.seqlen_q + Kt::kBlockM - 1) / Kt::kBlockM : loop.ws.m_blocks;
-    const int n_m = m_blocks - m_begin;
+    // The query blocks that see a key of the block (the sequence's, varlen), each head of the group.
+    const int n0 = n_block * Kt::kBlockN;
+    const int m_begin = loop.mask.m_begin(n0, Kt::kBlockM);
+    const int n_m = max(loop.mask.m_end(min(n0 + Kt::kBlockN, p.seqlen_k), Kt::kBlockM) - m_begin, 0);
     const int total = group * n_m;
     loop.load_kv_async();
     if (total > 0) loop.load_q_async(kv_head * group, m_begin, 0);
@@ -377,7 +400,7 @@ __device__ __forceinline__ void bwd_block_seq(const Params& p, const Params& cal
         __syncthreads();   // Q_i, dO_i (and K, V) resident; every warp is done with buffer buf ^ 1 and dS^T
         if (it + 1 < total)
             loop.load_q_async(kv_head * group + (it + 1) / n_m, m_begin + (it + 1) % n_m, buf ^ 1);
-        loop.step(m_block, buf);
+        loop.step(head, m_block, buf);
         __syncthreads();   // dS^T complete
         loop.accumulate_dq(head, m_block);
     }
@@ -386,11 +409,11 @@ __device__ __forceinline__ void bwd_block_seq(const Params& p, const Params& cal
 
 // The main kernel's CTA of (key block, kv head, batch): with FLASHKIT_VARLEN of packed sequence `batch`,
 // and nothing past the sequence's last key block.
-template <class Kt, bool kCausal>
+template <class Kt, class Mask, class Mod>
 __device__ __forceinline__ void bwd_block(const Params& params, int n_block, int kv_head, int batch) {
     for_sequence<FLASHKIT_VARLEN != 0, Kt::kBlockN, SeqRows::kKeys>(
         params, batch, n_block, [&](const Params& p, const SeqOrigin& origin) {
-            bwd_block_seq<Kt, kCausal>(p, params, n_block, kv_head, batch, origin);
+            bwd_block_seq<Kt, Mask, Mod>(p, params, n_block, kv_head, batch, origin);
         });
 }
 
