@@ -387,7 +387,10 @@ __device__ __forceinline__ void bwd_block_seq(const Params& p, const Params& cal
     // The query blocks that see a key of the block (the sequence's, varlen), each head of the group.
     const int n0 = n_block * Kt::kBlockN;
     const int m_begin = loop.mask.m_begin(n0, Kt::kBlockM);
-    const int n_m = max(loop.mask.m_end(min(n0 + Kt::kBlockN, p.seqlen_k), Kt::kBlockM) - m_begin, 0);
+    // (Dense: the workspace's count, the same number, which ptxas keeps anyway: a second one spilled 8 B at hd128.)
+    const int m_end = Mask::kLocal || FLASHKIT_VARLEN != 0
+                          ? loop.mask.m_end(min(n0 + Kt::kBlockN, p.seqlen_k), Kt::kBlockM) : loop.ws.m_blocks;
+    const int n_m = max(m_end - m_begin, 0);
     const int total = group * n_m;
     loop.load_kv_async();
     if (total > 0) loop.load_q_async(kv_head * group, m_begin, 0);
