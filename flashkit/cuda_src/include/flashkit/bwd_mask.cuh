@@ -87,16 +87,7 @@ struct BwdLocal : LocalWindow {
 template <int kTiles>
 __device__ __forceinline__ void apply_key_mask(const BwdKeyRows& rows, float (&st)[kTiles][4], int query0) {
 #pragma unroll
-    for (int h = 0; h < 2; ++h) {
-        const int lo = rows.lo[h] - query0, hi = rows.hi[h] - query0;
-#pragma unroll
-        for (int ni = 0; ni < kTiles; ++ni)
-#pragma unroll
-            for (int e = 0; e < 2; ++e) {
-                const int c = ni * kMmaN + e;
-                if (c < lo || c >= hi) st[ni][2 * h + e] = FLASHKIT_NEG_INF;
-            }
-    }
+    for (int h = 0; h < 2; ++h) mask_outside(st, h, rows.lo[h] - query0, rows.hi[h] - query0);
 }
 
 // S^T = mod(S^T) on the same layout (score_mod.cuh's types take the query as the row, the key as the column).

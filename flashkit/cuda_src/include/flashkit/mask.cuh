@@ -157,6 +157,18 @@ struct LocalMask : LocalWindow {
     }
 };
 
+// One row half h of an mma C-layout tile (s[ni][2h + e]: column 8 ni + e): -inf outside columns [lo, hi).
+template <int kNTiles>
+__device__ __forceinline__ void mask_outside(float (&s)[kNTiles][4], int h, int lo, int hi) {
+#pragma unroll
+    for (int ni = 0; ni < kNTiles; ++ni)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+            const int c = ni * kMmaN + e;
+            if (c < lo || c >= hi) s[ni][2 * h + e] = FLASHKIT_NEG_INF;
+        }
+}
+
 // S[i][j] = -inf outside [key_begin(i), key_end(i)) (same C layout as the generic apply_mask above).
 template <int kBlockM, int kBlockN, int kMTiles, int kNTiles>
 __device__ __forceinline__ void apply_mask(const LocalMask<kBlockM, kBlockN>& mask,
@@ -166,14 +178,7 @@ __device__ __forceinline__ void apply_mask(const LocalMask<kBlockM, kBlockN>& ma
 #pragma unroll
         for (int h = 0; h < 2; ++h) {   // rows g, g + 8
             const int row = row0 + mi * kMmaM + h * kFragRowHalf;
-            const int begin = mask.key_begin(row) - col0, end = mask.key_end(row) - col0;
-#pragma unroll
-            for (int ni = 0; ni < kNTiles; ++ni)
-#pragma unroll
-                for (int e = 0; e < 2; ++e) {
-                    const int c = ni * kMmaN + e;
-                    if (c < begin || c >= end) s[mi][ni][2 * h + e] = FLASHKIT_NEG_INF;
-                }
+            mask_outside(s[mi], h, mask.key_begin(row) - col0, mask.key_end(row) - col0);
         }
 }
 

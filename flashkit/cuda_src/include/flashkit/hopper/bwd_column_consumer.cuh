@@ -24,7 +24,6 @@ namespace hopper {
 template <class Kt, class Mask, class Mod>
 struct BwdColumnConsumer : BwdConsumerBase<Kt, Mask> {
     typedef BwdConsumerBase<Kt, Mask> Base;
-    static constexpr bool kCausal = Mask::kCausal;
     typedef typename Kt::Element Element;
     typedef typename Kt::QTile QTile;
     typedef typename Kt::KTile KTile;
@@ -70,8 +69,8 @@ struct BwdColumnConsumer : BwdConsumerBase<Kt, Mask> {
         gmma::fence_accumulators(s);
         const Mod mod(p, head, batch);
         this->modify_scores(mod, s, m0);
-        const int over = this->causal_over(kCausal, m0);
-        const int diff = this->window_diff(m0);
+        const int over = this->causal_over(m0);
+        const int diff = this->key_minus_query(m0);
         u32 pt[Kt::kQTiles][2];   // P^T in 16 bits: pt[ni][h] = row warp_row + 8 h, column tile ni
 #pragma unroll
         for (int ni = 0; ni < Kt::kQTiles; ++ni)
@@ -79,12 +78,9 @@ struct BwdColumnConsumer : BwdConsumerBase<Kt, Mask> {
             for (int h = 0; h < 2; ++h) {
                 float pr[2];
 #pragma unroll
-                for (int c = 0; c < 2; ++c) {   // P^T, 0 above the causal diagonal and outside the window
-                    const int at = h * kFragRowHalf - (ni * kMmaN + c);
-                    pr[c] = this->windowed(
-                        this->template prob<kCausal>(s[ni][2 * h + c], c ? lse2[ni].y : lse2[ni].x, over + at),
-                        diff + at);
-                }
+                for (int c = 0; c < 2; ++c)   // P^T, 0 above the causal diagonal and outside the window
+                    pr[c] = this->visible_prob(s[ni][2 * h + c], c ? lse2[ni].y : lse2[ni].x, over, diff,
+                                               h * kFragRowHalf - (ni * kMmaN + c));
                 pt[ni][h] = pack_float2<Element>(pr[0], pr[1]);
                 store_pair(pt_tile, h, ni, pt[ni][h]);
             }
@@ -96,13 +92,9 @@ struct BwdColumnConsumer : BwdConsumerBase<Kt, Mask> {
         for (int ni = 0; ni < Kt::kQTiles; ++ni) {
             const float2 d = this->query_pair(dsum, ni);
 #pragma unroll
-            for (int h = 0; h < 2; ++h) {   // dS^T = P^T (dP^T - dsum), P^T as rounded (bwd_consumer.cuh)
-                float p0, p1;
-                unpack_float2<Element>(pt[ni][h], p0, p1);
-                float ds0 = p0 * (dp[ni][2 * h] - d.x), ds1 = p1 * (dp[ni][2 * h + 1] - d.y);
-                this->raw_grad_pair(mod, ds0, ds1, p0, p1, ws_row, m0, h, ni);
-                store_pair(ds_tile, h, ni, pack_float2<Element>(ds0, ds1));
-            }
+            for (int h = 0; h < 2; ++h)   // dS^T = P^T (dP^T - dsum), P^T as rounded (bwd_consumer.cuh)
+                store_pair(ds_tile, h, ni,
+                           this->ds_pair(mod, pt[ni][h], dp[ni][2 * h], dp[ni][2 * h + 1], d, ws_row, m0, h, ni));
         }
         gmma::fence_proxy_async();   // the P^T, dS^T stores (generic proxy), before wgmma (async proxy) reads them
         named_sync(kBwdDsReadyBarrier, Kt::kConsumerThreads);   // both halves of P^T and dS^T in the tiles

@@ -41,7 +41,6 @@ namespace hopper {
 template <class Kt, class Mask, class Mod>
 struct BwdConsumer : BwdConsumerBase<Kt, Mask> {
     typedef BwdConsumerBase<Kt, Mask> Base;
-    static constexpr bool kCausal = Mask::kCausal;
     typedef typename Kt::Element Element;
     typedef typename Kt::QTile QTile;
     typedef typename Kt::KTile KTile;
@@ -82,16 +81,14 @@ struct BwdConsumer : BwdConsumerBase<Kt, Mask> {
         gmma::fence_accumulators(s);
         const Mod mod(p, head, batch);
         this->modify_scores(mod, s, m0);
-        const int over = this->causal_over(kCausal, m0);
-        const int diff = this->window_diff(m0);
+        const int over = this->causal_over(m0);
+        const int diff = this->key_minus_query(m0);
 #pragma unroll
         for (int ni = 0; ni < Kt::kQTiles; ++ni)
 #pragma unroll
-            for (int e = 0; e < 4; ++e) {   // P^T, 0 above the causal diagonal and outside the window
-                const int c = (e / 2) * kFragRowHalf - (ni * kMmaN + e % 2);
-                s[ni][e] = this->windowed(
-                    this->template prob<kCausal>(s[ni][e], e % 2 ? lse2[ni].y : lse2[ni].x, over + c), diff + c);
-            }
+            for (int e = 0; e < 4; ++e)   // P^T, 0 above the causal diagonal and outside the window
+                s[ni][e] = this->visible_prob(s[ni][e], e % 2 ? lse2[ni].y : lse2[ni].x, over, diff,
+                                              (e / 2) * kFragRowHalf - (ni * kMmaN + e % 2));
         u32 pt[Kt::kQSteps][4];   // P^T as 16-bit A fragments: pt[kk][2 j + h] = rows + 8 h, column tile 2 kk + j
 #pragma unroll
         for (int kk = 0; kk < Kt::kQSteps; ++kk) pack_a_fragment<Element>(pt[kk], s, kk);
@@ -111,13 +108,10 @@ struct BwdConsumer : BwdConsumerBase<Kt, Mask> {
                 const int ni = 2 * kk + j;
                 const float2 d = this->query_pair(dsum, ni);
 #pragma unroll
-                for (int h = 0; h < 2; ++h) {   // dS^T = P^T (dP^T - dsum), to the shared dS^T tile
-                    float p0, p1;
-                    unpack_float2<Element>(pt[kk][2 * j + h], p0, p1);
-                    float ds0 = p0 * (dp[ni][2 * h] - d.x), ds1 = p1 * (dp[ni][2 * h + 1] - d.y);
-                    this->raw_grad_pair(mod, ds0, ds1, p0, p1, ws_row, m0, h, ni);
-                    st_shared_b32(this->pair_address(ds_tile, k_row0 + warp_row, ni, h), pack_float2<Element>(ds0, ds1));
-                }
+                for (int h = 0; h < 2; ++h)   // dS^T = P^T (dP^T - dsum), to the shared dS^T tile
+                    st_shared_b32(this->pair_address(ds_tile, k_row0 + warp_row, ni, h),
+                                  this->ds_pair(mod, pt[kk][2 * j + h], dp[ni][2 * h], dp[ni][2 * h + 1], d, ws_row,
+                                                m0, h, ni));
             }
 
         gmma::fence_proxy_async();   // the dS^T stores (generic proxy), before wgmma (async proxy) reads them

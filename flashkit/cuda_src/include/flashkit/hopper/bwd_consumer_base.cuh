@@ -92,39 +92,50 @@ struct BwdConsumerBase {
         gmma::commit();
     }
 
-    // Causal, bottom-right aligned: key > query + shift -> P = 0, with the shift past every key where no key of
-    // the consumer's rows crosses the diagonal of the visit at query block m0 (one copy of the step serves
-    // masked and unmasked visits). As one register: key - query - shift = over + 8 h - (8 ni + c) for the
-    // thread's element c of row half h in column tile ni.
-    __device__ __forceinline__ int causal_over(bool causal, int m0) const {
-        const int shift = causal && BwdCausal<true>::crosses(p.seqlen_k - p.seqlen_q, m0, key0, Kt::kConsumerKeys)
-                              ? p.seqlen_k - p.seqlen_q
-                              : kNoMaskShift;
-        return key0 + warp_row - (m0 + s_query0() + col2) - shift;
+    // key - query of the thread's first element of the visit at m0 (row warp_row, query col2 of the consumer's
+    // first); element c of row half h in column tile ni is at `+ 8 h - (8 ni + c)` from it (the step's offsets).
+    __device__ __forceinline__ int key_minus_query(int m0) const {
+        return key0 + warp_row - (m0 + s_query0() + col2);
     }
 
-    // S^T = mod(S^T) (the visit's head's modification), then -inf outside the window (BwdLocal): every visit,
-    // with no branch (one copy of the step serves masked and unmasked visits, as for causal_over).
+    // Causal, bottom-right aligned: key > query + shift -> P = 0, with the shift past every key where no key of
+    // the consumer's rows crosses the diagonal of the visit at query block m0 (one copy of the step serves
+    // masked and unmasked visits). As one register: key - query - shift.
+    __device__ __forceinline__ int causal_over(int m0) const {
+        const int shift = Mask::kCausal &&
+                                  BwdCausal<true>::crosses(p.seqlen_k - p.seqlen_q, m0, key0, Kt::kConsumerKeys)
+                              ? p.seqlen_k - p.seqlen_q
+                              : kNoMaskShift;
+        return key_minus_query(m0) - shift;
+    }
+
+    // S^T = mod(S^T) (the visit's head's modification), every visit.
     template <class Mod>
     __device__ __forceinline__ void modify_scores(const Mod& mod, float (&s)[Kt::kQTiles][4], int m0) const {
-        const int query0 = m0 + s_query0() + col2;
-        apply_score_mod_transposed(mod, s, key0 + warp_row, query0);
+        apply_score_mod_transposed(mod, s, key0 + warp_row, m0 + s_query0() + col2);
     }
-    // BwdLocal (a window, no chunk: the manifest leaves chunks to fa2_bwd): key - query of the thread's first
-    // element of the visit at m0, as causal_over's one register; element (h, c = 8 ni + e) is `d + 8 h - c`.
-    __device__ __forceinline__ int window_diff(int m0) const { return key0 + warp_row - (m0 + s_query0() + col2); }
-    // x, or 0 where the window hides the element whose key - query is `diff`.
-    __device__ __forceinline__ float windowed(float x, int diff) const {
+
+    // P^T of the element at offset `at` from the thread's first (over, diff: causal_over and key_minus_query of the
+    // visit): exp2(S^T scale log2(e) - lse2), 0 above the causal diagonal and, with BwdLocal (a window, no chunk:
+    // the manifest leaves chunks to fa2_bwd), where key - query leaves the window's uniform limits. No branch:
+    // one copy of the step serves masked and unmasked visits.
+    __device__ __forceinline__ float visible_prob(float s, float lse2, int over, int diff, int at) const {
+        const float x = fast_exp2(fmaf(s, p.softmax_scale_log2, -lse2));
+        if constexpr (Mask::kCausal) return over + at > 0 ? 0.f : x;
         if constexpr (Mask::kLocal)
-            return diff < mask.key_minus_query_min() || diff > mask.key_minus_query_max() ? 0.f : x;
+            return diff + at < mask.key_minus_query_min() || diff + at > mask.key_minus_query_max() ? 0.f : x;
         return x;
     }
 
-    // dS of the raw scores from the modified ones' (softcap's slope) for the thread's pair (ds0, ds1) of row half
-    // h, column tile ni, whose probabilities are (p0, p1); lse2 re-read from the workspace (ws_row: the visit's).
+    // dS^T = P^T (dP^T - dsum) of the thread's pair of row half h, column tile ni (P^T as rounded: pt_pair), times
+    // the modification's slope where it is not 1 (softcap; lse2 re-read from the workspace, ws_row: the visit's);
+    // packed to 16 bits.
     template <class Mod>
-    __device__ __forceinline__ void raw_grad_pair(const Mod& mod, float& ds0, float& ds1, float p0, float p1,
-                                                  index_t ws_row, int m0, int h, int ni) const {
+    __device__ __forceinline__ u32 ds_pair(const Mod& mod, u32 pt_pair, float dp0, float dp1, float2 dsum,
+                                           index_t ws_row, int m0, int h, int ni) const {
+        float p0, p1;
+        unpack_float2<Element>(pt_pair, p0, p1);
+        float ds0 = p0 * (dp0 - dsum.x), ds1 = p1 * (dp1 - dsum.y);
         if constexpr (!Mod::kUnitGrad) {
             const float2 l = query_pair(ws.lse2 + ws_row + s_query0(), ni);
             const int query = m0 + s_query0() + col2 + ni * kMmaN;
@@ -132,14 +143,7 @@ struct BwdConsumerBase {
             ds0 = raw_score_grad(mod, p, ds0, p0, l.x, query, key);
             ds1 = raw_score_grad(mod, p, ds1, p1, l.y, query + 1, key);
         }
-    }
-
-    // P^T of one element: exp2(S^T scale log2(e) - lse2), 0 where its causal excess (over + ...) is positive.
-    template <bool kCausal>
-    __device__ __forceinline__ float prob(float s, float lse2, int excess) const {
-        const float x = fast_exp2(fmaf(s, p.softmax_scale_log2, -lse2));
-        if constexpr (kCausal) return excess > 0 ? 0.f : x;
-        return x;
+        return pack_float2<Element>(ds0, ds1);
     }
 
     // This consumer's first dK, dV column, and its first dQ column.
