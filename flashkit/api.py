@@ -49,17 +49,23 @@ def attention(q: Any, k: Any, v: Any, *, causal: bool = False, softmax_scale: fl
     """
     causal, return_lse, fp8 = (check_flag(causal, "causal"), check_flag(return_lse, "return_lse"),
                                check_flag(fp8, "fp8"))
-    # A call with no quantizing (fp8=True) and no functor may have been seen before: a cached key holds only
-    # arguments that passed validation, so the checks below, which such a call passes trivially, can come after
-    # the look-up. ALiBi's slopes and pre-quantized fp8's scales are keyed by their signatures (shape, strides,
-    # dtype, device) and put in per call (ALIBI_FIELDS, SCALE_FIELDS).
+    # A call with no quantizing (fp8=True) may have been seen before: a cached key holds only arguments that
+    # passed validation, so the checks below, which such a call passes trivially, can come after the look-up.
+    # ALiBi's slopes, pre-quantized fp8's scales and a functor's array arguments are keyed by their signatures
+    # (shape, strides, dtype, device) and put in per call (ALIBI_FIELDS, SCALE_FIELDS, the functor's fields).
     scales = (q_scale, k_scale, v_scale)
     prequantized = any(s is not None for s in scales)
     keyed_scales = scales if prequantized else ()
+    functor_key = None
+    if mod is not None or mod_args is not None:
+        from .features.functors import functor_signature
+        functor_key = functor_signature(mod, mod_args)
     key = _forward_key(q, k, v, out, causal, softmax_scale, variant, return_lse, block_mask, out_dtype, window_size,
-                       softcap, attention_chunk, alibi_slopes, keyed_scales) if (
-        not fp8 and fp8_options is None and mod is None and mod_args is None) else None
+                       softcap, attention_chunk, alibi_slopes, keyed_scales, functor_key) if (
+        not fp8 and fp8_options is None and (functor_key is not None or (mod is None and mod_args is None))) else None
     if key is not None and (cached := CALLS.get(key)) is not None:   # this signature validated and selected before
+        if functor_key is not None:
+            return cached(q, k, v, out, per_call_pointers(alibi_slopes, keyed_scales), mod_args)
         if alibi_slopes is None and not prequantized:
             return cached(q, k, v, out)
         return cached(q, k, v, out, per_call_pointers(alibi_slopes, keyed_scales))
@@ -115,6 +121,7 @@ def attention(q: Any, k: Any, v: Any, *, causal: bool = False, softmax_scale: fl
     per_call = (ALIBI_FIELDS if mods.alibi else ()) + (SCALE_FIELDS if prequantized else ())
     if functor is not None:   # ModArgs beside the built-in fields of Params.mods
         extras = merge_fields(extras, functor.kernel_fields(problem, to_cupy))
+        per_call += functor.variable_fields()
     out_arr = _output(out, problem, out_name, cupy)
     lse = cupy.empty((problem.batch, problem.heads, problem.seqlen_q), dtype=cupy.float32) if return_lse else None
     prepared = run(sel.chosen, problem, causal, LaunchInputs(qc, kc, vc, out_arr, lse, extras),
@@ -123,8 +130,11 @@ def attention(q: Any, k: Any, v: Any, *, causal: bool = False, softmax_scale: fl
     # Cached where the launch read the call's own arrays: no copy, no negation, the scales as given.
     if (key is not None and qc is q and kc is k and vc is v and problem.softmax_scale > 0
             and (not prequantized or all(a is b for a, b in zip(keep, scales)))):
-        CALLS.put(key, _CachedForward(prepared, out_arr.shape, out_arr.dtype, lse.shape if return_lse else None,
-                                      block_mask))
+        entry = (_CachedForward(prepared, out_arr.shape, out_arr.dtype, lse.shape if return_lse else None, block_mask)
+                 if functor is None else
+                 _CachedFunctorForward(prepared, out_arr.shape, out_arr.dtype, lse.shape if return_lse else None,
+                                       block_mask, functor.launch))
+        CALLS.put(key, entry)
     return (out_arr, lse) if return_lse else out_arr
 
 
@@ -150,8 +160,8 @@ def run(spec: KernelSpec, problem: Problem, causal: bool, io: LaunchInputs, bloc
         tiles = functor.tile_fields(problem, config.launch_dict, cupy_module())
         io = replace(io, extras=merge_fields(io.extras, {"mods": tiles}))
         prepared = prepare_launch(spec, loaded, config, problem, io, variable)
-        functor.classify(loaded, prepared.params.fill(io.q.data.ptr, io.k.data.ptr, io.v.data.ptr, io.out.data.ptr,
-                                                      0, 0), tiles)
+        functor.launch = functor.launcher(loaded, problem, config.launch_dict)
+        functor.launch.classify(prepared.params)
     prepared(io.q, io.k, io.v, io.out, io.lse)
     return prepared
 
@@ -168,6 +178,22 @@ class _CachedForward(CachedLaunch):
     __call__ = CachedLaunch.launch
 
 
+class _CachedFunctorForward(_CachedForward):
+    """A cached signature of an attention() call with a drop-in functor: per call its array arguments' addresses
+    and, for a mask_mod, fresh tile buffers classified before the attention (features/functors.FunctorLaunch)."""
+
+    def __init__(self, prepared: PreparedLaunch, out_shape: tuple, out_storage, lse_shape: tuple | None,
+                 block_mask: Any, functor: Any):
+        super().__init__(prepared, out_shape, out_storage, lse_shape, block_mask)
+        self.functor = functor
+
+    def __call__(self, q, k, v, out, extra: tuple[int, ...], mod_args: dict | None):
+        keep: list = []   # the tile buffers, alive until the launches are queued
+        extra = extra + self.functor.pointers(mod_args or {}, cupy_module(), keep)
+        self.functor.classify(self.prepared.params, extra)   # a mask_mod's tiles, before the attention
+        return self.launch(q, k, v, out, extra)
+
+
 ALIBI_FIELDS = ("mods.alibi_slopes",)   # per call: the slopes' address (their signature is in the key)
 SCALE_FIELDS = ("q_scale", "k_scale", "v_scale")   # per call: pre-quantized fp8's scales (likewise)
 
@@ -178,9 +204,11 @@ def per_call_pointers(alibi_slopes, scales: tuple) -> tuple[int, ...]:
 
 
 def _forward_key(q, k, v, out, causal, softmax_scale, variant, return_lse, block_mask, out_dtype, window_size,
-                 softcap, attention_chunk, alibi_slopes=None, scales: tuple = ()) -> tuple | None:
-    """The signature of a plain, block-sparse, modified or pre-quantized fp8 attention() call (one flat tuple: one
-    hash, no nested ones); None when it takes the full path. Scalars go in with their types (True == 1 == 1.0)."""
+                 softcap, attention_chunk, alibi_slopes=None, scales: tuple = (), functor: tuple | None = None
+                 ) -> tuple | None:
+    """The signature of a plain, block-sparse, modified, functor or pre-quantized fp8 attention() call (one flat
+    tuple; a functor's signature (features/functors.functor_signature) is one item of it); None when it takes the
+    full path. Scalars go in with their types (True == 1 == 1.0)."""
     arrays = arrays_signature(q, k, v, out, alibi_slopes, *scales)
     if arrays is None or arrays[0] is None:
         return None
@@ -195,7 +223,7 @@ def _forward_key(q, k, v, out, causal, softmax_scale, variant, return_lse, block
         return None
     return ("attention", arrays, causal, return_lse, type(softmax_scale), softmax_scale, variant,
             None if block_mask is None else (type(block_mask), id(block_mask)), type(out_dtype), out_dtype, window,
-            type(softcap), softcap, type(attention_chunk), attention_chunk, context)
+            type(softcap), softcap, type(attention_chunk), attention_chunk, context, functor)
 
 
 def request_for(problem: Problem, cc: tuple[int, int] | None = None, **flags: bool) -> Request:

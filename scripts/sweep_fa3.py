@@ -1,9 +1,10 @@
 """Tile-shape sweep of the fa3 kernel against cuDNN in the same run (the benchmark convention).
 
-Usage: python3 scripts/sweep_fa3.py [--seqlens 2048,8192] [hd:block_m,block_n,stages[,persistent] ...]
-(no configuration: the default grid; persistent 0 or 1, default the manifest's launch table's).
-Prints TFLOP/s of each configuration and of PyTorch's cuDNN backend, timed interleaved call by call (both
-under the same clocks), and their ratio.
+Usage: python3 scripts/sweep_fa3.py [--seqlens 2048,8192] [hd:block_m,block_n,stages[,persistent[,defer]] ...]
+(no configuration: the default grid; persistent and defer (defer_pv_wait) 0 or 1, default the manifest's
+launch table's). Prints TFLOP/s of each configuration and of PyTorch's cuDNN backend, timed interleaved call by
+call (both under the same clocks), their ratio, and the largest difference of the two outputs (a configuration
+that computes something else shows there, not only in its time).
 """
 
 from __future__ import annotations
@@ -66,8 +67,10 @@ def main(argv: list[str]) -> None:
                                   dtype="bfloat16", softmax_scale=hd ** -0.5)
                 for bm, bn, st, *rest in configs:
                     persistent = rest[0] if rest else base.launch.get("persistent", 0)
+                    defer = rest[1] if len(rest) > 1 else base.launch.get("defer_pv_wait", 0)
                     spec = dataclasses.replace(base, launch={"block_m": bm, "block_n": bn, "stages": st,
-                                                             "warps": (bm // 64 + 1) * 4, "persistent": persistent},
+                                                             "warps": (bm // 64 + 1) * 4, "persistent": persistent,
+                                                             "defer_pv_wait": defer},
                                                overrides={})
 
                     q0, k0, v0 = inputs[0]
@@ -77,14 +80,19 @@ def main(argv: list[str]) -> None:
                         print(f"d{hd} n{n} causal={causal} {bm}x{bn}x{st}: {type(exc).__name__}: {str(exc)[:200]}")
                         continue
 
+                    out.view(cp.uint16).fill(0x7FFF)   # poisoned (a 16-bit NaN): a tile never written shows
+                    prepared(q0, k0, v0, out)
+                    err = float((torch.from_dlpack(out).float() - cudnn_call(0).transpose(1, 2).float()).abs().max())
+
                     def fa3(i):   # the prepared launch: the host's work per call is the pointers and the launch
                         q, k, v = inputs[i % len(inputs)]
                         prepared(q, k, v, out)
                     try:   # each configuration timed interleaved with cuDNN (bench/timing.time_interleaved)
                         t_cudnn, t = time_cupy_interleaved([cudnn_call, fa3], 5, 30)
                         tf, tc = flops / t / 1e9, flops / t_cudnn / 1e9
-                        print(f"{shape.label:28.28s} {bm}x{bn}x{st}{'p' if persistent else ' ':<6s} "
-                              f"{tf:6.0f} {tc:6.0f} {tf / tc:.3f}", flush=True)
+                        tag = ("p" if persistent else "") + ("d" if defer else "")
+                        print(f"{shape.label:28.28s} {bm}x{bn}x{st}{tag:<6s} "
+                              f"{tf:6.0f} {tc:6.0f} {tf / tc:.3f}  max|fa3 - cudnn| {err:.2e}", flush=True)
                     except Exception as exc:
                         print(f"d{hd} n{n} causal={causal} {bm}x{bn}x{st}: {type(exc).__name__}: {str(exc)[:200]}")
                 del inputs, views

@@ -1,5 +1,6 @@
 """Drop-in functors timed against the built-in modifications and flex_attention in one run
-(python3 -m flashkit.bench.functors; flashkit bench --functors).
+(python3 -m flashkit.bench.functors; flashkit bench --functors). Each comparison (built-in, drop-in, flex) is timed
+interleaved call by call, so that its ratios hold under one clock.
 
 relative_bias (a drop-in ALiBi) against the built-in alibi_slopes on the same kernel, and against flex_attention with
 the same score_mod (compiled); document and prefix_lm masks against flex with the same mask_mod (its block mask
@@ -17,8 +18,7 @@ import time
 from typing import Any, Callable
 
 from .mods import ROTATE, rotated_inputs, shape_parser
-from .timing import time_cupy
-from .torch_baselines import time_torch
+from .timing import time_cupy_interleaved
 
 DOCUMENTS = 8   # the document mask's packed sequences per row
 
@@ -49,18 +49,27 @@ def main(argv: list[str] | None = None) -> dict:
     def fk(**kw) -> Callable[[int], Any]:
         return lambda i: flashkit.attention(*cviews[i % ROTATE], **kw)
 
-    def t(fn) -> float:
-        return time_cupy(fn, args.warmup, args.iters)
+    def interleaved(name: str, causal: bool, calls: list[tuple[str, Callable[[int], Any] | None]]) -> None:
+        """Time the calls of one comparison interleaved call by call (the same clocks for all: their ratios are
+        what the rows are for); a None call (flex unavailable) is left out."""
+        present = [(impl, fn) for impl, fn in calls if fn is not None]
+        for (impl, _), ms in zip(present, time_cupy_interleaved([fn for _, fn in present], args.warmup, args.iters)):
+            record(name, impl, ms, causal)
 
+    flex = {} if args.no_flex else flex_calls(tv, slopes_t, doc_t, prefix, s)
     for causal in (False, True):
         tag = "causal " if causal else ""
         for variant in ("fa3", "causal" if causal else "fa2"):
-            record(f"{tag}alibi", f"built-in {variant}", t(fk(causal=causal, alibi_slopes=slopes, variant=variant)),
-                   causal)
-            record(f"{tag}alibi", f"relative_bias {variant}",
-                   t(fk(causal=causal, mod="relative_bias", mod_args={"slopes": slopes}, variant=variant)), causal)
-        record(f"{tag}plain", "flashkit", t(fk(causal=causal)), causal)
-    record("causal document", "flashkit", t(fk(causal=True, mod="document", mod_args={"doc_ids": doc})), True)
+            interleaved(f"{tag}alibi", causal, [
+                (f"built-in {variant}", fk(causal=causal, alibi_slopes=slopes, variant=variant)),
+                (f"relative_bias {variant}", fk(causal=causal, mod="relative_bias", mod_args={"slopes": slopes},
+                                                variant=variant)),
+                ("flex", flex.get(f"{tag}alibi") if variant == "fa3" else None)])
+        interleaved(f"{tag}plain", causal, [("flashkit", fk(causal=causal))])
+    interleaved("causal document", True, [("flashkit", fk(causal=True, mod="document", mod_args={"doc_ids": doc})),
+                                          ("flex", flex.get("causal document"))])
+    interleaved("prefix_lm", True, [("flashkit", fk(mod="prefix_lm", mod_args={"prefix": prefix})),
+                                    ("flex", flex.get("prefix_lm"))])
     for name, kw in (("causal document", dict(causal=True, mod="document", mod_args={"doc_ids": doc})),
                      ("causal relative_bias", dict(causal=True, mod="relative_bias", mod_args={"slopes": slopes})),
                      ("causal alibi", dict(causal=True, alibi_slopes=slopes)), ("causal plain", dict(causal=True))):
@@ -72,9 +81,6 @@ def main(argv: list[str] | None = None) -> dict:
         rows.append({"name": name, "impl": "host per call", "ms": host * 1e3, "tflops": None})
         print(f"{name:<40} {'host per call':<22} {host * 1e3:8.3f} ms", flush=True)
         cupy.cuda.runtime.deviceSynchronize()
-    record("prefix_lm", "flashkit", t(fk(mod="prefix_lm", mod_args={"prefix": prefix})), True)
-    if not args.no_flex:
-        flex_rows(rows, tv, slopes_t, doc_t, prefix, s, args, record)
     result = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "cupy": cupy.__version__,
               "shape": {"batch": b, "seqlen": s, "heads": h, "head_dim": d}, "rows": rows, "first_calls": compile_rows}
     if args.out:
@@ -83,8 +89,9 @@ def main(argv: list[str] | None = None) -> dict:
     return result
 
 
-def flex_rows(rows, tv, slopes_t, doc_t, prefix, s, args, record) -> None:
-    """flex_attention (torch.compile'd) with the same modifications, block masks built once."""
+def flex_calls(tv, slopes_t, doc_t, prefix, s) -> dict[str, Callable[[int], Any]]:
+    """flex_attention (torch.compile'd) with the same modifications, by row name, block masks built once; {} (and
+    the reason printed) where flex or torch.compile does not work here."""
     try:
         from torch.nn.attention.flex_attention import create_block_mask, flex_attention
         import torch
@@ -104,14 +111,17 @@ def flex_rows(rows, tv, slopes_t, doc_t, prefix, s, args, record) -> None:
         bm_causal = create_block_mask(causal_mask, B=None, H=None, Q_LEN=s, KV_LEN=s, device="cuda")
         bm_doc = create_block_mask(document, B=doc_t.shape[0], H=None, Q_LEN=s, KV_LEN=s, device="cuda")
         bm_prefix = create_block_mask(prefix_lm, B=None, H=None, Q_LEN=s, KV_LEN=s, device="cuda")
-        tt = (lambda fn: time_torch(fn, args.warmup, args.iters))  # noqa: E731
-        record("alibi", "flex", tt(lambda i: flex(*tv[i % ROTATE], score_mod=alibi)), False)
-        record("causal alibi", "flex", tt(lambda i: flex(*tv[i % ROTATE], score_mod=alibi, block_mask=bm_causal)),
-               True)
-        record("causal document", "flex", tt(lambda i: flex(*tv[i % ROTATE], block_mask=bm_doc)), True)
-        record("prefix_lm", "flex", tt(lambda i: flex(*tv[i % ROTATE], block_mask=bm_prefix)), True)
+        calls = {"alibi": lambda i: flex(*tv[i % ROTATE], score_mod=alibi),
+                 "causal alibi": lambda i: flex(*tv[i % ROTATE], score_mod=alibi, block_mask=bm_causal),
+                 "causal document": lambda i: flex(*tv[i % ROTATE], block_mask=bm_doc),
+                 "prefix_lm": lambda i: flex(*tv[i % ROTATE], block_mask=bm_prefix)}
+        for fn in calls.values():   # compiled here, not inside a timed warm-up
+            fn(0)
+        torch.cuda.synchronize()
+        return calls
     except Exception as e:   # flex needs a working torch.compile; say so and go on
         print(f"flex_attention failed: {type(e).__name__}: {str(e).splitlines()[0][:200]}", flush=True)
+        return {}
 
 
 def time_first_calls(b: int, s: int, h: int, d: int) -> list[dict]:

@@ -42,6 +42,7 @@ class BoundFunctor:
     values: dict[str, Any]                        # argument name -> int, float or the caller's array
     build_key: str                                # "<path>@<sha256>": BuildConfig.functor
     keep: list = field(default_factory=list)      # device arrays alive until the launch is queued
+    launch: "FunctorLaunch | None" = None         # set by api.run once built: what a cached call redoes
 
     @property
     def features(self) -> tuple[str, ...]:
@@ -77,33 +78,107 @@ class BoundFunctor:
                 "q_tiles": -(-problem.seqlen_q // launch["block_m"]),
                 "k_tiles": -(-problem.seqlen_k // launch["block_n"])}
 
+    def variable_fields(self) -> tuple[str, ...]:
+        """The Params fields a cached call of this functor puts in per call (FunctorLaunch.pointers' order): its
+        array arguments' addresses, then a mask_mod's fresh tile buffers."""
+        return tuple(f"mods.args.ptr[{a.slot}]" for a in self.spec.args if a.kind == "pointer") + (
+            TILE_BUFFERS if self.spec.mask else ())
+
     def tile_fields(self, problem: Problem, launch: dict[str, int], cupy) -> dict:
-        """mask_mod's tile buffers, allocated (the classifier fills them on the GPU); {} without a mask_mod."""
+        """mask_mod's tile geometry and buffers, allocated (the classifier fills them on the GPU); {} without one."""
         if not self.spec.mask:
             return {}
         geo = self.tile_geometry(problem, launch)
-        rows = geo["tile_batch"] * geo["tile_heads"] * geo["q_tiles"]
-        counts = cupy.empty(2 * rows, dtype=cupy.int32)
-        lists = cupy.empty(rows * geo["k_tiles"], dtype=cupy.int32)
-        state = cupy.empty(rows * geo["k_tiles"], dtype=cupy.uint8)
-        self.keep += [counts, lists, state]
-        return {**geo, "tile_count": counts.data.ptr, "tile_list": lists.data.ptr, "tile_state": state.data.ptr}
+        buffers = tile_buffers(geo, cupy)
+        self.keep += buffers
+        return {**geo, **{name: b.data.ptr for name, b in zip(TILE_FIELDS, buffers)}}
 
-    def classify(self, loaded, params_block, tiles: dict) -> None:
-        """Launch the tile classifier and the compaction (functor.cuh) on the current stream, before the attention;
-        tiles: what tile_fields returned (the geometry and the buffers the parameter block points at)."""
-        if not self.spec.mask:
-            return
-        groups = tiles["tile_batch"] * tiles["tile_heads"]
-        rows = groups * tiles["q_tiles"]
-        loaded.aux["flashkit_functor_classify"]((tiles["k_tiles"], tiles["q_tiles"], groups), (CLASSIFY_THREADS, 1, 1),
-                                                (params_block,))
-        loaded.aux["flashkit_functor_compact"]((-(-rows // COMPACT_THREADS), 1, 1), (COMPACT_THREADS, 1, 1),
-                                               (params_block,))
+    def launcher(self, loaded, problem: Problem, launch: dict[str, int]) -> "FunctorLaunch":
+        """What a call of this functor redoes per call, on the build `loaded` (its classify / compact entries)."""
+        return FunctorLaunch(self.spec, loaded, self.tile_geometry(problem, launch) if self.spec.mask else {})
 
     def compile_error(self, error: CompileError) -> CompileError:
         """NVRTC's log as one error whose first line names the functor's file and line (or the first error)."""
         return functor_compile_error(self.spec, str(error))
+
+
+TILE_FIELDS = ("tile_count", "tile_list", "tile_state")          # Params.mods' tile buffers (functor.cuh)
+TILE_BUFFERS = tuple(f"mods.{name}" for name in TILE_FIELDS)
+
+
+def tile_buffers(geo: dict[str, int], cupy) -> tuple:
+    """A mask_mod's tile buffers for one call, TILE_FIELDS' order: per (batch, head, query tile) row its
+    counts of partial and full key tiles, its key-tile list, and each tile's state."""
+    rows = geo["tile_batch"] * geo["tile_heads"] * geo["q_tiles"]
+    return (cupy.empty(2 * rows, dtype=cupy.int32), cupy.empty(rows * geo["k_tiles"], dtype=cupy.int32),
+            cupy.empty(rows * geo["k_tiles"], dtype=cupy.uint8))
+
+
+@dataclass(frozen=True)
+class FunctorLaunch:
+    """A functor's part of a launch: its array arguments' addresses and, for a mask_mod, the tile classification
+    on the GPU before the attention (both per call; the scalars are fixed by the call's signature)."""
+
+    spec: ModSpec
+    loaded: Any                 # the build: its flashkit_functor_classify / _compact entries
+    geometry: dict[str, int]    # tile_geometry ({} without a mask_mod)
+
+    def pointers(self, mod_args: dict, cupy, keep: list) -> tuple[int, ...]:
+        """BoundFunctor.variable_fields' values for a call whose mod_args are CuPy arrays and scalars (a cached
+        signature's); the tile buffers are new, held in keep until the launch is queued."""
+        ptrs = tuple(mod_args[a.name].data.ptr for a in self.spec.args if a.kind == "pointer")
+        if not self.spec.mask:
+            return ptrs
+        buffers = tile_buffers(self.geometry, cupy)
+        keep += buffers
+        return ptrs + tuple(b.data.ptr for b in buffers)
+
+    def classify(self, params, extra: tuple[int, ...] = ()) -> None:
+        """Launch the tile classifier and the compaction (functor.cuh) on the current stream, before the attention;
+        params: the launch's ParamTemplate, extra: the call's values of its variable fields (none: the template's
+        own). The classifier reads the arguments and writes the tiles, never an array of the attention: those
+        addresses go in as 0, on either path."""
+        if not self.spec.mask:
+            return
+        from ..runtime.launch import POINTER_FIELDS
+        params_block = params.fill(*(0,) * len(POINTER_FIELDS), *extra)
+        geo = self.geometry
+        groups = geo["tile_batch"] * geo["tile_heads"]
+        rows = groups * geo["q_tiles"]
+        aux = self.loaded.aux
+        aux["flashkit_functor_classify"]((geo["k_tiles"], geo["q_tiles"], groups), (CLASSIFY_THREADS, 1, 1),
+                                         (params_block,))
+        aux["flashkit_functor_compact"]((-(-rows // COMPACT_THREADS), 1, 1), (COMPACT_THREADS, 1, 1), (params_block,))
+
+
+def functor_signature(mod: Any, mod_args: Any) -> tuple | None:
+    """The functor's part of a cached attention() key: its name, its file's state (an edit builds anew) and its
+    arguments (scalars with their types, CuPy arrays by metadata); None where the call takes the full path (an
+    unknown functor, an argument of another kind: the full path checks and names it)."""
+    from ..registry import discover_kernels
+    from ..runtime.call_cache import arrays_signature
+    if type(mod) is not str or not (mod_args is None or type(mod_args) is dict):
+        return None
+    spec = discover_kernels().mods.get(mod)
+    if spec is None:
+        return None
+    try:
+        st = spec.path.stat()
+    except OSError:
+        return None
+    args = []
+    for name, value in sorted((mod_args or {}).items(), key=lambda item: str(item[0])):
+        if isinstance(value, SCALAR_TYPES):
+            args.append((name, type(value), value))
+            continue
+        sig = arrays_signature(value)
+        if sig is None:
+            return None
+        args.append((name, sig[0]))
+    return ("mod", mod, str(spec.path), st.st_mtime_ns, st.st_size, tuple(args))
+
+
+SCALAR_TYPES = (int, float, np.integer, np.floating)   # bool is an int: its type in the key tells it apart
 
 
 def functor_compile_error(spec: ModSpec, log: str) -> CompileError:

@@ -149,9 +149,11 @@ class KernelSpec:
         hi = f"{self.arch_max[0]}.{self.arch_max[1]}"
         return f"{lo} exactly" if self.arch_max == self.arch_min else f"from {lo} to {hi}"
 
-    def launch_config(self, cc: tuple[int, int] | None, head_dim: int, mods: tuple[str, ...] = ()) -> dict[str, int]:
-        """The launch table with overrides applied: arch key, hd key, 'arch/hd' key, then 'hd/<mod>' per modification,
-        then each 'hd/<mod>+<mod>..' whose modifications are all among the call's (hd: the head dim's class)."""
+    def launch_config(self, cc: tuple[int, int] | None, head_dim: int, mods: tuple[str, ...] = (),
+                      causal: bool = False) -> dict[str, int]:
+        """The launch table with overrides applied: arch key, hd key, 'arch/hd' key, 'hd/causal' for a causal call,
+        then 'hd/<mod>' per modification, then each 'hd/<mod>+<mod>..' whose modifications are all among the
+        call's (hd: the head dim's class)."""
         config = dict(self.launch)
         arch_key = None
         if cc is not None:
@@ -159,7 +161,7 @@ class KernelSpec:
                        and parse_cc(k, self.name)[0] == cc[0] and parse_cc(k, self.name) <= cc]
             arch_key = max(fitting, key=lambda k: parse_cc(k, self.name), default=None)
         hd = self.head_dims.class_of(head_dim)   # keys name the compiled class
-        keys = [arch_key, f"hd{hd}", f"{arch_key}/hd{hd}" if arch_key else None]
+        keys = [arch_key, f"hd{hd}", f"{arch_key}/hd{hd}" if arch_key else None, f"hd{hd}/causal" if causal else None]
         combined = sorted(k for k in self.overrides if k.startswith(f"hd{hd}/") and "+" in k
                           and set(k.split("/", 1)[1].split("+")) <= set(mods))
         for key in keys + [f"hd{hd}/{m}" for m in sorted(mods)] + combined:

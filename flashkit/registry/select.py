@@ -41,6 +41,11 @@ class Request:
             object.__setattr__(self, "head_dim_v", None)
 
     @property
+    def build_mods(self) -> tuple[str, ...]:
+        """The modifications a build of this call carries (BuildConfig.mods; they key the manifest's overrides)."""
+        return tuple(f for f in ("window", "softcap", "alibi", "varlen", "score_mod", "mask_mod") if getattr(self, f))
+
+    @property
     def split_head_dim(self) -> bool:
         """v's head dim differs from q's and k's (the manifest feature head_dim_v)."""
         return self.head_dim_v not in (None, self.head_dim)

@@ -75,7 +75,7 @@ def make_config(spec: KernelSpec, dtype: str, head_dim: int, causal: bool, cc: t
                 functor: str | None = None, head_dim_v: int | None = None) -> BuildConfig:
     """The specialization of a call of head dim `head_dim`: compiled for its class, padded when below it; with a
     head_dim_v other than head_dim (v and o narrower than q and k), V and O compiled for head_dim_v's class."""
-    launch = spec.launch_config(cc, head_dim, tuple(mods))
+    launch = spec.launch_config(cc, head_dim, tuple(mods), causal)
     compiled = spec.head_dims.class_of(head_dim)
     v_class = None if head_dim_v in (None, head_dim) else spec.head_dims.class_of(head_dim_v)
     return BuildConfig(dtype, compiled, causal, tuple(sorted(launch.items())), out_dtype, block_sparse, tuple(mods),

@@ -26,12 +26,13 @@ def _boundary_lengths(tile: int) -> list[int]:
     return [n for t in (tile, 2 * tile) for n in (t - 1, t, t + 1)]
 
 
-@pytest.mark.parametrize("head_dim", [64, 128, 256])
+@pytest.mark.parametrize("head_dim", [64, 96, 128, 256])
 @pytest.mark.parametrize("causal", [False, True])
 def test_tile_boundaries(fa3, head_dim, causal):
-    """seqlen_q and seqlen_k at every multiple of block_m / block_n (and 2x) +- 1, both ways."""
+    """seqlen_q and seqlen_k at every multiple of block_m / block_n (and 2x) +- 1, both ways (the call's own tiles:
+    hd96 runs 192 x 112 without causal, 128 x 128 with it)."""
     from flashkit.runtime.device import device_info
-    cfg = fa3.launch_config(device_info().cc, head_dim)
+    cfg = fa3.launch_config(device_info().cc, head_dim, causal=causal)
     lengths_q, lengths_k = _boundary_lengths(cfg["block_m"]), _boundary_lengths(cfg["block_n"])
     failures = []
     for i, (sq, sk) in enumerate(zip(lengths_q, lengths_k[::-1])):
@@ -66,13 +67,13 @@ def test_persistent_tiles_on_few_ctas(fa3, few_sms, sms, head_dim):
     """Each CTA handles many tiles: Q reloaded under the previous tile's epilogue, the K/V rings' phases carried
     across tiles, causal tiles of every weight (and, with seqlen_k < seqlen_q, tiles that see no key), GQA."""
     from flashkit.runtime.device import device_info
-    cfg = fa3.launch_config(device_info().cc, head_dim)
-    assert cfg.get("persistent") == 1, f"hd{head_dim} is expected to run persistent: {cfg}"
+    persistent = [c for c in (False, True) if fa3.launch_config(device_info().cc, head_dim, causal=c).get("persistent")]
+    assert persistent, f"hd{head_dim} is expected to run persistent (causal at least)"
     few_sms(sms)
     failures = []
     shapes = (Shape(3, 517, 517, 4, 2), Shape(2, 700, 129, 3, 1), Shape(1, 130, 1000, 6, 3), Shape(5, 64, 64, 2, 2))
     for i, shape in enumerate(shapes):
-        for causal in (False, True):
+        for causal in persistent:
             result = dense_check(fa3, shape, head_dim, "bfloat16", causal).run(2000 + 17 * sms + i)
             if not result.passed:
                 failures.append(f"{sms} SMs {result.label}: error {result.max_error:.3g} > {result.bound:.3g} "

@@ -112,3 +112,41 @@ def test_document_mask_skips_tiles_between_documents():
     c = flashkit.attention(q, k, v, mod="document", mod_args={"doc_ids": two}, variant="fa2")
     first = flashkit.attention(q[:, :256], k[:, :256], v[:, :256], variant="fa2")
     assert float(cupy.abs(c[:, :256].astype(cupy.float32) - first.astype(cupy.float32)).max()) < 1e-2
+
+
+def test_cached_functor_calls_follow_their_arguments(monkeypatch):
+    """A repeated functor signature takes the cached path (no validation): it must read this call's arguments (new
+    slopes, document ids rewritten in place) and classify a mask_mod's tiles again."""
+    import cupy
+    import ml_dtypes
+
+    import flashkit
+    import flashkit.api as api
+    from flashkit.runtime.call_cache import CALLS
+    CALLS.clear()
+    validated = []
+    real = api.validate_inputs
+    monkeypatch.setattr(api, "validate_inputs", lambda *a, **k: validated.append(1) or real(*a, **k))
+    rng = cupy.random.default_rng(9)
+    n, half = 640, 320
+    q, k, v = (rng.standard_normal((1, n, 4, 128), dtype=cupy.float32).astype(ml_dtypes.bfloat16) for _ in range(3))
+
+    def close(x, y):
+        return float(cupy.abs(x.astype(cupy.float32) - y.astype(cupy.float32)).max()) < 1e-2
+
+    def functor_call(cached: bool, **kw):
+        before = len(validated)
+        out = flashkit.attention(q, k, v, **kw)
+        assert (len(validated) == before) == cached, "cached" if cached else "validated"
+        return out
+
+    ids = cupy.zeros((1, n), dtype=cupy.int32)
+    one = functor_call(False, causal=True, mod="document", mod_args={"doc_ids": ids})
+    assert close(one, flashkit.attention(q, k, v, causal=True))
+    ids[:, half:] = 1   # the same array, two documents now
+    two = functor_call(True, causal=True, mod="document", mod_args={"doc_ids": ids})
+    assert close(two[:, :half], flashkit.attention(q[:, :half], k[:, :half], v[:, :half], causal=True))
+    assert close(two[:, half:], flashkit.attention(q[:, half:], k[:, half:], v[:, half:], causal=True))
+    for i, slopes in enumerate((cupy.full((4,), 0.5, cupy.float32), cupy.linspace(0.1, 1.0, 4, dtype=cupy.float32))):
+        got = functor_call(i > 0, mod="relative_bias", mod_args={"slopes": slopes})
+        assert close(got, flashkit.attention(q, k, v, alibi_slopes=slopes))

@@ -111,23 +111,17 @@ def test_build_key_follows_the_file_content(tmp_path, monkeypatch):
         discover_kernels(refresh=True)
 
 
-def test_functor_calls_bypass_the_signature_cache(monkeypatch):
-    """mod_args hold device pointers: a cached parameter block must never freeze them, so a functor call forms
-    no cache key and goes straight to validation."""
-    import flashkit.api as api
-
-    class Validating(Exception):
-        pass
-
-    def validating(*a, **k):
-        raise Validating
-    monkeypatch.setattr(api, "_forward_key", lambda *a: pytest.fail("a functor call formed a cache key"))
-    monkeypatch.setattr(api, "describe", validating)
-    q, k, v = qkv()
-    for kwargs in ({"mod": "relative_bias"}, {"mod_args": {"prefix": 3}},
-                   {"mod": "prefix_lm", "mod_args": {"prefix": 3}}):
-        with pytest.raises(Validating):
-            flashkit.attention(q, k, v, **kwargs)
+def test_functor_signature_keys_what_the_launch_depends_on():
+    """A functor call's key part: the name, the file's state, each argument (scalars with their types); None (the
+    full path, which checks and names the problem) for an unknown functor or an argument of another kind."""
+    from flashkit.features.functors import functor_signature
+    prefix = functor_signature("prefix_lm", {"prefix": 3})
+    assert prefix is not None and prefix == functor_signature("prefix_lm", {"prefix": 3})
+    assert len({prefix, functor_signature("prefix_lm", {"prefix": 4}), functor_signature("prefix_lm", {"prefix": 3.0}),
+                functor_signature("prefix_lm", {"prefix": True}), functor_signature("prefix_lm", None)}) == 5
+    for mod, args in (("nope", None), (3, None), ("prefix_lm", [3]), ("document", {"doc_ids": np.zeros(3, np.int32)}),
+                      ("document", {"doc_ids": cuda((B, SK), "<i4")}), ("prefix_lm", {"prefix": "3"})):
+        assert functor_signature(mod, args) is None, (mod, args)
 
 
 def test_selection_needs_a_kernel_that_builds_functors():

@@ -106,8 +106,9 @@ def install(setattr_) -> None:
     for mod in (api, launch_mod, kvcache):
         setattr_(mod, "device_info", lambda *a: H100)
 
-    def fake_build(spec, config, cc):
-        return build.LoadedKernel([Recorder(e) for e in spec.entries], 1024)
+    def fake_build(spec, config, cc):   # a mask_mod build's tile classifier too (build.AUX_ENTRIES)
+        aux = {e: Recorder(e) for m in config.mods for e in build.AUX_ENTRIES.get(m, ())}
+        return build.LoadedKernel([Recorder(e) for e in spec.entries], 1024, aux)
     setattr_(api, "build_module", fake_build)
     setattr_(launch_mod, "encode", lambda g: np.frombuffer(
         np.array([g.address] + [0] * 15, dtype=np.uint64).tobytes(), dtype=TENSOR_MAP_DTYPE)[0])

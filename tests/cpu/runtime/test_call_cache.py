@@ -481,3 +481,56 @@ def test_kvcache_bad_input_next_to_a_cached_signature_still_raises(fake_gpu):
                                         check_indices=False)
     with pytest.raises(InputError, match="check_indices: expected True or False"):
         flashkit.attention_with_kvcache(q, kc, vc, cache_seqlens=sl, check_indices=1)
+
+
+@pytest.fixture
+def pooled_gpu(monkeypatch):
+    """The fake H100 with CuPy's allocations on one address per size (a memory pool in a loop): the tile buffers a
+    cached functor call allocates land where the full path's did, so the two launch the same bytes."""
+    with installed(monkeypatch.setattr, pooled=True):
+        yield
+
+
+FUNCTOR_ENTRIES = ["flashkit_functor_classify", "flashkit_functor_compact", "flashkit_fa3_fwd"]
+
+
+@pytest.mark.parametrize("mod,make_args,entries", [
+    ("relative_bias", lambda: {"slopes": fake((2,), np.float32)}, ["flashkit_fa3_fwd"]),    # score_mod, an array
+    ("document", lambda: {"doc_ids": fake((1, 256), np.int32)}, FUNCTOR_ENTRIES),           # mask_mod, an array
+    ("prefix_lm", lambda: {"prefix": 40}, FUNCTOR_ENTRIES),                                 # mask_mod, an int
+])
+def test_functor_calls_are_cached_and_put_each_calls_arguments_in(pooled_gpu, counted, mod, make_args, entries):
+    """A functor call's signature (features/functors.functor_signature) is cached like any other: a later call
+    with other arrays of the same signature takes the cached path (no validation, no selection), classifies a
+    mask_mod's tiles again, and launches what the full path builds for those arguments, bit for bit."""
+    q, k, v = qkv((1, 256, 2, 64))
+    out = fake(q.shape)
+    call = lambda args: flashkit.attention(q, k, v, out=out, causal=True, mod=mod, mod_args=args)  # noqa: E731
+    call(make_args())
+    Recorder.launches = []
+    args = make_args()
+    call(args)
+    assert counted == {"validate": 1, "select": 1}
+    cached = list(Recorder.launches)
+    assert [n for n, *_ in cached] == entries
+    call_cache.CALLS.clear()
+    call_cache.CALLS.max_entries = 0     # the full path for the same arguments
+    try:
+        Recorder.launches = []
+        call(args)
+    finally:
+        call_cache.CALLS.max_entries = call_cache.MAX_ENTRIES
+    assert cached == Recorder.launches
+    assert counted == {"validate": 2, "select": 2}
+
+
+def test_a_functor_key_holds_its_scalars_and_array_signatures(fake_gpu, counted):
+    q, k, v = qkv((1, 256, 2, 64))
+    for args in ({"prefix": 40}, {"prefix": 40}, {"prefix": 41}, {"prefix": 41}):
+        flashkit.attention(q, k, v, mod="prefix_lm", mod_args=args)
+    assert counted == {"validate": 2, "select": 2}       # a scalar is baked into the block: each value its key
+    for ids in (fake((1, 256), np.int32), fake((1, 256), np.int32), fake((1, 256), np.int32, offset=4)):
+        flashkit.attention(q, k, v, mod="document", mod_args={"doc_ids": ids})
+    assert counted == {"validate": 4, "select": 4}       # the same signature once, another alignment apart
+    with pytest.raises(InputError, match="doc_ids"):      # a bad argument beside a cached signature still raises
+        flashkit.attention(q, k, v, mod="document", mod_args={"doc_ids": fake((1, 255), np.int32)})

@@ -132,7 +132,8 @@ __device__ __forceinline__ void fence_accumulators(float (&d)[kTiles][4]) {
 }
 
 // ---- D (+)= A B -> f32, m64nNk(32 bytes) -------------------------------------------------------
-// Mma<T, kN>: T = float8_e4m3_t (k32), bfloat16_t or half_t (k16); kN = 32, 64, 128, 256.
+// Mma<T, kN>: T = float8_e4m3_t (k32), bfloat16_t or half_t (k16); kN = 32, 64, 128, 256 (and 112 for the
+// 16-bit types).
 // ss: A and B by descriptor; rs: A from registers (four 32-bit registers a thread: the
 // m16n8k32 / m16n8k16 A fragment of the thread's warp). accumulate = 0 overwrites D (the
 // hardware's scale-d). Both operands are K-major (16-bit types pass transpose = 0; e4m3 has no
@@ -182,6 +183,14 @@ __device__ __forceinline__ void fence_accumulators(float (&d)[kTiles][4]) {
 #define FLASHKIT_GMMA_N192_RS "{%96, %97, %98, %99}, %100"
 #define FLASHKIT_GMMA_N192_RS_PRED "%101"
 
+// N = 112: the S = Q K^T product of hd96's 112-key tiles (three consumers, fa3.cu's sweep), 16-bit types only.
+#define FLASHKIT_GMMA_N112_ACC FLASHKIT_GMMA_ACC32(0), FLASHKIT_GMMA_ACC4(8), FLASHKIT_GMMA_ACC4(9), FLASHKIT_GMMA_ACC4(10), FLASHKIT_GMMA_ACC4(11), FLASHKIT_GMMA_ACC4(12), FLASHKIT_GMMA_ACC4(13)
+#define FLASHKIT_GMMA_N112_REGS "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55}"
+#define FLASHKIT_GMMA_N112_SS "%56, %57"
+#define FLASHKIT_GMMA_N112_SS_PRED "%58"
+#define FLASHKIT_GMMA_N112_RS "{%56, %57, %58, %59}, %60"
+#define FLASHKIT_GMMA_N112_RS_PRED "%61"
+
 template <typename T, int kN>
 struct Mma;
 
@@ -223,6 +232,9 @@ struct Mma;
 FLASHKIT_GMMA_DEFINE_TYPE(float8_e4m3_t, "k32.f32.e4m3.e4m3", "1, 1", "1, 1")
 FLASHKIT_GMMA_DEFINE_TYPE(bfloat16_t, "k16.f32.bf16.bf16", "1, 1, 0, 0", "1, 1, 0")
 FLASHKIT_GMMA_DEFINE_TYPE(half_t, "k16.f32.f16.f16", "1, 1, 0, 0", "1, 1, 0")
+
+FLASHKIT_GMMA_DEFINE(bfloat16_t, 112, "k16.f32.bf16.bf16", "1, 1, 0, 0", "1, 1, 0")
+FLASHKIT_GMMA_DEFINE(half_t, 112, "k16.f32.f16.f16", "1, 1, 0, 0", "1, 1, 0")
 
 // MmaBT<T, kN>: D (+)= A B with B read MN-major (transpose-b = 1; 16-bit types only): B's rows are k, its N
 // elements contiguous -- a row-major V tile for O += P V. rs: A from registers; ss: A by descriptor, K-major

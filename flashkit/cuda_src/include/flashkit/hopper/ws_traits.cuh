@@ -124,7 +124,8 @@ struct WsTraits {
 
     static_assert(kConsumers >= 2 && kConsumers <= kMaxConsumers, "2 or 3 consumer warpgroups");
     static_assert(kBlockM == kConsumers * gmma::kWarpgroupRows, "64 query rows per consumer warpgroup");
-    static_assert(kBlockN == 64 || kBlockN == 128 || kBlockN == 256, "K/V tiles of 64, 128 or 256 keys");
+    static_assert(kBlockN == 64 || kBlockN == 128 || kBlockN == 256 || (kElemBytes == 2 && kBlockN == 112),
+                  "K/V tiles of 64, 128 or 256 keys (16-bit: also 112; gmma::Mma's widths)");
     static_assert(kElemBytes == 2 || (kElemBytes == 1 && kOwnOTile && kHeadDimV == kHeadDim),
                   "16-bit inputs, or 8-bit with an O tile of its own (no head_dim_v)");
     static_assert(kHeadDim * kElemBytes % gmma::kKBytes == 0, "head dims of whole 32 B product steps (16 elements)");
