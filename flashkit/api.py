@@ -149,7 +149,7 @@ def run(spec: KernelSpec, problem: Problem, causal: bool, io: LaunchInputs, bloc
         io = replace(io, q=q)
     cc = device_info().cc
     config = make_config(spec, problem.dtype, problem.head_dim, causal, cc, block_sparse, out_dtype, mods,
-                         functor.build_key if functor else None, problem.head_dim_v)
+                         functor.build_key if functor else None, problem.head_dim_v, problem.seqlen_q)
     if functor is None:
         prepared = prepare_launch(spec, build_module(spec, config, cc), config, problem, io, variable)
     else:

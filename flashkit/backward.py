@@ -133,7 +133,7 @@ def _launch_backward(spec, cc, problem: Problem, causal: bool, deterministic: bo
     keep: list = []   # the slopes' CuPy view, alive until the launch is queued
     extras = {**(extras or {}), **mod_launch_fields(mods, problem, alibi_slopes, keep), "bwd": bwd}
     config = make_config(spec, problem.dtype, problem.head_dim, causal, cc,
-                         mods=(("varlen",) if varlen else ()) + mods.features)
+                         mods=(("varlen",) if varlen else ()) + mods.features, seqlen_q=problem.seqlen_q)
     launch(spec, build_module(spec, config, cc), config, problem,
            LaunchInputs(qc, kc, vc, oc, lsec, extras=extras, map_arrays={"dout": doc}))
     if negate:

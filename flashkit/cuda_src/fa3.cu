@@ -11,18 +11,20 @@ features: {causal: true, block_sparse: false, fp8: false, backward: false, lse: 
 priority: 80
 launch: {grid: tiles, persistent: 1, defer_pv_wait: 1, block_m: 128, block_n: 128, warps: 12, stages: 2}   # 1 producer + block_m / 64 consumers
 # Tile shapes from a measured sweep (BENCHMARKS.md); a score modification at hd64 needs the 240
-# registers of two consumers. hd96 runs 192 x 112 tiles on three consumers without causal (6% faster at 8k than
-# 128 x 128), 128 x 128 on two with causal (its diagonal tiles), a window or a functor (three consumers spill).
-# hd64, hd96's three consumers, hd256 and drop-in functors run one tile a CTA: the persistent loop's state does not
-# fit beside their main loops (ptxas spills). A consumer waits for each P V at the top of its next visit
+# registers of two consumers. hd96 runs 192 x 112 tiles on three consumers (6% faster at 8k than 128 x 128), and
+# 128 x 128 on two with a window, ALiBi or a functor (three consumers spill). Causal calls of up to 2048 query rows run
+# 128 x 128 on two persistent consumers at hd64 and hd96 (22% / 30% faster at 1k: short causal rows are mostly
+# diagonal tiles, and the persistent loop hides each tile's prologue and epilogue). Three consumers, hd256 and
+# drop-in functors run one tile a CTA: the persistent loop's state does not fit beside their main loops (spills). A consumer waits for each P V at the top of its next visit
 # (defer_pv_wait, ws_mainloop.cuh): measured 3-15% faster at hd96/128/192 on two consumers, 1-3% slower at
 # hd64/256; not for packed sequences at hd128 (ptxas spills).
 overrides: {"hd64": {block_m: 192, warps: 16, persistent: 0, defer_pv_wait: 0}, "hd64/softcap": {block_m: 128, warps: 12},
             "hd64/alibi": {block_m: 128, warps: 12}, "hd64/score_mod": {block_m: 128, warps: 12},
             "hd64/mask_mod": {block_m: 128, warps: 12},
+            "hd64/causal/seqlen_q<=2048": {block_m: 128, warps: 12, persistent: 1, defer_pv_wait: 1},
             "hd96": {block_m: 192, block_n: 112, warps: 16, persistent: 0, defer_pv_wait: 0},
-            "hd96/causal": &hd96_narrow {block_m: 128, block_n: 128, warps: 12, persistent: 1, defer_pv_wait: 1},
-            "hd96/window": *hd96_narrow,
+            "hd96/causal/seqlen_q<=2048": &hd96_narrow {block_m: 128, block_n: 128, warps: 12, persistent: 1, defer_pv_wait: 1},
+            "hd96/window": *hd96_narrow, "hd96/alibi": *hd96_narrow,
             "hd96/score_mod": {<<: *hd96_narrow, persistent: 0}, "hd96/mask_mod": {<<: *hd96_narrow, persistent: 0},
             "hd96/score_mod+window": {persistent: 0}, "hd96/mask_mod+window": {persistent: 0},
             "hd128/varlen": {defer_pv_wait: 0}, "hd128/score_mod": {persistent: 0}, "hd128/mask_mod": {persistent: 0},

@@ -150,10 +150,11 @@ class KernelSpec:
         return f"{lo} exactly" if self.arch_max == self.arch_min else f"from {lo} to {hi}"
 
     def launch_config(self, cc: tuple[int, int] | None, head_dim: int, mods: tuple[str, ...] = (),
-                      causal: bool = False) -> dict[str, int]:
+                      causal: bool = False, seqlen_q: int | None = None) -> dict[str, int]:
         """The launch table with overrides applied: arch key, hd key, 'arch/hd' key, 'hd/causal' for a causal call,
         then 'hd/<mod>' per modification, then each 'hd/<mod>+<mod>..' whose modifications are all among the
-        call's (hd: the head dim's class)."""
+        call's (hd: the head dim's class). 'hd/seqlen_q<=L' follows 'hd' and 'hd/causal/seqlen_q<=L' follows
+        'hd/causal' for a call of at most L query rows (the smallest L last); seqlen_q None: no length key."""
         config = dict(self.launch)
         arch_key = None
         if cc is not None:
@@ -161,13 +162,30 @@ class KernelSpec:
                        and parse_cc(k, self.name)[0] == cc[0] and parse_cc(k, self.name) <= cc]
             arch_key = max(fitting, key=lambda k: parse_cc(k, self.name), default=None)
         hd = self.head_dims.class_of(head_dim)   # keys name the compiled class
-        keys = [arch_key, f"hd{hd}", f"{arch_key}/hd{hd}" if arch_key else None, f"hd{hd}/causal" if causal else None]
+        keys = [arch_key, f"hd{hd}", f"{arch_key}/hd{hd}" if arch_key else None] + self._length_keys(f"hd{hd}", seqlen_q)
+        if causal:
+            keys += [f"hd{hd}/causal"] + self._length_keys(f"hd{hd}/causal", seqlen_q)
         combined = sorted(k for k in self.overrides if k.startswith(f"hd{hd}/") and "+" in k
                           and set(k.split("/", 1)[1].split("+")) <= set(mods))
         for key in keys + [f"hd{hd}/{m}" for m in sorted(mods)] + combined:
             if key and key in self.overrides:
                 config.update(self.overrides[key])
         return config
+
+    def _length_keys(self, prefix: str, seqlen_q: int | None) -> list[str]:
+        """prefix/seqlen_q<=L keys that hold for seqlen_q, the largest L first (the tightest bound wins)."""
+        if seqlen_q is None:
+            return []
+        bounds = [(int(m.group(1)), k) for k in self.overrides
+                  if (m := re.fullmatch(re.escape(prefix) + r"/seqlen_q<=(\d+)", k))]
+        return [k for bound, k in sorted(bounds, reverse=True) if seqlen_q <= bound]
+
+    def length_bounds(self, head_dim: int) -> tuple[int, ...]:
+        """The L of every 'hd/..seqlen_q<=L' key of head_dim's class: a call of seqlen_q = L builds what every call
+        up to L (and above the next smaller bound) builds (the compile matrix compiles each)."""
+        hd = self.head_dims.class_of(head_dim)
+        return tuple(sorted({int(m.group(1)) for k in self.overrides
+                             if (m := re.fullmatch(rf"hd{hd}(?:/causal)?/seqlen_q<=(\d+)", k))}))
 
     def target(self, cc: tuple[int, int]) -> str:
         """The NVRTC -arch value for a compute capability: the manifest's target or plain sm_XY."""

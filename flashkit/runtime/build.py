@@ -72,10 +72,11 @@ class BuildConfig:
 
 def make_config(spec: KernelSpec, dtype: str, head_dim: int, causal: bool, cc: tuple[int, int] | None,
                 block_sparse: bool = False, out_dtype: str | None = None, mods: tuple[str, ...] = (),
-                functor: str | None = None, head_dim_v: int | None = None) -> BuildConfig:
+                functor: str | None = None, head_dim_v: int | None = None, seqlen_q: int | None = None) -> BuildConfig:
     """The specialization of a call of head dim `head_dim`: compiled for its class, padded when below it; with a
-    head_dim_v other than head_dim (v and o narrower than q and k), V and O compiled for head_dim_v's class."""
-    launch = spec.launch_config(cc, head_dim, tuple(mods), causal)
+    head_dim_v other than head_dim (v and o narrower than q and k), V and O compiled for head_dim_v's class; its
+    tiles those of a call of seqlen_q query rows (None: of the longest calls; KernelSpec.launch_config)."""
+    launch = spec.launch_config(cc, head_dim, tuple(mods), causal, seqlen_q)
     compiled = spec.head_dims.class_of(head_dim)
     v_class = None if head_dim_v in (None, head_dim) else spec.head_dims.class_of(head_dim_v)
     return BuildConfig(dtype, compiled, causal, tuple(sorted(launch.items())), out_dtype, block_sparse, tuple(mods),

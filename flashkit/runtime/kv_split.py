@@ -76,6 +76,6 @@ def plan(batch: int, heads: int, kv_heads: int, seqlen_q: int, seqlen_k: int, he
 def split_note(spec, req, sms: int | None = None, smem_per_sm: int | None = None) -> str:
     """The explain line of a split-KV variant: which path a request takes and with how many splits."""
     assumed = "" if sms else f" (assumed: {DEFAULT_SMS} SMs, no device)"
-    cfg = spec.launch_config(req.cc, req.head_dim, req.build_mods, req.causal)
+    cfg = spec.launch_config(req.cc, req.head_dim, req.build_mods, req.causal, req.seqlen_q)
     sp = plan(req.batch, req.heads, req.kv_heads, req.seqlen_q, req.seqlen_k, req.head_dim, cfg, sms, smem_per_sm)
     return sp.describe() + assumed

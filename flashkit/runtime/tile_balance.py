@@ -59,7 +59,7 @@ def grid_note(spec, req, sms: int | None = None) -> str:
     from .kv_split import DEFAULT_SMS
     assumed = "" if sms else f" (assumed: {DEFAULT_SMS} SMs, no device)"
     ctas = sms or DEFAULT_SMS
-    cfg = spec.launch_config(req.cc, req.head_dim, req.build_mods, req.causal)
+    cfg = spec.launch_config(req.cc, req.head_dim, req.build_mods, req.causal, req.seqlen_q)
     hb = req.batch * req.heads
     tiles = -(-req.seqlen_q // cfg["block_m"]) * hb
     if not cfg.get("persistent"):

@@ -20,8 +20,8 @@ HEAD_DIM_V_GEOMETRY_PAIRS = ((96, 64), (128, 64), (256, 192))
 
 def spec_configs(spec: KernelSpec, cc: tuple[int, int], dtypes=None, head_dims=None) -> list[BuildConfig]:
     """Every specialization a variant can be asked for on this arch (with its declared modifications all on too,
-    and varlen where the variant takes packed sequences): of its example head dims, or of the named head dims it
-    takes.
+    and varlen where the variant takes packed sequences; with each of its tile tables by call length): of its
+    example head dims, or of the named head dims it takes.
 
     A head dim below its class (a padded compile: the class's code plus column predicates) is compiled for the
     variant's first dtype only, unless dtypes are named: the dtypes differ in no register or shared-memory figure;
@@ -45,8 +45,8 @@ def spec_configs(spec: KernelSpec, cc: tuple[int, int], dtypes=None, head_dims=N
                 continue
             for c in causal_opts:
                 for od in out_dtypes:
-                    out += [make_config(spec, dt, hd, c, cc, sparse, od, m) for m in mod_sets
-                            if "varlen" not in m or spec.head_dims.class_of(hd) == hd]
+                    out += [make_config(spec, dt, hd, c, cc, sparse, od, m, seqlen_q=sq) for m in mod_sets
+                            for sq in lengths(spec, hd) if "varlen" not in m or spec.head_dims.class_of(hd) == hd]
     if spec.supports("head_dim_v"):
         out += head_dim_v_configs(spec, cc, causal_opts, mod_sets, dtypes, head_dims)
     return list(dict.fromkeys(out))   # head dims of one class and padding share a specialization
@@ -63,8 +63,8 @@ def head_dim_v_configs(spec: KernelSpec, cc: tuple[int, int], causal_opts, mod_s
             if (head_dims and hd not in head_dims) or hd not in spec.head_dims or hdv not in spec.head_dims:
                 continue
             exact = spec.head_dims.class_of(hd) == hd
-            out += [make_config(spec, dt, hd, c, cc, False, None, m, head_dim_v=hdv)
-                    for c in causal_opts for m in sets if "varlen" not in m or exact]
+            out += [make_config(spec, dt, hd, c, cc, False, None, m, head_dim_v=hdv, seqlen_q=sq)
+                    for c in causal_opts for m in sets for sq in lengths(spec, hd) if "varlen" not in m or exact]
     return out
 
 
@@ -99,9 +99,15 @@ def functor_jobs(mods=None, variants=None, ccs=((8, 0), (9, 0)), dtypes=("bfloat
                 for dt in dtypes:
                     for hd in head_dims:
                         for c in spec.causal_options(tuple(causal_opts)):
-                            config = make_config(spec, dt, hd, c, cc, False, None, mod.functions, build_key(mod))
-                            jobs.append((spec, config, spec.target(cc)))
-    return jobs
+                            jobs += [(spec, make_config(spec, dt, hd, c, cc, False, None, mod.functions, build_key(mod),
+                                                        seqlen_q=sq), spec.target(cc)) for sq in lengths(spec, hd)]
+    return list({(spec.name, config, target): (spec, config, target) for spec, config, target in jobs}.values())
+
+
+def lengths(spec: KernelSpec, head_dim: int) -> tuple[int | None, ...]:
+    """The seqlen_q of one call per tile table of the head dim: the longest calls' (None) and each length bound's
+    (KernelSpec.length_bounds; equal tables are one specialization)."""
+    return (None,) + spec.length_bounds(head_dim)
 
 
 def _compile_one(job, to_cache: bool) -> dict:

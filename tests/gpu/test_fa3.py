@@ -1,5 +1,5 @@
-"""fa3, the warp-specialized Hopper forward: lengths at every tile boundary +- 1, strided views read in place
-through TMA, and the tensor-map cache. Skips off compute capability 9.0."""
+"""fa3, the warp-specialized Hopper forward: lengths at every tile boundary +- 1 (short calls' tiles and, past the
+manifest's length bound, long causal calls'), strided views read in place through TMA, and the tensor-map cache. Skips off compute capability 9.0."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import pytest
 from flashkit.registry import discover_kernels
 from flashkit.verify import Shape
 from flashkit.verify.dense import dense_check
+from flashkit.verify.mods import ModCase, mod_check
 
 pytestmark = pytest.mark.gpu
 
@@ -22,6 +23,35 @@ def fa3():
     return spec
 
 
+SHORT = 1024   # the tile boundary tests' calls are at most this long (their tiles: launch_config's for this length)
+
+
+@pytest.mark.parametrize("head_dim", [64, 96])
+def test_long_causal_tile_boundaries(fa3, head_dim):
+    """Causal calls above the manifest's short-call bound run the three-consumer tiles (hd64 192 x 128, hd96 192 x
+    112): lengths at a multiple of both tiles +- 1 past the bound, both ways, GQA."""
+    from flashkit.runtime.device import device_info
+    cc = device_info().cc
+    bound = max(fa3.length_bounds(head_dim))
+    cfg = fa3.launch_config(cc, head_dim, causal=True, seqlen_q=bound + 1)
+    assert cfg["block_m"] == 192 and cfg != fa3.launch_config(cc, head_dim, causal=True, seqlen_q=bound)
+    base_q = -(-(bound + 1) // cfg["block_m"]) * cfg["block_m"]
+    base_k = -(-(bound + 1) // cfg["block_n"]) * cfg["block_n"]
+    failures = []
+    for i, (dq, dk) in enumerate(((-1, 1), (0, 0), (1, -1))):
+        for shape in (Shape(1, base_q + dq, base_k + dk, 4, 2), Shape(1, base_k + dk, base_q + dq, 2, 1)):
+            if shape.seqlen_q <= bound:
+                continue
+            checks = [dense_check(fa3, shape, head_dim, "bfloat16", True)]
+            if (dq, dk) == (0, 0):   # a score modification on these tiles too (softcap keeps them: fa3.cu)
+                checks.append(mod_check(fa3, shape, head_dim, "bfloat16", ModCase("causal softcap", True, softcap=1.5)))
+            for check in checks:
+                result = check.run(3000 + i)
+                if not result.passed:
+                    failures.append(f"{result.label}: error {result.max_error:.3g} > {result.bound:.3g} {result.note}")
+    assert not failures, "\n".join(failures)
+
+
 def _boundary_lengths(tile: int) -> list[int]:
     return [n for t in (tile, 2 * tile) for n in (t - 1, t, t + 1)]
 
@@ -29,11 +59,12 @@ def _boundary_lengths(tile: int) -> list[int]:
 @pytest.mark.parametrize("head_dim", [64, 96, 128, 256])
 @pytest.mark.parametrize("causal", [False, True])
 def test_tile_boundaries(fa3, head_dim, causal):
-    """seqlen_q and seqlen_k at every multiple of block_m / block_n (and 2x) +- 1, both ways (the call's own tiles:
-    hd96 runs 192 x 112 without causal, 128 x 128 with it)."""
+    """seqlen_q and seqlen_k at every multiple of block_m / block_n (and 2x) +- 1, both ways (the tiles of these
+    short calls: hd96 runs 192 x 112 without causal, 128 x 128 with it)."""
     from flashkit.runtime.device import device_info
-    cfg = fa3.launch_config(device_info().cc, head_dim, causal=causal)
+    cfg = fa3.launch_config(device_info().cc, head_dim, causal=causal, seqlen_q=SHORT)
     lengths_q, lengths_k = _boundary_lengths(cfg["block_m"]), _boundary_lengths(cfg["block_n"])
+    assert max(lengths_q + lengths_k) <= SHORT
     failures = []
     for i, (sq, sk) in enumerate(zip(lengths_q, lengths_k[::-1])):
         for shape in (Shape(2, sq, sk, 4, 2), Shape(1, sk, sq, 2, 1)):
@@ -62,13 +93,14 @@ def few_sms(monkeypatch):
 
 
 @pytest.mark.parametrize("sms", [1, 3, 7])
-@pytest.mark.parametrize("head_dim", [96, 128, 192])
+@pytest.mark.parametrize("head_dim", [64, 96, 128, 192])
 def test_persistent_tiles_on_few_ctas(fa3, few_sms, sms, head_dim):
     """Each CTA handles many tiles: Q reloaded under the previous tile's epilogue, the K/V rings' phases carried
     across tiles, causal tiles of every weight (and, with seqlen_k < seqlen_q, tiles that see no key), GQA."""
     from flashkit.runtime.device import device_info
-    persistent = [c for c in (False, True) if fa3.launch_config(device_info().cc, head_dim, causal=c).get("persistent")]
-    assert persistent, f"hd{head_dim} is expected to run persistent (causal at least)"
+    persistent = [c for c in (False, True)
+                  if fa3.launch_config(device_info().cc, head_dim, causal=c, seqlen_q=SHORT).get("persistent")]
+    assert persistent, f"hd{head_dim} is expected to run persistent (short causal calls at least)"
     few_sms(sms)
     failures = []
     shapes = (Shape(3, 517, 517, 4, 2), Shape(2, 700, 129, 3, 1), Shape(1, 130, 1000, 6, 3), Shape(5, 64, 64, 2, 2))

@@ -90,63 +90,17 @@ def test_the_measured_tile_shapes_per_class():
     assert shape("block_sparse", 192) == (128, 64, 8)
 
 
-def test_fa3_hd96_tiles_follow_the_mask():
-    """fa3 at hd96: 192 x 112 tiles on three consumers without causal (the wider tile measured 6% faster at 8k),
-    128 x 128 on two (persistent) with causal, a window or a functor (three consumers spill there)."""
+def test_fa3_tiles_follow_the_mask_and_length():
+    """fa3 at hd96: 192 x 112 tiles on three consumers, 128 x 128 on two (persistent) with a window, ALiBi or a
+    functor (three consumers spill there); causal calls of up to 2048 query rows on 128 x 128 persistent at hd64 and
+    hd96 (the short calls' tables)."""
     fa3 = discover_kernels().get("fa3")
-    shape = lambda mods=(), causal=False: tuple(fa3.launch_config((9, 0), 96, mods, causal)[k]   # noqa: E731
-                                                for k in ("block_m", "block_n", "warps", "persistent"))
-    assert shape() == shape(("softcap",)) == shape(("alibi", "varlen")) == (192, 112, 16, 0)
-    assert shape(causal=True) == shape(("window",)) == shape(("softcap",), True) == (128, 128, 12, 1)
-    assert shape(("score_mod",)) == shape(("mask_mod", "window")) == shape(("score_mod",), True) == (128, 128, 12, 0)
-
-
-@pytest.mark.parametrize("name", SM80_FLASH)
-def test_the_compile_matrix_holds_every_class_and_a_padded_member_of_each(name):
-    spec = discover_kernels().get(name)
-    configs = spec_configs(spec, (8, 0))
-    exact = {(c.head_dim, c.dtype) for c in configs if not c.head_dim_padded}
-    padded = {(c.head_dim, c.dtype) for c in configs if c.head_dim_padded}
-    assert exact == {(c, t) for c in spec.head_dims.classes for t in spec.dtypes}
-    assert padded == {(c, spec.dtypes[0]) for c in spec.head_dims.classes}
-    named = spec_configs(spec, (8, 0), dtypes=["bfloat16"], head_dims=[80])   # asked for: compiled as asked
-    assert {(c.head_dim, c.dtype, c.head_dim_padded) for c in named} == {(96, "bfloat16", True)}
-
-
-@pytest.mark.parametrize("cc", [(8, 0), (8, 6), (9, 0)])
-@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
-def test_no_head_dim_falls_back_to_standard(cc, dtype):
-    specs = discover_kernels().specs
-    for d in EVERY_HEAD_DIM:
-        for causal in (False, True):
-            for lse in (False, True):
-                sel = select_kernel(Request(dtype=dtype, head_dim=d, causal=causal, lse=lse, cc=cc, seqlen_q=4096,
-                                            seqlen_k=4096, heads=16, kv_heads=4), specs)
-                assert sel.chosen.name != "standard" and sel.warning is None, sel.report()
-        sparse = select_kernel(Request(dtype=dtype, head_dim=d, block_sparse=True, cc=cc), specs)
-        assert sparse.chosen.name.startswith("block_sparse"), sparse.report()
-
-
-def test_float32_and_forced_standard_run_without_a_warning():
-    specs = discover_kernels().specs
-    sel = select_kernel(Request(dtype="float32", head_dim=80, cc=(9, 0)), specs)
-    assert sel.chosen.name == "standard" and sel.warning is None
-    sel = select_kernel(Request(dtype="bfloat16", head_dim=80, cc=(9, 0)), specs, variant="standard")
-    assert sel.chosen.name == "standard" and sel.warning is None
-
-
-def test_a_fallback_warns_with_the_reasons_of_the_faster_kernels(tmp_path):
-    fast = spec_of(tmp_path, "fast", priority=50)                       # head dims 64, 128, 256
-    slow = spec_of(tmp_path, "slow", priority=0, arch={"min": "7.5"}, head_dims={"min": 8, "max": 256, "multiple_of": 8})
-    bwd = spec_of(tmp_path, "bwd", priority=50, head_dims=RANGE, features={"backward": True},
-                  requires={"backward": True})                           # another kind of call: not listed
-    specs = {"fast": fast, "slow": slow, "bwd": bwd}
-    sel = select_kernel(Request(dtype="float16", head_dim=80, cc=(8, 0)), specs)
-    assert sel.chosen is slow
-    assert sel.warning.startswith("dtype=float16 head_dim=80 ") and "baseline kernel 'slow'" in sel.warning
-    assert "fast: head_dim=80 not supported: supported 64, 128, 256" in sel.warning
-    assert "bwd" not in sel.warning
-    assert sel.report().splitlines()[2] == f"  warning: {sel.warning}"
-    assert select_kernel(Request(dtype="float16", head_dim=64, cc=(8, 0)), specs).warning is None
-    old = select_kernel(Request(dtype="float16", head_dim=64, cc=(7, 5)), specs)
-    assert old.chosen is slow and old.warning.endswith("the faster kernels need compute capability >= 8.0")
+    shape = lambda hd, mods=(), causal=False, sq=None: tuple(   # noqa: E731
+        fa3.launch_config((9, 0), hd, mods, causal, sq)[k] for k in ("block_m", "block_n", "warps", "persistent"))
+    assert shape(96) == shape(96, ("softcap",)) == shape(96, ("varlen",), True, 4096) == (192, 112, 16, 0)
+    assert shape(96, causal=True) == shape(96, causal=True, sq=2049) == shape(96, sq=1024) == (192, 112, 16, 0)
+    assert shape(96, causal=True, sq=2048) == shape(96, ("window",)) == shape(96, ("alibi",)) == (128, 128, 12, 1)
+    assert shape(96, ("score_mod",)) == shape(96, ("mask_mod", "window")) == (128, 128, 12, 0)
+    assert shape(64, causal=True) == shape(64, causal=True, sq=2049) == shape(64, sq=512) == (192, 128, 16, 0)
+    assert shape(64, causal=True, sq=1) == shape(64, ("softcap",), True, 2048) == (128, 128, 12, 1)
+    assert fa3.length_bounds(64) == fa3.length_bounds(96) == (2048,) and fa3.length_bounds(128) == ()

@@ -102,7 +102,9 @@ def test_overrides_order(tmp_path):
     spec = spec_of(tmp_path, "toy", overrides={
         "8.0": {"block_n": 32}, "8.6": {"block_n": 48}, "9.0": {"block_n": 128},
         "hd256": {"block_m": 32, "block_n": 16}, "9.0/hd256": {"block_n": 96},
-        "hd256/causal": {"block_n": 80, "warps": 8}, "hd256/softcap": {"warps": 12}})
+        "hd256/causal": {"block_n": 80, "warps": 8}, "hd256/softcap": {"warps": 12},
+        "hd128/seqlen_q<=1024": {"warps": 6}, "hd128/seqlen_q<=512": {"warps": 2},
+        "hd128/causal/seqlen_q<=256": {"block_m": 16}})
     base = {"block_m": 64, "block_n": 64, "warps": 4}
     assert spec.launch_config(None, 128) == base
     assert spec.launch_config(None, 256) == {"block_m": 32, "block_n": 16, "warps": 4}
@@ -114,6 +116,12 @@ def test_overrides_order(tmp_path):
     assert spec.launch_config((9, 0), 256, causal=True) == {"block_m": 32, "block_n": 80, "warps": 8}   # causal after
     assert spec.launch_config((9, 0), 256, ("softcap",), causal=True)["warps"] == 12   # a modification after causal
     assert spec.launch_config((9, 0), 128, causal=True)["block_n"] == 128              # no hd128/causal key
+    assert spec.launch_config((9, 0), 128, seqlen_q=1025)["warps"] == 4                # length keys: up to L rows,
+    assert spec.launch_config((9, 0), 128, seqlen_q=1024)["warps"] == 6                # the tightest bound last
+    assert spec.launch_config((9, 0), 128, seqlen_q=100)["warps"] == 2
+    assert spec.launch_config((9, 0), 128, seqlen_q=100, causal=True)["block_m"] == 16
+    assert spec.launch_config((9, 0), 128, seqlen_q=100)["block_m"] == 64             # the causal one for causal only
+    assert spec.length_bounds(128) == (256, 512, 1024) and spec.length_bounds(256) == ()
     assert spec.launch_config((10, 0), 128) == base                  # another major: no arch key applies
     assert spec.launch_config((7, 5), 128) == base
     assert spec.launch == base                                       # the manifest itself is untouched
@@ -234,7 +242,7 @@ def test_launch_switches_take_zero(tmp_path):
 
 
 @pytest.mark.parametrize("variant,head_dim,mods,causal,deferred", [
-    ("fa3", 96, (), True, 1), ("fa3", 128, (), False, 1), ("fa3", 192, (), False, 1),
+    ("fa3", 96, (), True, 0), ("fa3", 128, (), False, 1), ("fa3", 192, (), False, 1),
     ("fa3", 128, ("softcap", "alibi"), False, 1), ("fa3", 96, (), False, 0), ("fa3", 96, ("window",), False, 1),
     ("fa3", 64, (), False, 0), ("fa3", 64, ("softcap",), False, 0), ("fa3", 256, (), False, 0),
     ("fa3", 128, ("varlen",), False, 0), ("fa3", 128, ("score_mod",), False, 1), ("fa3", 96, ("mask_mod",), False, 1),

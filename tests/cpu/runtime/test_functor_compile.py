@@ -17,7 +17,10 @@ JOBS = 2
 
 @pytest.fixture(scope="module")
 def rows():
-    jobs = functor_jobs(ccs=((8, 0), (9, 0)), head_dims=(128,))
+    # hd128 everywhere; hd64 and hd96 on fa3, whose functor builds there have tile tables of their own (short
+    # causal calls persistent on two consumers).
+    jobs = functor_jobs(ccs=((8, 0), (9, 0)), head_dims=(128,)) + functor_jobs(variants=["fa3"], ccs=((9, 0),),
+                                                                              head_dims=(64, 96))
     return compile_matrix(jobs, JOBS)
 
 
