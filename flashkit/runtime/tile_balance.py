@@ -63,7 +63,7 @@ def grid_note(spec, req, sms: int | None = None) -> str:
     hb = req.batch * req.heads
     tiles = -(-req.seqlen_q // cfg["block_m"]) * hb
     if not cfg.get("persistent"):
-        return f"grid: one CTA a tile ({tiles} tiles; this head dim's build is not persistent)"
+        return f"grid: one CTA a tile ({tiles} tiles; the build for this head dim, mask and length is not persistent)"
     if not req.causal:
         return f"grid: persistent, {min(tiles, ctas)} CTAs walk {tiles} tiles of equal work{assumed}"
     imbalance = static_order_imbalance(req.seqlen_q, req.seqlen_k, hb, cfg["block_m"],
