@@ -5,9 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from dataclasses import replace
-
-from .api import _aligned, request_for
+from .api import _aligned, _negate_scale, request_for
 from .call.arrays import ArrayMeta, describe, to_cupy
 from .call.dtypes import BY_NAME
 from .errors import InputError, UnsupportedError
@@ -125,7 +123,7 @@ def _launch_backward(spec, cc, problem: Problem, causal: bool, deterministic: bo
     dq, dk, dv = grads
     negate = bool(mods.features) and problem.softmax_scale < 0
     if negate:
-        qc, problem = -qc, replace(problem, softmax_scale=-problem.softmax_scale)
+        qc, problem = _negate_scale(qc, problem, cupy_module())
     bwd = {"dout": doc.data.ptr, "dq": dq.data.ptr, "dk": dk.data.ptr, "dv": dv.data.ptr,
            "deterministic": int(deterministic),
            **stride_fields("do", doc), **stride_fields("dq", dq), **stride_fields("dk", dk),

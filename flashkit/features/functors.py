@@ -23,6 +23,8 @@ from ..call.arrays import describe
 from ..call.validate import Problem, check_device, check_on_gpu
 from ..errors import CompileError, InputError
 from ..registry.functor_manifest import ARG_SLOTS, INT32_MAX, INT32_MIN, ModArg, ModSpec
+from ..runtime.call_cache import arrays_signature
+from ..runtime.launch import POINTER_FIELDS
 from .mods import Mods
 
 LOG2E = 1.4426950408889634
@@ -140,7 +142,6 @@ class FunctorLaunch:
         addresses go in as 0, on either path."""
         if not self.spec.mask:
             return
-        from ..runtime.launch import POINTER_FIELDS
         params_block = params.fill(*(0,) * len(POINTER_FIELDS), *extra)
         geo = self.geometry
         groups = geo["tile_batch"] * geo["tile_heads"]
@@ -156,7 +157,6 @@ def functor_signature(mod: Any, mod_args: Any) -> tuple | None:
     arguments (scalars with their types, CuPy arrays by metadata); None where the call takes the full path (an
     unknown functor, an argument of another kind: the full path checks and names it)."""
     from ..registry import discover_kernels
-    from ..runtime.call_cache import arrays_signature
     if type(mod) is not str or not (mod_args is None or type(mod_args) is dict):
         return None
     spec = discover_kernels().mods.get(mod)

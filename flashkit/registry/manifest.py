@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +16,7 @@ from ..errors import ManifestError
 MANIFEST_RE = re.compile(r"\A\s*/\*---\s*\n(.*?)\n\s*---\*/", re.S)
 NAME_RE = re.compile(r"^[a-z][a-z0-9_]*$")
 SYMBOL_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+LENGTH_KEY_RE = re.compile(r"(hd\d+(?:/causal)?)/seqlen_q<=(\d+)")   # an override for calls of at most L rows
 # window: window_size or attention_chunk (a local mask); chunk: attention_chunk itself, which a kernel may lack
 # beside a window (fa3_bwd's one-register window test has no chunks).
 FEATURES = ("causal", "block_sparse", "fp8", "backward", "lse", "gqa", "window", "chunk", "softcap", "alibi", "kv_cache",
@@ -172,20 +174,27 @@ class KernelSpec:
                 config.update(self.overrides[key])
         return config
 
+    @cached_property
+    def _length_overrides(self) -> dict[str, tuple[tuple[int, str], ...]]:
+        """The 'prefix/seqlen_q<=L' keys by prefix ('hd<N>' or 'hd<N>/causal'): (L, key), the largest L first."""
+        found: dict[str, list[tuple[int, str]]] = {}
+        for key in self.overrides:
+            if m := LENGTH_KEY_RE.fullmatch(key):
+                found.setdefault(m.group(1), []).append((int(m.group(2)), key))
+        return {prefix: tuple(sorted(keys, reverse=True)) for prefix, keys in found.items()}
+
     def _length_keys(self, prefix: str, seqlen_q: int | None) -> list[str]:
         """prefix/seqlen_q<=L keys that hold for seqlen_q, the largest L first (the tightest bound wins)."""
         if seqlen_q is None:
             return []
-        bounds = [(int(m.group(1)), k) for k in self.overrides
-                  if (m := re.fullmatch(re.escape(prefix) + r"/seqlen_q<=(\d+)", k))]
-        return [k for bound, k in sorted(bounds, reverse=True) if seqlen_q <= bound]
+        return [key for bound, key in self._length_overrides.get(prefix, ()) if seqlen_q <= bound]
 
     def length_bounds(self, head_dim: int) -> tuple[int, ...]:
         """The L of every 'hd/..seqlen_q<=L' key of head_dim's class: a call of seqlen_q = L builds what every call
         up to L (and above the next smaller bound) builds (the compile matrix compiles each)."""
         hd = self.head_dims.class_of(head_dim)
-        return tuple(sorted({int(m.group(1)) for k in self.overrides
-                             if (m := re.fullmatch(rf"hd{hd}(?:/causal)?/seqlen_q<=(\d+)", k))}))
+        return tuple(sorted({bound for prefix in (f"hd{hd}", f"hd{hd}/causal")
+                             for bound, _ in self._length_overrides.get(prefix, ())}))
 
     def target(self, cc: tuple[int, int]) -> str:
         """The NVRTC -arch value for a compute capability: the manifest's target or plain sm_XY."""
