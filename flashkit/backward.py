@@ -3,19 +3,22 @@ flashkit.attention_varlen, on the same path (validate -> select -> build -> laun
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
-from .api import _aligned, _negate_scale, request_for
+from .api import _aligned, _check_block_mask, _negate_scale, request_for
 from .call.arrays import ArrayMeta, describe, to_cupy
 from .call.dtypes import BY_NAME
 from .errors import InputError, UnsupportedError
 from .registry import discover_kernels, select_kernel
 from .runtime.build import build_module, make_config
 from .runtime.device import cupy_module, device_info
-from .runtime.launch import LaunchInputs, launch, stride_fields
+from .runtime.launch import LaunchInputs, launch, prepare_launch, stride_fields
+from .runtime.params import merge_fields
 from .call.validate import Problem, check_device, check_flag, check_on_gpu, check_variant, validate_inputs
 from .features.mods import Mods, launch_fields as mod_launch_fields, mods_of
 from .features.varlen import check_values, kernel_fields, validate_varlen
+from .errors import CompileError
 
 LSE_DTYPE = "float32"
 
@@ -23,14 +26,18 @@ LSE_DTYPE = "float32"
 def attention_backward(dout: Any, q: Any, k: Any, v: Any, out: Any, lse: Any, *, causal: bool = False,
                        softmax_scale: float | None = None, deterministic: bool = False,
                        variant: str | None = None, window_size: tuple[int, int] | None = None,
-                       softcap: float = 0.0, alibi_slopes: Any = None, attention_chunk: int = 0):
+                       softcap: float = 0.0, alibi_slopes: Any = None, attention_chunk: int = 0,
+                       block_mask: Any = None, mod: str | None = None, mod_args: dict | None = None):
     """(dq, dk, dv) of out = attention(q, k, v, causal=..., softmax_scale=..., window_size=..., softcap=...,
-    alibi_slopes=..., attention_chunk=...) for the upstream gradient dout.
+    alibi_slopes=..., attention_chunk=..., block_mask=..., mod=..., mod_args=...) for the upstream gradient dout.
 
     out and lse are the forward's output and log-sum-exp (`attention(..., return_lse=True)`); dk and dv
     are summed over each kv head's group of query heads (GQA/MQA). deterministic=True makes every
     gradient bit-identical run to run (dQ's per-key-block sums are added in a fixed order). The
     modifications take the forward's values (flashkit.features.mods); the slopes get no gradient.
+    block_mask (a flashkit.BlockMask) and a drop-in functor's mask_mod (mod, mod_args: docs/functors.md) are
+    walked as the forward walked them: only the tiles they keep are visited (features/bwd_lists.py). A score_mod
+    functor has no backward (its gradient needs the function's derivative): UnsupportedError.
     Returns CuPy arrays shaped like q, k, v.
     """
     causal, deterministic = check_flag(causal, "causal"), check_flag(deterministic, "deterministic")
@@ -43,8 +50,12 @@ def attention_backward(dout: Any, q: Any, k: Any, v: Any, out: Any, lse: Any, *,
     _check_lse(describe(lse, "lse"), problem, q_meta)
     mods = mods_of(problem, causal, window_size=window_size, softcap=softcap, alibi_slopes=alibi_slopes,
                    attention_chunk=attention_chunk, device=q_meta.device)
+    functor = _bind_backward_functor(mod, mod_args, problem, mods, q_meta.device, block_mask)
+    if block_mask is not None:
+        _check_block_mask(block_mask, problem)
     cc = device_info().cc
-    req = request_for(problem, cc=cc, causal=causal, backward=True, **mods.request_flags())
+    req = request_for(problem, cc=cc, causal=causal, backward=True, block_sparse=block_mask is not None,
+                      **mods.request_flags(), **(functor.request_flags() if functor else {}))
     spec = select_kernel(req, discover_kernels().specs, variant).chosen
 
     cupy = cupy_module()
@@ -54,8 +65,25 @@ def attention_backward(dout: Any, q: Any, k: Any, v: Any, out: Any, lse: Any, *,
     storage = BY_NAME[problem.dtype].storage
     dq, dk, dv = (cupy.empty(x.shape, dtype=storage) for x in (qc, kc, vc))
     _launch_backward(spec, cc, problem, causal, deterministic, (qc, kc, vc, doc, oc, lsec), (dq, dk, dv),
-                     mods=mods, alibi_slopes=alibi_slopes)
+                     mods=mods, alibi_slopes=alibi_slopes, block_mask=block_mask, functor=functor)
     return dq, dk, dv
+
+
+def _bind_backward_functor(mod: Any, mod_args: Any, problem: Problem, mods: Mods, device, block_mask: Any):
+    """The call's drop-in functor checked against its manifest (features/functors.bind_functor), or None; a
+    score_mod has no backward, and a block mask and a functor are not combined (the forward has no such kernel)."""
+    if mod is None and mod_args is None:
+        return None
+    from .features.functors import bind_functor
+    if mod is None:
+        raise InputError("mod_args: given without mod (the functor they belong to)")
+    functor = bind_functor(mod, mod_args, problem, mods, device)
+    if functor.spec.score:
+        raise UnsupportedError(f"mod: {mod!r} has a score_mod, which has no backward (its gradient needs the "
+                               "function's derivative); mask_mod functors have one")
+    if block_mask is not None:
+        raise InputError("block_mask: cannot be combined with mod (fold the blocks into the functor's mask_mod)")
+    return functor
 
 
 def attention_varlen_backward(dout: Any, q: Any, k: Any, v: Any, out: Any, lse: Any, cu_seqlens_q: Any,
@@ -112,7 +140,8 @@ def attention_varlen_backward(dout: Any, q: Any, k: Any, v: Any, out: Any, lse: 
 
 
 def _launch_backward(spec, cc, problem: Problem, causal: bool, deterministic: bool, inputs: tuple, grads: tuple,
-                     mods: Mods, alibi_slopes: Any = None, varlen: bool = False, extras: dict | None = None) -> None:
+                     mods: Mods, alibi_slopes: Any = None, varlen: bool = False, extras: dict | None = None,
+                     block_mask: Any = None, functor: Any = None) -> None:
     """Launch a backward variant: inputs = (q, k, v, dout, out, lse) and grads = (dq, dk, dv) as its kernels
     index them (Params.bwd carries the gradients' pointers and strides, dout also as a tensor map), with the
     call's modifications built in (Params.mods as the forward's).
@@ -130,12 +159,48 @@ def _launch_backward(spec, cc, problem: Problem, causal: bool, deterministic: bo
            **stride_fields("dv", dv)}
     keep: list = []   # the slopes' CuPy view, alive until the launch is queued
     extras = {**(extras or {}), **mod_launch_fields(mods, problem, alibi_slopes, keep), "bwd": bwd}
-    config = make_config(spec, problem.dtype, problem.head_dim, causal, cc,
-                         mods=(("varlen",) if varlen else ()) + mods.features, seqlen_q=problem.seqlen_q)
-    launch(spec, build_module(spec, config, cc), config, problem,
-           LaunchInputs(qc, kc, vc, oc, lsec, extras=extras, map_arrays={"dout": doc}))
+    config = make_config(spec, problem.dtype, problem.head_dim, causal, cc, block_sparse=block_mask is not None,
+                         mods=(("varlen",) if varlen else ()) + mods.features + (functor.features if functor else ()),
+                         functor=functor.build_key if functor else None, seqlen_q=problem.seqlen_q)
+    io = LaunchInputs(qc, kc, vc, oc, lsec, extras=extras, map_arrays={"dout": doc})
+    if block_mask is None and functor is None:
+        launch(spec, build_module(spec, config, cc), config, problem, io)
+    else:
+        _launch_listed(spec, cc, config, problem, io, causal, block_mask, functor)
     if negate:
         dq *= -1
+
+
+def _launch_listed(spec, cc, config, problem: Problem, io: LaunchInputs, causal: bool, block_mask: Any,
+                   functor: Any) -> None:
+    """A backward over visit lists (features/bwd_lists.py): the tile states (a block mask's, or a mask_mod's by
+    its classifier), the lists and ranks, then the variant's entries, all on the current stream."""
+    from .features.bwd_lists import VisitLists, geometry
+    try:
+        loaded = build_module(spec, config, cc)
+    except CompileError as e:
+        raise (functor.compile_error(e) if functor else e) from None
+    cupy = cupy_module()
+    launch_cfg = config.launch_dict
+    if functor is not None:
+        geo_rows = functor.tile_geometry(problem, launch_cfg)
+        geo = geometry(problem, launch_cfg, geo_rows["tile_batch"], geo_rows["tile_heads"])
+    else:
+        b, h, _, _ = block_mask.shape
+        geo = geometry(problem, launch_cfg, b, h)
+    lists = VisitLists.allocate(geo, cupy)
+    extras = merge_fields(io.extras, lists.fields())
+    if functor is not None:
+        extras = merge_fields(extras, functor.kernel_fields(problem, to_cupy))   # ModArgs (a mask_mod: no scale)
+    io = replace(io, extras=extras)
+    prepared = prepare_launch(spec, loaded, config, problem, io)
+    block = prepared.params.fill(0, 0, 0, 0, 0, 0)   # the list passes read no array of the attention
+    if functor is not None:
+        lists.classify(loaded.aux, block)
+    else:
+        lists.block_mask_states(block_mask, problem, launch_cfg, causal, cupy)
+    lists.compact(loaded.aux, block)
+    prepared(io.q, io.k, io.v, io.out, io.lse)
 
 
 def check_same_head_dims(p: Problem) -> None:

@@ -5,8 +5,8 @@ entry: [flashkit_fa3_bwd_prepass, flashkit_fa3_bwd_main, flashkit_fa3_bwd_conver
 arch: {min: "9.0", max: "9.0", targets: {"9.0": sm_90a}}
 dtypes: [float16, bfloat16]
 head_dims: {min: 8, max: 256, multiple_of: 8, classes: [64, 128, 256]}
-features: {causal: true, block_sparse: false, fp8: false, backward: true, lse: false, gqa: true,
-           window: true, softcap: true, alibi: true}
+features: {causal: true, block_sparse: true, fp8: false, backward: true, lse: false, gqa: true,
+           window: true, softcap: true, alibi: true, mask_mod: true}
 requires: {backward: true}
 # Verified on the H100 (GPU tier and verify --backward, 2026-11-23). Measured in one run (BENCHMARKS.md):
 # 1.6x fa2_bwd's TFLOP/s at hd128 and 1.1x at hd64, so it outranks fa2_bwd on sm_90.
@@ -16,8 +16,10 @@ launch: {grid: [q_blocks, kv_tiles, q_blocks], block_m: 64, block_n: 128, warps:
 # hd256: key blocks of 64, the consumers split dK, dV and dQ by head-dim columns (bwd_traits.cuh).
 # A modification at hd64 (window, softcap, ALiBi) needs the 240 registers of two consumers (three spill); softcap
 # with ALiBi at hd128 the column split of 64-key blocks (ALiBi undone for softcap's slope spills 32-44 B at 128).
+# A block mask (its blocks are multiples of 128 keys) or a mask_mod at hd64: key blocks of 128 on two consumers.
 overrides: {"hd64": {block_n: 192, warps: 16}, "hd256": {block_n: 64}, "hd64/window": {block_n: 128, warps: 12},
             "hd64/softcap": {block_n: 128, warps: 12}, "hd64/alibi": {block_n: 128, warps: 12},
+            "hd64/block_sparse": {block_n: 128, warps: 12}, "hd64/mask_mod": {block_n: 128, warps: 12}, "hd128/mask_mod": {block_n: 64},
             "hd128/alibi+softcap": {block_n: 64}}
 tensor_maps: {q: block_m, k: block_n, v: block_n, dout: block_m}   # box rows
 workspace: dq_accum
@@ -36,7 +38,11 @@ workspace: dq_accum
 // Causal (FLASHKIT_CAUSAL) skips the query blocks above the diagonal and masks the tiles crossing it; a window
 // or chunk (FLASHKIT_WINDOW) the query blocks outside it (bwd_mask.cuh); softcap and ALiBi (FLASHKIT_SOFTCAP,
 // FLASHKIT_ALIBI) modify the recomputed scores as the forward did, and softcap's slope scales dS.
+// A block mask (FLASHKIT_BLOCK_SPARSE) or a drop-in mask_mod (FLASHKIT_MASK_MOD) walks lists built before the main
+// kernel (bwd_lists.cuh: a mask_mod's tiles classified here at the backward's tiles, then compacted per key
+// block), the mask_mod's element mask on the visits that cross it.
 #include "flashkit/bwd_passes.cuh"
+#include "flashkit/functor.cuh"
 #include "flashkit/hopper/ws_backward.cuh"
 
 typedef flashkit::hopper::BwdWsTraits<flashkit::Element, FLASHKIT_HEAD_DIM, FLASHKIT_BLOCK_M, FLASHKIT_BLOCK_N,
@@ -45,7 +51,12 @@ typedef flashkit::hopper::BwdWsTraits<flashkit::Element, FLASHKIT_HEAD_DIM, FLAS
 // The passes run on the main kernel's block of threads (the runtime launches every entry with one block).
 typedef flashkit::BwdPassTraits<flashkit::Element, FLASHKIT_HEAD_DIM, FLASHKIT_BLOCK_M, FLASHKIT_WARPS> PassTraits;
 static_assert(FLASHKIT_WARPS * flashkit::kWarpSize == Traits::kThreads, "warps: a producer and the consumers");
-typedef flashkit::BwdMaskOf<FLASHKIT_WINDOW != 0, FLASHKIT_CAUSAL != 0>::type BwdMask;
+typedef flashkit::BwdListedOr<FLASHKIT_BLOCK_SPARSE != 0 || FLASHKIT_MASK_MOD != 0,
+                              flashkit::BwdMaskOf<FLASHKIT_WINDOW != 0, FLASHKIT_CAUSAL != 0>::type>::type BwdMask;
+// A mask_mod's classifier at the backward's tiles, over the forward's mask of the same call (functor.cuh).
+typedef flashkit::LocalOr<FLASHKIT_WINDOW, Traits::kBlockM, Traits::kBlockN,
+                          flashkit::DenseMask<FLASHKIT_CAUSAL, Traits::kBlockM, Traits::kBlockN>::type>::type ClassifyMask;
+FLASHKIT_FUNCTOR_ENTRIES(ClassifyMask, Traits::kBlockM, Traits::kBlockN)
 
 FLASHKIT_EXPORT_SMEM_BYTES(Traits::kSmemBytes);
 
@@ -64,6 +75,16 @@ extern "C" __global__ void __launch_bounds__(Traits::kThreads, 1) flashkit_fa3_b
     flashkit::hopper::ws_backward<Traits, BwdMask, flashkit::BuildScoreMod>(params, {q_map, k_map, v_map, do_map},
                                                                           blockIdx.x, blockIdx.y, blockIdx.z);
 }
+
+#if FLASHKIT_BLOCK_SPARSE || FLASHKIT_MASK_MOD
+// The visit lists from the tile states (bwd_lists.cuh), launched by flashkit/features/bwd_lists.py before the passes.
+extern "C" __global__ void __launch_bounds__(flashkit::kListThreads) flashkit_bwd_list_columns(const flashkit::Params params) {
+    flashkit::bwd_list_columns(params);
+}
+extern "C" __global__ void __launch_bounds__(flashkit::kListThreads) flashkit_bwd_list_ranks(const flashkit::Params params) {
+    flashkit::bwd_list_ranks(params);
+}
+#endif
 
 extern "C" __global__ void __launch_bounds__(Traits::kThreads) flashkit_fa3_bwd_convert_dq(FLASHKIT_FA3_BWD_ARGS) {
     flashkit::bwd_convert_dq<PassTraits, Traits::DqLayout>(params, blockIdx.x, blockIdx.y, blockIdx.z);

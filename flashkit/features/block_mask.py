@@ -132,7 +132,7 @@ class BlockMask:
         self._blocks = xp.ascontiguousarray(arr)
         self.kv_block_count, self.kv_block_index = compress(self._blocks, xp)   # converted once
         self._density: float | None = None
-        self._device: dict[int, tuple] = {}   # device id -> (count, index) CuPy copies
+        self._device: dict = {}   # device id -> (count, index) CuPy copies; ("blocks", id) -> the block array
 
     # ---- construction ---------------------------------------------------------------------------
     @classmethod
@@ -313,6 +313,14 @@ class BlockMask:
             self._device[dev] = tuple(cupy.ascontiguousarray(cupy.asarray(a, dtype=cupy.int32))
                                       for a in (self.kv_block_count, self.kv_block_index))
         return self._device[dev]
+
+    def device_blocks(self):
+        """The boolean block array as a contiguous CuPy array on the current device (cached; the backward's lists)."""
+        import cupy
+        key = ("blocks", cupy.cuda.Device().id)
+        if key not in self._device:
+            self._device[key] = cupy.ascontiguousarray(cupy.asarray(self._blocks, dtype=cupy.bool_))
+        return self._device[key]
 
     def _check_seqlens(self, seqlen_q: int, seqlen_k: int) -> None:
         _, _, qb, kb = self.shape

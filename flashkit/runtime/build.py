@@ -76,7 +76,9 @@ def make_config(spec: KernelSpec, dtype: str, head_dim: int, causal: bool, cc: t
     """The specialization of a call of head dim `head_dim`: compiled for its class, padded when below it; with a
     head_dim_v other than head_dim (v and o narrower than q and k), V and O compiled for head_dim_v's class; its
     tiles those of a call of seqlen_q query rows (None: of the longest calls; KernelSpec.launch_config)."""
-    launch = spec.launch_config(cc, head_dim, tuple(mods), causal, seqlen_q)
+    # a block mask's build takes the manifest's 'hd<N>/block_sparse' override too
+    launch = spec.launch_config(cc, head_dim, tuple(mods) + (("block_sparse",) if block_sparse else ()), causal,
+                                seqlen_q)
     compiled = spec.head_dims.class_of(head_dim)
     v_class = None if head_dim_v in (None, head_dim) else spec.head_dims.class_of(head_dim_v)
     return BuildConfig(dtype, compiled, causal, tuple(sorted(launch.items())), out_dtype, block_sparse, tuple(mods),
@@ -200,18 +202,22 @@ def build_module(spec: KernelSpec, config: BuildConfig, cc: tuple[int, int]) -> 
     for fn, bytes_ in zip(functions, entry_smem):
         if bytes_ > DEFAULT_SMEM_LIMIT:
             fn.max_dynamic_shared_size_bytes = bytes_
-    aux = {entry: module.get_function(entry) for entry in AUX_ENTRIES.get(_aux_kind(config), ())}
+    aux = {entry: module.get_function(entry) for entry in aux_entries(spec, config)}
     loaded = LoadedKernel(functions, smem, aux, entry_smem)
     _MODULES[key] = loaded
     return loaded
 
 
-# Entries a build adds beside the manifest's (functor.cuh's FLASHKIT_FUNCTOR_ENTRIES).
-AUX_ENTRIES = {"mask_mod": ("flashkit_functor_classify", "flashkit_functor_compact")}
+# Entries a build adds beside the manifest's: functor.cuh's FLASHKIT_FUNCTOR_ENTRIES (a mask_mod's tile classifier)
+# and a backward's list compactions (bwd_lists.cuh: with a block mask or a mask_mod).
+AUX_ENTRIES = {"mask_mod": ("flashkit_functor_classify", "flashkit_functor_compact"),
+               "bwd_lists": ("flashkit_bwd_list_columns", "flashkit_bwd_list_ranks")}
 
 
-def _aux_kind(config: BuildConfig) -> str | None:
-    return "mask_mod" if config.functor and "mask_mod" in config.mods else None
+def aux_entries(spec: KernelSpec, config: BuildConfig) -> tuple[str, ...]:
+    mask_mod = bool(config.functor) and "mask_mod" in config.mods
+    lists = bool(spec.features.get("backward")) and (config.block_sparse or mask_mod)
+    return (AUX_ENTRIES["mask_mod"] if mask_mod else ()) + (AUX_ENTRIES["bwd_lists"] if lists else ())
 
 
 def _read_smem_bytes(module, symbol: str = SMEM_SYMBOL, missing: int = 0) -> int:

@@ -49,14 +49,20 @@ MODS_DTYPE = np.dtype([(n, np.uint64) for n in MODS_POINTERS] + [(n, np.int64) f
 VARLEN_POINTERS = ("cu_seqlens_q", "cu_seqlens_k")
 VARLEN_DTYPE = np.dtype([(n, np.uint64) for n in VARLEN_POINTERS], align=True)
 LSE_STRIDES = ("lse_batch_stride", "lse_head_stride")
-# Then the head dim of v and o (head_dim_v: MLA's 128 under 192), after every earlier field.
+# Then the head dim of v and o (head_dim_v: MLA's 128 under 192), after every earlier field, and the backward's
+# visit lists (`BwdListParams bwd_lists`: a block mask's or a mask_mod's, bwd_mask.cuh) after it.
+BWD_LIST_POINTERS = ("count", "list", "rank")
+BWD_LIST_INTS = ("batch", "heads", "q_tiles", "k_tiles")
+BWD_LIST_DTYPE = np.dtype([(n, np.uint64) for n in BWD_LIST_POINTERS] + [(n, np.int32) for n in BWD_LIST_INTS],
+                          align=True)
 
 # align=True lays the fields out as a C compiler does (natural alignment, padded to 8).
 PARAMS_DTYPE = np.dtype(
     [(n, np.uint64) for n in POINTERS] + [(n, np.int64) for n in STRIDES]
     + [(n, np.int32) for n in INTS] + [(n, np.float32) for n in FLOATS] + [("bwd", BWD_DTYPE)]
     + [("cache", CACHE_DTYPE)] + [("mods", MODS_DTYPE)] + [("varlen", VARLEN_DTYPE)]
-    + [(n, np.int64) for n in LSE_STRIDES] + [("head_dim_v", np.int32)], align=True)
+    + [(n, np.int64) for n in LSE_STRIDES] + [("head_dim_v", np.int32)] + [("bwd_lists", BWD_LIST_DTYPE)],
+    align=True)
 
 
 def flat_fields(dtype: np.dtype = PARAMS_DTYPE, prefix: str = "", base: int = 0):

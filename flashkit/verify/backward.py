@@ -32,12 +32,14 @@ def poison_pool(arrays) -> None:
     del junk
 
 
-def judge_gradients(variant: str, label: str, inputs, grads, head_dim: int, causal: bool, dtype: str) -> CheckResult:
-    """The rule on each of dq, dk, dv; the result carries the gradient closest to (or furthest past) its bound."""
+def judge_gradients(variant: str, label: str, inputs, grads, head_dim: int, causal: bool, dtype: str,
+                    mask=None) -> CheckResult:
+    """The rule on each of dq, dk, dv; the result carries the gradient closest to (or furthest past) its bound.
+    mask: an explicit element mask (a block mask's, a mask_mod's) on top of causal."""
     q, k, v, dout = inputs
     scale = head_dim ** -0.5
-    refs = reference_backward(q, k, v, dout, scale=scale, causal=causal)
-    plains = plain_backward(q, k, v, dout, scale=scale, dtype=BY_NAME[dtype], causal=causal)
+    refs = reference_backward(q, k, v, dout, scale=scale, causal=causal, mask=mask)
+    plains = plain_backward(q, k, v, dout, scale=scale, dtype=BY_NAME[dtype], causal=causal, mask=mask)
     return judge_each(variant, label, grads, refs, plains, dtype, max(q.shape[1], k.shape[1]))
 
 
@@ -154,9 +156,63 @@ def _per_sequence(case: VarlenBackwardCase, q, k, v, dout, head_dim: int, causal
     return ([xp.concatenate(parts) for parts in refs], [xp.concatenate(parts) for parts in plains])
 
 
+def masked_backward_check(spec: KernelSpec, shape: Shape, head_dim: int, dtype: str, causal: bool, mask: str,
+                          deterministic: bool = False) -> Check:
+    """One backward over a block mask ("block:<pattern>", verify/block_sparse.py's patterns) or a mask_mod functor
+    ("mod:<name>", its Python reference's sample_args) against float64 gradients with the mask made explicit; the
+    forward by the default kernel with the same mask."""
+    label = (f"{shape.label()} d{head_dim} {dtype}" + (" causal" if causal else "") + f" {mask}"
+             + (" deterministic" if deterministic else "") + " backward")
+    kind, name = mask.split(":", 1)
+
+    def run(seed: int) -> CheckResult:
+        from ..api import attention
+        from ..backward import attention_backward
+        xp = cupy_module()
+        q, k, v = random_qkv(shape, head_dim, dtype, seed)
+        dout = xp.random.default_rng(seed + 1).standard_normal(q.shape, dtype=xp.float32).astype(q.dtype)
+        kw, emask = masked_call(kind, name, shape, seed, xp)
+        out, lse = attention(q, k, v, causal=causal, return_lse=True, **kw)
+        poison_pool((q, k, v))
+        grads = attention_backward(dout, q, k, v, out, lse, causal=causal, variant=spec.name,
+                                   deterministic=deterministic, **kw)
+        return judge_gradients(spec.name, label, (q, k, v, dout), grads, head_dim, causal, dtype, mask=emask)
+
+    return Check(spec.name, label, run)
+
+
+def masked_call(kind: str, name: str, shape: Shape, seed: int, xp) -> tuple[dict, object]:
+    """(the attention keywords, the explicit element mask) of a block mask pattern or a mask_mod functor."""
+    if kind == "block":
+        from .block_sparse import _patterns
+        block_mask = _patterns()[name](shape, seed)
+        return {"block_mask": block_mask}, block_mask.to_element_mask(shape.seqlen_q, shape.seqlen_k)
+    from ..registry import discover_kernels
+    from .functors import functor_terms, load_reference, reference_args
+    mod = discover_kernels().get_mod(name)
+    module = load_reference(mod)
+    args = reference_args(mod, module, shape, seed, xp)
+    emask, _ = functor_terms(mod, module, shape, args, xp)
+    return {"mod": name, "mod_args": args}, emask
+
+
+# Block masks and mask_mod functors through a backward that takes them: the patterns of every kind (banded, strided,
+# random per (batch, head) at 0.5 and 0.0, broadcast), the shipped mask_mod functors; odd shapes, GQA, q != k.
+MASKED_SHAPES = (Shape(2, 300, 700, 4, 2), Shape(1, 777, 255, 8, 1), Shape(1, 1000, 1000, 4, 4), Shape(2, 1, 129, 2, 2))
+MASKS = ("block:sliding_window(256)", "block:butterfly", "block:random(0.5)", "block:random(0.0)",
+         "block:random(0.5) broadcast", "mod:document", "mod:prefix_lm")
+
+
+def masked_backward_checks(spec: KernelSpec, dtypes, head_dims, causal_opts, quick: bool) -> list[Check]:
+    masks = [m for m in MASKS if spec.supports("block_sparse" if m.startswith("block:") else "mask_mod")]
+    shapes = MASKED_SHAPES[:2] if quick else MASKED_SHAPES
+    return [masked_backward_check(spec, s, d, t, c, m)
+            for t, d, c, s, m in itertools.product(dtypes, head_dims, causal_opts, shapes, masks)]
+
+
 def backward_checks(spec: KernelSpec, dtypes, head_dims, causal_opts, quick: bool) -> list[Check]:
     """The shape matrix for each dtype, head dim and causal option, through the backward; with the varlen matrix
-    where the variant declares varlen."""
+    where the variant declares varlen, and block masks and mask_mod functors where it takes them."""
     shapes = QUICK_SHAPES if quick else SHAPES
     out = [backward_check(spec, s, d, t, c)
            for t, d, c, s in itertools.product(dtypes, head_dims, causal_opts, shapes)]
@@ -164,7 +220,7 @@ def backward_checks(spec: KernelSpec, dtypes, head_dims, causal_opts, quick: boo
         cases = QUICK_VARLEN_CASES if quick else VARLEN_CASES
         out += [varlen_backward_check(spec, c, d, t, causal)
                 for t, d, causal, c in itertools.product(dtypes, head_dims, causal_opts, cases)]
-    return out
+    return out + masked_backward_checks(spec, dtypes, head_dims, causal_opts, quick)
 
 
 register_family("backward", backward_checks, by_support=True)

@@ -20,7 +20,8 @@ HEAD_DIM_V_GEOMETRY_PAIRS = ((96, 64), (128, 64), (256, 192))
 
 def spec_configs(spec: KernelSpec, cc: tuple[int, int], dtypes=None, head_dims=None) -> list[BuildConfig]:
     """Every specialization a variant can be asked for on this arch (with its declared modifications all on too,
-    and varlen where the variant takes packed sequences; with each of its tile tables by call length): of its
+    and varlen where the variant takes packed sequences; a backward taking block masks with one too; with each of
+    its tile tables by call length): of its
     example head dims, or of the named head dims it takes.
 
     A head dim below its class (a padded compile: the class's code plus column predicates) is compiled for the
@@ -31,6 +32,7 @@ def spec_configs(spec: KernelSpec, cc: tuple[int, int], dtypes=None, head_dims=N
     """
     causal_opts = spec.causal_options()
     sparse = spec.requires.get("block_sparse", False)
+    listed = not sparse and spec.supports("block_sparse") and spec.supports("backward")
     mods = tuple(m for m in MODS if spec.supports(m))
     mod_sets = [()] + ([mods] if mods else [])
     if spec.supports("varlen"):   # packed sequences (their combinations with modifications compile on demand)
@@ -47,6 +49,8 @@ def spec_configs(spec: KernelSpec, cc: tuple[int, int], dtypes=None, head_dims=N
                 for od in out_dtypes:
                     out += [make_config(spec, dt, hd, c, cc, sparse, od, m, seqlen_q=sq) for m in mod_sets
                             for sq in lengths(spec, hd) if "varlen" not in m or spec.head_dims.class_of(hd) == hd]
+                    if listed:   # a backward over a block mask's lists
+                        out += [make_config(spec, dt, hd, c, cc, True, od, (), seqlen_q=sq) for sq in lengths(spec, hd)]
     if spec.supports("head_dim_v"):
         out += head_dim_v_configs(spec, cc, causal_opts, mod_sets, dtypes, head_dims)
     return list(dict.fromkeys(out))   # head dims of one class and padding share a specialization
@@ -85,7 +89,8 @@ def plan_compiles(variants, ccs, dtypes=None, head_dims=None):
 
 def functor_jobs(mods=None, variants=None, ccs=((8, 0), (9, 0)), dtypes=("bfloat16",), head_dims=(64, 128),
                  causal_opts=(False, True)) -> list:
-    """(spec, config, target) jobs building each drop-in functor into each variant that builds functors in."""
+    """(spec, config, target) jobs building each drop-in functor into each variant that builds its functions in (a
+    backward: mask_mod functors)."""
     from ..features.functors import build_key
     cat = discover_kernels()
     mod_specs = [cat.get_mod(m) for m in mods] if mods else sorted(cat.mods.values(), key=lambda m: m.name)
@@ -93,9 +98,9 @@ def functor_jobs(mods=None, variants=None, ccs=((8, 0), (9, 0)), dtypes=("bfloat
     jobs = []
     for cc in ccs:
         for spec in specs:
-            if not (spec.runs_on(cc) and spec.supports("score_mod") and spec.supports("mask_mod")):
+            if not (spec.runs_on(cc) and (spec.supports("score_mod") or spec.supports("mask_mod"))):
                 continue
-            for mod in mod_specs:
+            for mod in [m for m in mod_specs if all(spec.supports(f) for f in m.functions)]:
                 for dt in dtypes:
                     for hd in head_dims:
                         for c in spec.causal_options(tuple(causal_opts)):

@@ -107,7 +107,7 @@ def install(setattr_) -> None:
         setattr_(mod, "device_info", lambda *a: H100)
 
     def fake_build(spec, config, cc):   # a mask_mod build's tile classifier too (build.AUX_ENTRIES)
-        aux = {e: Recorder(e) for m in config.mods for e in build.AUX_ENTRIES.get(m, ())}
+        aux = {e: Recorder(e) for e in build.aux_entries(spec, config)}
         return build.LoadedKernel([Recorder(e) for e in spec.entries], 1024, aux)
     setattr_(api, "build_module", fake_build)
     setattr_(launch_mod, "encode", lambda g: np.frombuffer(

@@ -1,6 +1,7 @@
 """Every shipped drop-in functor compiles into every fast kernel for its arch through NVRTC (no GPU): fa2 and
-causal on sm_80 and sm_90, fa3 on sm_90a; no spill, no stack frame, no serialized wgmma; the mask_mod builds carry
-the tile classifier's entries. A functor that does not compile is one CompileError naming its file and line."""
+causal on sm_80 and sm_90, fa3 on sm_90a, and the mask_mod ones into fa3_bwd (hd 64 / 128 / 256); no spill, no
+stack frame, no serialized wgmma; the mask_mod builds carry the tile classifier's entries, the backward's the list
+compactions too. A functor that does not compile is one CompileError naming its file and line."""
 
 from __future__ import annotations
 
@@ -19,8 +20,9 @@ JOBS = 2
 def rows():
     # hd128 everywhere; hd64 and hd96 on fa3, whose functor builds there have tile tables of their own (short
     # causal calls persistent on two consumers).
-    jobs = functor_jobs(ccs=((8, 0), (9, 0)), head_dims=(128,)) + functor_jobs(variants=["fa3"], ccs=((9, 0),),
-                                                                              head_dims=(64, 96))
+    jobs = (functor_jobs(ccs=((8, 0), (9, 0)), head_dims=(128,), variants=["fa2", "causal", "fa3", "fa3_bwd"])
+            + functor_jobs(variants=["fa3"], ccs=((9, 0),), head_dims=(64, 96))
+            + functor_jobs(variants=["fa3_bwd"], ccs=((9, 0),), head_dims=(64, 256)))
     return compile_matrix(jobs, JOBS)
 
 
@@ -30,6 +32,9 @@ def test_every_shipped_functor_builds_into_every_fast_kernel(rows):
         for variant, target in (("fa2", "sm_80"), ("fa2", "sm_90"), ("causal", "sm_80"), ("causal", "sm_90"),
                                 ("fa3", "sm_90a")):
             assert (variant, target, mod) in built, (variant, target, mod)
+    for mod in ("document", "prefix_lm"):   # mask_mod functors have a backward; relative_bias's score_mod has not
+        assert ("fa3_bwd", "sm_90a", mod) in built
+    assert ("fa3_bwd", "sm_90a", "relative_bias") not in built
 
 
 def test_no_compile_error_spill_or_serialized_wgmma(rows):
@@ -44,6 +49,8 @@ def test_mask_mod_builds_carry_the_classifier(rows):
         entries = {e["entry"] for e in r["entries"]}
         has_mask = "mask_mod" in r["config"].split()
         assert ({"flashkit_functor_classify", "flashkit_functor_compact"} <= entries) == has_mask, r["config"]
+        lists = {"flashkit_bwd_list_columns", "flashkit_bwd_list_ranks"}
+        assert (lists <= entries) == (r["variant"] == "fa3_bwd"), r["config"]
 
 
 def test_a_functor_that_does_not_compile_names_its_file_and_line(tmp_path, monkeypatch):

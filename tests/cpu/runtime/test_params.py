@@ -16,7 +16,7 @@ PARAMS_CUH = INCLUDE_DIR / "flashkit" / "params.cuh"
 C_SIZES = {"index_t": 8, "int": 4, "float": 4}    # pointers are 8
 
 
-NESTED = {"BwdParams", "KvCacheParams", "ModParams", "ModArgs", "VarlenParams"}  # nested blocks, flattened ("bwd.dq")
+NESTED = {"BwdParams", "KvCacheParams", "ModParams", "ModArgs", "VarlenParams", "BwdListParams"}  # nested blocks, flattened ("bwd.dq")
 FLAT = {n: (t, off) for n, t, off in flat_fields()}
 
 

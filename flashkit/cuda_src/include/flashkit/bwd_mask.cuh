@@ -21,6 +21,7 @@ template <bool kCausal_>
 struct BwdDense {
     static constexpr bool kCausal = kCausal_;
     static constexpr bool kLocal = false;
+    static constexpr bool kListed = false;   // visits from the mask's own intervals (bwd_lists.cuh: from lists)
     const Params& p;
     __device__ __forceinline__ explicit BwdDense(const Params& p_) : p(p_) {}
     // Query blocks [m_begin, m_end) see a key of [n0, n1), n1 <= seqlen_k (none where m_end <= m_begin).
@@ -30,6 +31,11 @@ struct BwdDense {
     __device__ __forceinline__ int m_end(int /*n1*/, int block_m) const { return ceil_div(p.seqlen_q, block_m); }
     // The first key block that adds to the dQ of the query block at m0: block 0 (it sees every query of it).
     __device__ __forceinline__ int first_n_block(int /*m0*/, int /*block_n*/) const { return 0; }
+    // How many key blocks add to query block m_block's dQ before block n_block (the deterministic order).
+    template <int kBlockM, int kBlockN>
+    __device__ __forceinline__ int dq_turn(int m_block, int n_block, int /*head*/, int /*batch*/) const {
+        return n_block - first_n_block(m_block * kBlockM, kBlockN);
+    }
 };
 
 // The queries [lo[h], hi[h]) that see a thread's two keys of an mma C-layout S^T tile (rows key, key + 8),
@@ -41,6 +47,7 @@ struct BwdKeyRows {
 struct BwdLocal : LocalWindow {
     static constexpr bool kCausal = false;
     static constexpr bool kLocal = true;
+    static constexpr bool kListed = false;
     __device__ __forceinline__ explicit BwdLocal(const Params& p_) : LocalWindow(p_) {}
 
     __device__ __forceinline__ int query_begin(int j) const {
@@ -62,6 +69,10 @@ struct BwdLocal : LocalWindow {
     // The first key block seeing a query of the block at m0: the one holding key_begin(m0) (the smallest key
     // whose queries reach m0); every block from it to the CTA's visits that query block.
     __device__ __forceinline__ int first_n_block(int m0, int block_n) const { return key_begin(m0) / block_n; }
+    template <int kBlockM, int kBlockN>
+    __device__ __forceinline__ int dq_turn(int m_block, int n_block, int /*head*/, int /*batch*/) const {
+        return n_block - first_n_block(m_block * kBlockM, kBlockN);
+    }
 
     // Without a chunk, key j is seen by query i iff key_minus_query_min() <= j - i <= key_minus_query_max():
     // uniform limits on a difference (the fa3_bwd consumers' one-register form; chunks go to fa2_bwd).

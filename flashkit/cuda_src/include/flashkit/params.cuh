@@ -80,6 +80,18 @@ struct VarlenParams {
     const int* cu_seqlens_k;
 };
 
+// The backward's visit lists (bwd_mask.cuh's BwdListed), for a block mask or a mask_mod: per (list batch,
+// list head, key tile) the query tiles that see a key of it, those that need an element mask first; read only by
+// backward kernels built with FLASHKIT_BLOCK_SPARSE or FLASHKIT_MASK_MOD (tiles of the build's block_m x block_n).
+struct BwdListParams {
+    const int* count;            // [row][2], row = (list batch, list head, key tile): partial visits, all visits
+    const int* list;             // [row][q_tiles]: the visited query tiles, the partial ones first, each part ascending
+    const int* rank;             // [(list batch, list head, query tile)][k_tiles]: how many visiting key tiles come
+                                 // before key tile n in query tile m's row (deterministic dQ order)
+    int batch, heads;            // 1 (the lists broadcast) or the call's batch / heads
+    int q_tiles, k_tiles;
+};
+
 struct Params {
     // Layout (batch, seqlen, heads, head_dim); the last dimension is contiguous.
     const void* q;
@@ -124,6 +136,7 @@ struct Params {
     // the FA2 family (traits.cuh's kHeadDimV; fa3 compiles exact head dims and needs it not), appended last so
     // every earlier offset is unchanged.
     int head_dim_v;
+    BwdListParams bwd_lists;     // the backward's visit lists (zero elsewhere), after every earlier field
 };
 
 }  // namespace flashkit

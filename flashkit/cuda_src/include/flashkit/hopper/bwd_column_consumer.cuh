@@ -50,8 +50,10 @@ struct BwdColumnConsumer : BwdConsumerBase<Kt, Mask> {
 
     // Visit number `slot` of the CTA: query block m_block of `head`, Q and dO in ring stage slot % kStages,
     // P^T and dS^T in buffer slot % 2.
-    __device__ __forceinline__ void visit(const BwdCta<Kt>& cta, int slot, int head, int m_block) {
+    __device__ __forceinline__ void visit(const BwdCta<Kt>& cta, int slot, const BwdVisit& at) {
+        const int head = at.head, m_block = at.m_block;
         const int m0 = m_block * Kt::kBlockM;
+        this->stage_keep(cta, at.partial, head, m0);   // a mask_mod's element mask on a partial visit
         const int q0 = this->s_query0();   // this consumer's queries of the block (S^T, dP^T columns)
         const index_t ws_row = ws.row0(p, batch, head) + m0;
         const u32 k_tile = cta.smem + Kt::kKOffset;
@@ -69,6 +71,7 @@ struct BwdColumnConsumer : BwdConsumerBase<Kt, Mask> {
         gmma::fence_accumulators(s);
         const Mod mod(p, head, batch);
         this->modify_scores(mod, s, m0);
+        const u32 keep = this->staged_keep(cta);
         const int over = this->causal_over(m0);
         const int diff = this->key_minus_query(m0);
         u32 pt[Kt::kQTiles][2];   // P^T in 16 bits: pt[ni][h] = row warp_row + 8 h, column tile ni
@@ -79,8 +82,9 @@ struct BwdColumnConsumer : BwdConsumerBase<Kt, Mask> {
                 float pr[2];
 #pragma unroll
                 for (int c = 0; c < 2; ++c)   // P^T, 0 above the causal diagonal and outside the window
-                    pr[c] = this->visible_prob(s[ni][2 * h + c], c ? lse2[ni].y : lse2[ni].x, over, diff,
-                                               h * kFragRowHalf - (ni * kMmaN + c));
+                    pr[c] = this->keeps(keep, ni, 2 * h + c,
+                                        this->visible_prob(s[ni][2 * h + c], c ? lse2[ni].y : lse2[ni].x, over,
+                                                           diff, h * kFragRowHalf - (ni * kMmaN + c)));
                 pt[ni][h] = pack_float2<Element>(pr[0], pr[1]);
                 store_pair(pt_tile, h, ni, pt[ni][h]);
             }

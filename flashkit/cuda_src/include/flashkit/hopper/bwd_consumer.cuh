@@ -63,8 +63,10 @@ struct BwdConsumer : BwdConsumerBase<Kt, Mask> {
     // dS^T in buffer slot % 2. One copy of the step serves masked and unmasked visits: the causal test is a
     // select against a limit that no key passes on visits below the diagonal (a branch between masked and
     // unmasked copies is divergent to ptxas, which then serializes the wgmma: C7519).
-    __device__ __forceinline__ void visit(const BwdCta<Kt>& cta, int slot, int head, int m_block) {
+    __device__ __forceinline__ void visit(const BwdCta<Kt>& cta, int slot, const BwdVisit& at) {
+        const int head = at.head, m_block = at.m_block;
         const int m0 = m_block * Kt::kBlockM;
+        this->stage_keep(cta, at.partial, head, m0);   // a mask_mod's element mask on a partial visit
         const index_t ws_row = ws.row0(p, batch, head) + m0;
         const u32 k_tile = cta.smem + Kt::kKOffset;
         const u32 q_tile = cta.q_tile(slot);
@@ -81,14 +83,16 @@ struct BwdConsumer : BwdConsumerBase<Kt, Mask> {
         gmma::fence_accumulators(s);
         const Mod mod(p, head, batch);
         this->modify_scores(mod, s, m0);
+        const u32 keep = this->staged_keep(cta);
         const int over = this->causal_over(m0);
         const int diff = this->key_minus_query(m0);
 #pragma unroll
         for (int ni = 0; ni < Kt::kQTiles; ++ni)
 #pragma unroll
-            for (int e = 0; e < 4; ++e)   // P^T, 0 above the causal diagonal and outside the window
-                s[ni][e] = this->visible_prob(s[ni][e], e % 2 ? lse2[ni].y : lse2[ni].x, over, diff,
-                                              (e / 2) * kFragRowHalf - (ni * kMmaN + e % 2));
+            for (int e = 0; e < 4; ++e)   // P^T, 0 above the causal diagonal, outside the window and the mask_mod
+                s[ni][e] = this->keeps(keep, ni, e,
+                                       this->visible_prob(s[ni][e], e % 2 ? lse2[ni].y : lse2[ni].x, over, diff,
+                                                          (e / 2) * kFragRowHalf - (ni * kMmaN + e % 2)));
         u32 pt[Kt::kQSteps][4];   // P^T as 16-bit A fragments: pt[kk][2 j + h] = rows + 8 h, column tile 2 kk + j
 #pragma unroll
         for (int kk = 0; kk < Kt::kQSteps; ++kk) pack_a_fragment<Element>(pt[kk], s, kk);

@@ -6,6 +6,7 @@
 #pragma once
 
 #include "flashkit/bwd_mask.cuh"
+#include "flashkit/functor.cuh"
 #include "flashkit/fragment.cuh"
 #include "flashkit/hopper/bwd_cta.cuh"
 #include "flashkit/reduce.cuh"
@@ -115,6 +116,50 @@ struct BwdConsumerBase {
         apply_score_mod_transposed(mod, s, key0 + warp_row, m0 + s_query0() + col2);
     }
 
+    // A mask_mod's element mask of a visit (FLASHKIT_MASK_MOD), as bits: bit kKeepRowBits h + 2 ni + c keeps key row
+    // warp_row + 8 h, query s_query0() + 8 ni + col2 + c of the visit at m0; all ones on full visits. Evaluated
+    // before the visit's products (no wgmma in flight, so the branch costs ptxas nothing) into the thread's word of
+    // shared memory (held in a register over the products, the hd128 build spilled 16-24 B), read back for the
+    // select that applies it (keeps). Indices clamped into the sequences (functor.cuh's contract).
+    static constexpr int kKeepRowBits = 2 * Kt::kQTiles;
+    static_assert(2 * kKeepRowBits <= 32, "a thread's keep bits fit one word");
+    __device__ __forceinline__ void stage_keep(const BwdCta<Kt>& cta, bool partial, int head, int m0) const {
+#if FLASHKIT_MASK_MOD
+        u32 bits = ~0u;
+        if (partial) {
+            bits = 0;
+#pragma unroll 1
+            for (int h = 0; h < 2; ++h) {
+                const int key = min(key0 + warp_row + h * kFragRowHalf, p.seqlen_k - 1);
+#pragma unroll kMaskModUnroll
+                for (int c = 0; c < kKeepRowBits; ++c) {
+                    const int query = min(m0 + s_query0() + (c >> 1) * kMmaN + col2 + (c & 1), p.seqlen_q - 1);
+                    bits |= static_cast<u32>(::mask_mod(batch, head, query, key, p.mods.args))
+                            << (h * kKeepRowBits + c);
+                }
+            }
+        }
+        st_shared_b32(keep_word(cta), bits);
+#else
+        (void)cta, (void)partial, (void)head, (void)m0;
+#endif
+    }
+    __device__ __forceinline__ u32 staged_keep(const BwdCta<Kt>& cta) const {
+#if FLASHKIT_MASK_MOD
+        return ld_shared_b32(keep_word(cta));
+#else
+        (void)cta;
+        return ~0u;
+#endif
+    }
+    __device__ __forceinline__ static u32 keep_word(const BwdCta<Kt>& cta) {
+        return cta.smem + Kt::kKeepOffset + (fresh_thread() - gmma::kWarpgroupThreads) * 4;
+    }
+    // x where keep_bits keeps element e of column tile ni (the C fragment's order), else 0.
+    __device__ __forceinline__ static float keeps(u32 bits, int ni, int e, float x) {
+        return (bits >> ((e / 2) * kKeepRowBits + 2 * ni + e % 2)) & 1u ? x : 0.f;
+    }
+
     // P^T of the element at offset `at` from the thread's first (over, diff: causal_over and key_minus_query of the
     // visit): exp2(S^T scale log2(e) - lse2), 0 above the causal diagonal and, with BwdLocal (a window, no chunk:
     // the manifest leaves chunks to fa2_bwd), where key - query leaves the window's uniform limits. No branch:
@@ -179,7 +224,7 @@ struct BwdConsumerBase {
     // to the consumer's shared panel in dq_accum's own order, then thread 0 adds the whole panel with one bulk
     // reduction; split by columns: one 16-byte reduction a tile a thread, straight from the registers.
     // Deterministic (p.bwd.deterministic): in key-block order. Key block j waits until the semaphore of
-    // (batch, head, m_block) reads j - j0 (blocks j0 .. j - 1 visit m_block too: Mask::first_n_block), adds, waits
+    // (batch, head, m_block) reads the key blocks before j that visit m_block (Mask::dq_turn), adds, waits
     // for its adds to complete, and increments it; at hd64 every consumer adds to each element: their panels in
     // consumer order.
     __device__ __forceinline__ void add_dq(const BwdCta<Kt>& cta, const float (&dq)[Kt::kDqTiles][4], int head,
@@ -189,7 +234,7 @@ struct BwdConsumerBase {
         if (ordered) {
             if (leader) {
                 wait_semaphore(ws.semaphore(p, batch, head, m_block),
-                               n_block - mask.first_n_block(m_block * Kt::kBlockM, Kt::kBlockN));
+                               mask.template dq_turn<Kt::kBlockM, Kt::kBlockN>(m_block, n_block, head, batch));
                 fence_proxy_async_global();   // the earlier blocks' bulk adds, before this block's
             }
             named_sync(kBwdDqOrderBarrier, Kt::kConsumerThreads);

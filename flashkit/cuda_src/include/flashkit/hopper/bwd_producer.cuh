@@ -1,6 +1,6 @@
 // The producer of the warp-specialized Hopper backward: one thread of the producer warpgroup issues every
 // TMA load of the CTA. K and V of the key block load once (kv_full); then visit i loads Q_i and dO_i of
-// (visits.head(i), visits.m_block(i)) into stage i % kStages of their rings as soon as every consumer has
+// visits.at(i)'s (head, m_block) into stage i % kStages of their rings as soon as every consumer has
 // handed that stage back. Rows past seqlen_q or seqlen_k read as zeros (TMA's out-of-bounds fill): with the
 // pre-pass's lse2 = +inf there, P = 0 on those rows and no element mask is needed for ragged tails.
 // lse2 and dsum are not staged: the consumers read their 16 query columns of each from global memory.
@@ -27,7 +27,8 @@ __device__ __forceinline__ void bwd_produce(const BwdCta<Kt>& cta, const Backwar
     load_tile<Kt, KTile>(cta.smem + Kt::kKOffset, maps.k, cta.kv_full, kv_at);
     load_tile<Kt, KTile>(cta.smem + Kt::kVOffset, maps.v, cta.kv_full, kv_at);
     for (int i = 0; i < visits.total; ++i) {
-        const TileCoords q_at{visits.m_block(i) * Kt::kBlockM, visits.head(i), batch};
+        const BwdVisit visit = visits.at(i);
+        const TileCoords q_at{visit.m_block * Kt::kBlockM, visit.head, batch};
         load_tile<Kt, QTile>(cta.q_tile(i), maps.q, cta.q_ring.acquire(i, QTile::kBytes), q_at);
         load_tile<Kt, QTile>(cta.do_tile(i), maps.dout, cta.do_ring.acquire(i, QTile::kBytes), q_at);
     }

@@ -32,6 +32,10 @@
 #include "flashkit/dq_layout.cuh"
 #include "flashkit/hopper/ws_traits.cuh"   // TileCoords, kRegisterFile, the stage ring, tma, wgmma
 
+#ifndef FLASHKIT_MASK_MOD
+#define FLASHKIT_MASK_MOD 0   // functor.cuh's default: no mask_mod
+#endif
+
 namespace flashkit {
 namespace hopper {
 
@@ -118,7 +122,11 @@ struct BwdWsTraits {
     static constexpr int kKvBarOffset = kDqOffset + kDqBuffers * kDqBufferBytes;   // kv_full
     static constexpr int kQRingOffset = kKvBarOffset + kBarrierBytes;
     static constexpr int kDoRingOffset = kQRingOffset + Ring::kBytes;
-    static constexpr int kSmemBytes = kDoRingOffset + Ring::kBytes + gmma::kTileAlign;   // + alignment slack
+    // A mask_mod's keep bits, one word a consumer thread (bwd_consumer_base.cuh: held in shared memory, not in a
+    // register over the visit's products, where the hd128 build spilled 16-24 B).
+    static constexpr int kKeepBytes = FLASHKIT_MASK_MOD ? kConsumerThreads * 4 : 0;
+    static constexpr int kKeepOffset = kDoRingOffset + Ring::kBytes;
+    static constexpr int kSmemBytes = kKeepOffset + kKeepBytes + gmma::kTileAlign;   // + alignment slack
 
     static_assert(kElemBytes == 2, "16-bit inputs (wgmma's transposed operands are 16-bit only)");
     static_assert(kBlockM == gmma::kWarpgroupRows, "one wgmma row block of queries: dQ's M is 64");

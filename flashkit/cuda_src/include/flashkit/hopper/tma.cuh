@@ -55,6 +55,12 @@ __device__ __forceinline__ void tma_store(const TensorMap& map, u32 src, int c0,
 __device__ __forceinline__ void st_shared_b32(u32 addr, u32 v) {
     asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(addr), "r"(v) : "memory");
 }
+// The word a thread itself stored there (no other thread's store to order against).
+__device__ __forceinline__ u32 ld_shared_b32(u32 addr) {
+    u32 v;
+    asm volatile("ld.shared.b32 %0, [%1];\n" : "=r"(v) : "r"(addr) : "memory");
+    return v;
+}
 __device__ __forceinline__ void st_shared_v4(u32 addr, const float (&v)[4]) {
     asm volatile("st.shared.v4.f32 [%0], {%1, %2, %3, %4};\n" ::"r"(addr), "f"(v[0]), "f"(v[1]), "f"(v[2]), "f"(v[3])
                  : "memory");

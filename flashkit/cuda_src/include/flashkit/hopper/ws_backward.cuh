@@ -22,7 +22,7 @@ __device__ __forceinline__ void bwd_consume(const Params& p, const BwdCta<Kt>& c
                                             int kv_head, int batch) {
     Consumer consumer(p, cta.consumer(), n_block, kv_head, batch);
     if (visits.total > 0) mbarrier_wait(cta.kv_full, 0);   // K, V landed
-    for (int i = 0; i < visits.total; ++i) consumer.visit(cta, i, visits.head(i), visits.m_block(i));
+    for (int i = 0; i < visits.total; ++i) consumer.visit(cta, i, visits.at(i));
     consumer.dq_drain();
     consumer.store_dk_dv();
 }
@@ -31,7 +31,7 @@ template <class Kt, class Mask, class Mod>
 __device__ __forceinline__ void ws_backward(const Params& p, const BackwardMaps& maps, int n_block, int kv_head,
                                             int batch) {
     BwdCta<Kt> cta(ws_smem_base());
-    const BwdVisits<Kt::kBlockM, Kt::kBlockN, Mask> visits(p, n_block, kv_head);
+    const BwdVisits<Kt::kBlockM, Kt::kBlockN, Mask> visits(p, n_block, kv_head, batch);
     if (cta.producer()) {
         release_registers<Kt::kProducerRegs>();
         if (cta.issuer()) bwd_produce<Kt>(cta, maps, visits, n_block, kv_head, batch);

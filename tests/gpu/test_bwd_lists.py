@@ -1,0 +1,92 @@
+"""The backward over visit lists (features/bwd_lists.py, bwd_lists.cuh): attention_backward with a block mask or a
+mask_mod functor on fa3_bwd, against float64 gradients with the mask explicit (DESIGN.md's rule on dq, dk, dv),
+from NaN-poisoned memory; every head dim class, causal and not, GQA, q != k both ways, per-head and broadcast
+masks, an empty mask; deterministic=True bit for bit; the lists follow a mask_mod's array rewritten in place.
+"""
+
+from __future__ import annotations
+
+import zlib
+
+import pytest
+
+from flashkit.registry import discover_kernels
+from flashkit.verify.backward import MASKS, masked_backward_check
+from flashkit.verify.harness import Shape
+
+pytestmark = pytest.mark.gpu
+
+# GQA 2:1 with q < k, MQA with q > k, a 4097-row causal square crossing many tiles, one query row.
+SHAPES = (Shape(2, 300, 700, 4, 2), Shape(1, 777, 255, 8, 1), Shape(1, 4097, 4097, 2, 2), Shape(2, 1, 129, 2, 2))
+HEAD_DIMS = (64, 128, 256, 96)   # each class (two, three consumers; columns split), one padded
+
+
+def _params():
+    out = []
+    for i, shape in enumerate(SHAPES):
+        for mask in MASKS:
+            for hd in HEAD_DIMS:
+                for causal in (False, True):
+                    dtype = ("bfloat16", "float16")[(i + hd // 64 + causal) % 2]
+                    check = masked_backward_check(discover_kernels().specs["fa3_bwd"], shape, hd, dtype, causal, mask)
+                    out.append(pytest.param(check, id=check.label))
+    return out
+
+
+def _require_fa3_bwd():
+    from flashkit.runtime.device import device_info
+    spec = discover_kernels().specs["fa3_bwd"]
+    if not spec.runs_on(device_info().cc):
+        pytest.skip(f"fa3_bwd needs compute capability {spec.arch_requirement()}")
+
+
+@pytest.mark.parametrize("check", _params())
+def test_masked_backward_matches_reference(check):
+    from flashkit.cli.verify_cmd import format_result
+    _require_fa3_bwd()
+    result = check.run(zlib.crc32(check.label.encode()))
+    assert result.passed, format_result(result)
+
+
+@pytest.mark.parametrize("mask", ["block:random(0.5)", "mod:document"])
+@pytest.mark.parametrize("causal", [False, True])
+def test_masked_deterministic_is_bit_identical(mask, causal):
+    """Key blocks add dQ in the order of each query block's list rank: the same bits over repeated calls."""
+    import cupy as cp
+    import flashkit
+    from flashkit.verify.backward import masked_call
+    _require_fa3_bwd()
+    shape, hd = Shape(2, 1000, 1000, 8, 2), 128
+    rs = cp.random.RandomState(5)
+    q, k, v, dout = (rs.standard_normal(s, dtype=cp.float32).astype(cp.float16) for s in
+                     ((2, 1000, 8, hd), (2, 1000, 2, hd), (2, 1000, 2, hd), (2, 1000, 8, hd)))
+    kw, _ = masked_call(*mask.split(":", 1), shape, 11, cp)
+    out, lse = flashkit.attention(q, k, v, causal=causal, return_lse=True, **kw)
+    first = flashkit.attention_backward(dout, q, k, v, out, lse, causal=causal, deterministic=True, **kw)
+    for _ in range(3):
+        again = flashkit.attention_backward(dout, q, k, v, out, lse, causal=causal, deterministic=True, **kw)
+        for name, a, b in zip(("dq", "dk", "dv"), first, again):
+            assert bool((a.view(cp.uint16) == b.view(cp.uint16)).all()), f"{name} differs between runs"
+
+
+def test_document_ids_rewritten_in_place_are_read_anew():
+    """The lists are classified per call: a second call after the ids changed in place follows the new documents
+    (one document, then every key its own document: dK of a key then comes from its own query alone)."""
+    import cupy as cp
+    import flashkit
+    from flashkit.verify.backward import judge_gradients
+    _require_fa3_bwd()
+    b, s, h, hd = 1, 300, 2, 64
+    rs = cp.random.RandomState(9)
+    q, k, v, dout = (rs.standard_normal((b, s, h, hd), dtype=cp.float32).astype(cp.float16) for _ in range(4))
+    ids = cp.zeros((b, s), dtype=cp.int32)
+    for doc_ids in (None, cp.arange(s, dtype=cp.int32)[None] // 7):
+        if doc_ids is not None:
+            ids[...] = doc_ids
+        kw = {"mod": "document", "mod_args": {"doc_ids": ids}}
+        out, lse = flashkit.attention(q, k, v, causal=True, return_lse=True, **kw)
+        grads = flashkit.attention_backward(dout, q, k, v, out, lse, causal=True, **kw)
+        same_doc = (ids[0][:, None] == ids[0][None, :])[None, None]
+        result = judge_gradients("fa3_bwd", "document in place", (q, k, v, dout), grads, hd, True, "float16",
+                                 mask=same_doc)
+        assert result.passed, result.note
