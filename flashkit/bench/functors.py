@@ -4,7 +4,8 @@ interleaved call by call, so that its ratios hold under one clock.
 
 relative_bias (a drop-in ALiBi) against the built-in alibi_slopes on the same kernel, and against flex_attention with
 the same score_mod (compiled); document and prefix_lm masks against flex with the same mask_mod (its block mask
-built once, outside the timing; flashkit classifies its tiles inside every call). TFLOP/s count every (query, key)
+built once, outside the timing; flashkit classifies its tiles inside every call), and the document mask's backward
+(attention_backward over its lists) against the dense causal backward and flex's. TFLOP/s count every (query, key)
 pair of the dense problem (halved when causal), so that the rows compare times. The first call of a new functor
 (a fresh cubin cache: NVRTC compile, load, launch) and the next call are timed on the host.
 """
@@ -21,6 +22,7 @@ from .mods import ROTATE, rotated_inputs, shape_parser
 from .timing import time_cupy_interleaved
 
 DOCUMENTS = 8   # the document mask's packed sequences per row
+BACKWARD_FLOPS = 2.5   # a backward's products over a forward's
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -41,20 +43,21 @@ def main(argv: list[str] | None = None) -> dict:
     doc = cupy.from_dlpack(doc_t)
     prefix = s // 4
 
-    def record(name: str, impl: str, ms: float, causal: bool) -> None:
-        tflops = 4 * b * h * d * s * s / (2 if causal else 1) / (ms * 1e-3) / 1e12
+    def record(name: str, impl: str, ms: float, causal: bool, flop_factor: float = 1.0) -> None:
+        tflops = flop_factor * 4 * b * h * d * s * s / (2 if causal else 1) / (ms * 1e-3) / 1e12
         rows.append({"name": name, "impl": impl, "ms": ms, "tflops": tflops})
         print(f"{name:<40} {impl:<22} {ms:8.3f} ms {tflops:7.1f} TFLOP/s", flush=True)
 
     def fk(**kw) -> Callable[[int], Any]:
         return lambda i: flashkit.attention(*cviews[i % ROTATE], **kw)
 
-    def interleaved(name: str, causal: bool, calls: list[tuple[str, Callable[[int], Any] | None]]) -> None:
+    def interleaved(name: str, causal: bool, calls: list[tuple[str, Callable[[int], Any] | None]],
+                    flop_factor: float = 1.0) -> None:
         """Time the calls of one comparison interleaved call by call (the same clocks for all: their ratios are
         what the rows are for); a None call (flex unavailable) is left out."""
         present = [(impl, fn) for impl, fn in calls if fn is not None]
         for (impl, _), ms in zip(present, time_cupy_interleaved([fn for _, fn in present], args.warmup, args.iters)):
-            record(name, impl, ms, causal)
+            record(name, impl, ms, causal, flop_factor)
 
     flex = {} if args.no_flex else flex_calls(tv, slopes_t, doc_t, prefix, s)
     for causal in (False, True):
@@ -70,6 +73,18 @@ def main(argv: list[str] | None = None) -> dict:
                                           ("flex", flex.get("causal document"))])
     interleaved("prefix_lm", True, [("flashkit", fk(mod="prefix_lm", mod_args={"prefix": prefix})),
                                     ("flex", flex.get("prefix_lm"))])
+    # The backward over the document mask's lists (classified in every call) against the dense causal backward
+    # and flex_attention's backward with the same block mask; FLOPs 2.5 x the forward's.
+    doc_kw = dict(causal=True, mod="document", mod_args={"doc_ids": doc})
+    q0, k0, v0 = cviews[0]
+    dout = cupy.from_dlpack(torch.randn_like(views[0][0]))
+    out_doc, lse_doc = flashkit.attention(q0, k0, v0, return_lse=True, **doc_kw)
+    out_c, lse_c = flashkit.attention(q0, k0, v0, causal=True, return_lse=True)
+    interleaved("causal document backward", True, [
+        ("flashkit", lambda i: flashkit.attention_backward(dout, q0, k0, v0, out_doc, lse_doc, **doc_kw)),
+        ("flashkit causal, no mask", lambda i: flashkit.attention_backward(dout, q0, k0, v0, out_c, lse_c,
+                                                                           causal=True)),
+        ("flex", flex.get("causal document backward"))], flop_factor=BACKWARD_FLOPS)
     for name, kw in (("causal document", dict(causal=True, mod="document", mod_args={"doc_ids": doc})),
                      ("causal relative_bias", dict(causal=True, mod="relative_bias", mod_args={"slopes": slopes})),
                      ("causal alibi", dict(causal=True, alibi_slopes=slopes)), ("causal plain", dict(causal=True))):
@@ -115,6 +130,11 @@ def flex_calls(tv, slopes_t, doc_t, prefix, s) -> dict[str, Callable[[int], Any]
                  "causal alibi": lambda i: flex(*tv[i % ROTATE], score_mod=alibi, block_mask=bm_causal),
                  "causal document": lambda i: flex(*tv[i % ROTATE], block_mask=bm_doc),
                  "prefix_lm": lambda i: flex(*tv[i % ROTATE], block_mask=bm_prefix)}
+        # the backward alone: the graph of one forward kept, its gradients taken again per call
+        leaves = tuple(t.detach().requires_grad_() for t in tv[0])
+        out = flex(*leaves, block_mask=bm_doc)
+        grad_out = torch.randn_like(out)
+        calls["causal document backward"] = lambda i: torch.autograd.grad(out, leaves, grad_out, retain_graph=True)
         for fn in calls.values():   # compiled here, not inside a timed warm-up
             fn(0)
         torch.cuda.synchronize()

@@ -59,6 +59,10 @@ typedef flashkit::LocalOr<FLASHKIT_WINDOW, Traits::kBlockM, Traits::kBlockN,
 FLASHKIT_FUNCTOR_ENTRIES(ClassifyMask, Traits::kBlockM, Traits::kBlockN)
 
 FLASHKIT_EXPORT_SMEM_BYTES(Traits::kSmemBytes);
+// The pre-pass and the dQ conversion use no shared memory: launched with the main kernel's, they ran one CTA an SM
+// (0.25 + 0.15 ms at b2 s8192 h16 hd128, four times their bytes' time at the HBM rate).
+FLASHKIT_EXPORT_ENTRY_SMEM_BYTES(flashkit_fa3_bwd_prepass, 0);
+FLASHKIT_EXPORT_ENTRY_SMEM_BYTES(flashkit_fa3_bwd_convert_dq, 0);
 
 // Every entry takes the maps (the runtime passes the same arguments to each); only main reads them.
 #define FLASHKIT_FA3_BWD_ARGS                                                                                 \

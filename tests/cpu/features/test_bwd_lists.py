@@ -13,7 +13,6 @@ import flashkit
 import flashkit.backward as backward
 from flashkit.errors import InputError, UnsupportedError
 from flashkit.features import bwd_lists
-from flashkit.features.block_mask import BlockMask
 from flashkit.runtime import build
 from flashkit.runtime.params import FIELD_OFFSETS, PARAMS_DTYPE
 
@@ -77,6 +76,7 @@ def test_mask_mod_backward_classifies_lists_then_runs_the_passes(monkeypatch):
 
 
 def test_block_mask_backward_lists_by_the_mask_at_key_tiles_of_128(monkeypatch):
+    from flashkit.features.block_mask import BlockMask   # as the call imports it (a test may reload the module)
     b, sq, sk, h, hk, d = 1, 500, 385, 4, 4, 64
     mask = BlockMask.random(1, h, sq, sk, 0.5, seed=1, xp=np)
     launches, states = listed_launches(monkeypatch, b, sq, sk, h, hk, d, block_mask=mask)
@@ -104,6 +104,7 @@ def test_score_mod_functor_has_no_backward(no_launch):  # noqa: F811
 
 
 def test_block_mask_with_a_functor_is_refused(no_launch):  # noqa: F811
+    from flashkit.features.block_mask import BlockMask
     from ..synth import B, SK, SQ, cuda
     mask = BlockMask.causal(SQ, SK, xp=np)
     with pytest.raises(InputError, match=r"^block_mask: cannot be combined with mod"):
@@ -112,6 +113,7 @@ def test_block_mask_with_a_functor_is_refused(no_launch):  # noqa: F811
 
 
 def test_a_block_mask_that_does_not_fit_is_refused_by_name(no_launch):  # noqa: F811
+    from flashkit.features.block_mask import BlockMask
     from ..synth import SK, SQ
     with pytest.raises(InputError, match=r"^block_mask: "):
         flashkit.attention_backward(**good(), block_mask=BlockMask.causal(SQ + 200, SK, xp=np))
