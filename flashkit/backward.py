@@ -9,16 +9,15 @@ from typing import Any
 from .api import _aligned, _check_block_mask, _negate_scale, request_for
 from .call.arrays import ArrayMeta, describe, to_cupy
 from .call.dtypes import BY_NAME
-from .errors import InputError, UnsupportedError
+from .errors import CompileError, InputError, UnsupportedError
 from .registry import discover_kernels, select_kernel
 from .runtime.build import build_module, make_config
 from .runtime.device import cupy_module, device_info
-from .runtime.launch import LaunchInputs, launch, prepare_launch, stride_fields
+from .runtime.launch import POINTER_FIELDS, LaunchInputs, launch, prepare_launch, stride_fields
 from .runtime.params import merge_fields
 from .call.validate import Problem, check_device, check_flag, check_on_gpu, check_variant, validate_inputs
 from .features.mods import Mods, launch_fields as mod_launch_fields, mods_of
 from .features.varlen import check_values, kernel_fields, validate_varlen
-from .errors import CompileError
 
 LSE_DTYPE = "float32"
 
@@ -194,7 +193,7 @@ def _launch_listed(spec, cc, config, problem: Problem, io: LaunchInputs, causal:
         extras = merge_fields(extras, functor.kernel_fields(problem, to_cupy))   # ModArgs (a mask_mod: no scale)
     io = replace(io, extras=extras)
     prepared = prepare_launch(spec, loaded, config, problem, io)
-    block = prepared.params.fill(0, 0, 0, 0, 0, 0)   # the list passes read no array of the attention
+    block = prepared.params.fill(*(0,) * len(POINTER_FIELDS))   # the list passes read no array of the attention
     if functor is not None:
         lists.classify(loaded.aux, block)
     else:
