@@ -181,13 +181,8 @@ def _launch_listed(spec, cc, config, problem: Problem, io: LaunchInputs, causal:
         raise (functor.compile_error(e) if functor else e) from None
     cupy = cupy_module()
     launch_cfg = config.launch_dict
-    if functor is not None:
-        geo_rows = functor.tile_geometry(problem, launch_cfg)
-        geo = geometry(problem, launch_cfg, geo_rows["tile_batch"], geo_rows["tile_heads"])
-    else:
-        b, h, _, _ = block_mask.shape
-        geo = geometry(problem, launch_cfg, b, h)
-    lists = VisitLists.allocate(geo, cupy)
+    batch, heads = functor.mask_rows(problem) if functor is not None else block_mask.shape[:2]
+    lists = VisitLists.allocate(geometry(problem, launch_cfg, batch, heads), cupy)
     extras = merge_fields(io.extras, lists.fields())
     if functor is not None:
         extras = merge_fields(extras, functor.kernel_fields(problem, to_cupy))   # ModArgs (a mask_mod: no scale)

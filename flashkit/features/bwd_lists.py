@@ -20,9 +20,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from .functors import launch_classifier
+
 LIST_THREADS = 128   # bwd_lists.cuh: kListThreads
-CLASSIFY_THREADS = 128   # functor.cuh: kClassifyThreads
-TILE_FULL = 2        # functor.cuh: kTileFull
+TILE_FULL = 2        # mask.cuh: kTileFull
 
 
 @dataclass(frozen=True)
@@ -85,9 +86,7 @@ class VisitLists:
 
     def classify(self, aux: dict, params_block) -> None:
         """A mask_mod's states, by its classifier at the backward's tiles (functor.cuh)."""
-        geo = self.geo
-        aux["flashkit_functor_classify"]((geo.k_tiles, geo.q_tiles, geo.groups), (CLASSIFY_THREADS, 1, 1),
-                                         (params_block,))
+        launch_classifier(aux, params_block, self.geo.groups, self.geo.q_tiles, self.geo.k_tiles)
 
     def compact(self, aux: dict, params_block) -> None:
         """The lists and ranks from the states (bwd_lists.cuh)."""

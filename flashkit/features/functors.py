@@ -73,10 +73,16 @@ class BoundFunctor:
             fields["softmax_scale_log2"] = LOG2E
         return fields
 
+    def mask_rows(self, problem: Problem) -> tuple[int, int]:
+        """(batch, heads) of the mask_mod's tile rows: the call's where the manifest's mask_varies names them, else
+        1 (the tiles broadcast)."""
+        return (problem.batch if "batch" in self.spec.mask_varies else 1,
+                problem.heads if "head" in self.spec.mask_varies else 1)
+
     def tile_geometry(self, problem: Problem, launch: dict[str, int]) -> dict[str, int]:
         """Params.mods' tile fields: rows per broadcast batch / head, query and key tiles of the build."""
-        return {"tile_batch": problem.batch if "batch" in self.spec.mask_varies else 1,
-                "tile_heads": problem.heads if "head" in self.spec.mask_varies else 1,
+        batch, heads = self.mask_rows(problem)
+        return {"tile_batch": batch, "tile_heads": heads,
                 "q_tiles": -(-problem.seqlen_q // launch["block_m"]),
                 "k_tiles": -(-problem.seqlen_k // launch["block_n"])}
 
@@ -147,9 +153,14 @@ class FunctorLaunch:
         groups = geo["tile_batch"] * geo["tile_heads"]
         rows = groups * geo["q_tiles"]
         aux = self.loaded.aux
-        aux["flashkit_functor_classify"]((geo["k_tiles"], geo["q_tiles"], groups), (CLASSIFY_THREADS, 1, 1),
-                                         (params_block,))
+        launch_classifier(aux, params_block, groups, geo["q_tiles"], geo["k_tiles"])
         aux["flashkit_functor_compact"]((-(-rows // COMPACT_THREADS), 1, 1), (COMPACT_THREADS, 1, 1), (params_block,))
+
+
+def launch_classifier(aux: dict, params_block, groups: int, q_tiles: int, k_tiles: int) -> None:
+    """A mask_mod build's tile classifier (functor.cuh's flashkit_functor_classify) over groups (tile batch x tile
+    head) x q_tiles x k_tiles, writing Params.mods.tile_state; the forward's and the backward's lists start here."""
+    aux["flashkit_functor_classify"]((k_tiles, q_tiles, groups), (CLASSIFY_THREADS, 1, 1), (params_block,))
 
 
 def functor_signature(mod: Any, mod_args: Any) -> tuple | None:

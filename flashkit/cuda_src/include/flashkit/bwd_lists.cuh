@@ -3,7 +3,7 @@
 // the mask's intervals. Per list row (list batch, list head, key tile n) the visiting query tiles, those that
 // need the mask_mod's element mask (partial) first, each part ascending; per (list batch, list head, query tile m)
 // the rank of each key tile among those visiting m (the deterministic dQ order).
-//   tile states   Params.mods.tile_state[(lb, lh, m)][n]: 0 empty, 1 partial, 2 full (functor.cuh's kTile*);
+//   tile states   Params.mods.tile_state[(lb, lh, m)][n], mask.cuh's kTile* states;
 //                 a mask_mod's from its classifier (classify_tiles at the backward's tiles), a block mask's
 //                 written by flashkit/features/bwd_lists.py (kept blocks full, causal ones cut to the diagonal)
 //   bwd_list_columns, bwd_list_ranks   the two compactions (one thread a row), entries of the backward kernel
@@ -16,7 +16,6 @@
 namespace flashkit {
 
 constexpr int kListThreads = 128;   // threads a block of the compaction entries
-constexpr unsigned char kListEmpty = 0, kListPartial = 1, kListFull = 2;   // functor.cuh's tile states
 
 // The list row of (batch, head, tile) among `tiles` per (list batch, list head): broadcast dims read row 0.
 __device__ __forceinline__ int list_row(const BwdListParams& l, int batch, int head, int tile, int tiles) {
@@ -34,10 +33,10 @@ __device__ __forceinline__ void bwd_list_columns(const Params& p) {
     int* list = const_cast<int*>(l.list) + static_cast<index_t>(row) * l.q_tiles;
     int count = 0;
     for (int m = 0; m < l.q_tiles; ++m)
-        if (state[static_cast<index_t>(m) * l.k_tiles] == kListPartial) list[count++] = m;
+        if (state[static_cast<index_t>(m) * l.k_tiles] == kTilePartial) list[count++] = m;
     const int partial = count;
     for (int m = 0; m < l.q_tiles; ++m)
-        if (state[static_cast<index_t>(m) * l.k_tiles] == kListFull) list[count++] = m;
+        if (state[static_cast<index_t>(m) * l.k_tiles] == kTileFull) list[count++] = m;
     int* counts = const_cast<int*>(l.count) + 2 * row;
     counts[0] = partial;
     counts[1] = count;
@@ -53,7 +52,7 @@ __device__ __forceinline__ void bwd_list_ranks(const Params& p) {
     int before = 0;
     for (int n = 0; n < l.k_tiles; ++n) {
         rank[n] = before;
-        before += state[n] != kListEmpty;
+        before += state[n] != kTileEmpty;
     }
 }
 
@@ -61,14 +60,14 @@ template <class Inner>
 struct BwdListed : Inner {
     static constexpr bool kListed = true;
     __device__ __forceinline__ explicit BwdListed(const Params& p_) : Inner(p_) {}
-
-    // The key tiles before n_block that visit m_block: its rank in m_block's row.
-    template <int kBlockM, int kBlockN>
-    __device__ __forceinline__ int dq_turn(int m_block, int n_block, int head, int batch) const {
-        const BwdListParams& l = this->p.bwd_lists;
-        return l.rank[static_cast<index_t>(list_row(l, batch, head, m_block, l.q_tiles)) * l.k_tiles + n_block];
-    }
 };
+
+// The key tiles before n_block that visit m_block: n_block's rank in m_block's row (bwd_mask.cuh's dq_turn).
+template <int kBlockM, int kBlockN, class Inner>
+__device__ __forceinline__ int dq_turn(const BwdListed<Inner>& mask, int m_block, int n_block, int head, int batch) {
+    const BwdListParams& l = mask.p.bwd_lists;
+    return l.rank[static_cast<index_t>(list_row(l, batch, head, m_block, l.q_tiles)) * l.k_tiles + n_block];
+}
 
 // The backward's mask of a build: listed with a block mask or a mask_mod, else Inner.
 template <bool kListedBuild, class Inner>

@@ -31,11 +31,6 @@ struct BwdDense {
     __device__ __forceinline__ int m_end(int /*n1*/, int block_m) const { return ceil_div(p.seqlen_q, block_m); }
     // The first key block that adds to the dQ of the query block at m0: block 0 (it sees every query of it).
     __device__ __forceinline__ int first_n_block(int /*m0*/, int /*block_n*/) const { return 0; }
-    // How many key blocks add to query block m_block's dQ before block n_block (the deterministic order).
-    template <int kBlockM, int kBlockN>
-    __device__ __forceinline__ int dq_turn(int m_block, int n_block, int /*head*/, int /*batch*/) const {
-        return n_block - first_n_block(m_block * kBlockM, kBlockN);
-    }
 };
 
 // The queries [lo[h], hi[h]) that see a thread's two keys of an mma C-layout S^T tile (rows key, key + 8),
@@ -69,10 +64,6 @@ struct BwdLocal : LocalWindow {
     // The first key block seeing a query of the block at m0: the one holding key_begin(m0) (the smallest key
     // whose queries reach m0); every block from it to the CTA's visits that query block.
     __device__ __forceinline__ int first_n_block(int m0, int block_n) const { return key_begin(m0) / block_n; }
-    template <int kBlockM, int kBlockN>
-    __device__ __forceinline__ int dq_turn(int m_block, int n_block, int /*head*/, int /*batch*/) const {
-        return n_block - first_n_block(m_block * kBlockM, kBlockN);
-    }
 
     // Without a chunk, key j is seen by query i iff key_minus_query_min() <= j - i <= key_minus_query_max():
     // uniform limits on a difference (the fa3_bwd consumers' one-register form; chunks go to fa2_bwd).
@@ -139,6 +130,13 @@ __device__ __forceinline__ void apply_score_mod_transposed(const ComposeMods<A, 
                                                            int key0, int query0) {
     apply_score_mod_transposed(mod.a, st, key0, query0);
     apply_score_mod_transposed(mod.b, st, key0, query0);
+}
+
+// How many key blocks add to query block m_block's dQ before block n_block (the deterministic order): every block
+// from the mask's first_n_block on (bwd_lists.cuh overloads it for listed visits).
+template <int kBlockM, int kBlockN, class Mask>
+__device__ __forceinline__ int dq_turn(const Mask& mask, int m_block, int n_block, int /*head*/, int /*batch*/) {
+    return n_block - mask.first_n_block(m_block * kBlockM, kBlockN);
 }
 
 template <bool kLocal, bool kCausal>

@@ -75,10 +75,6 @@ __device__ __forceinline__ int inner_key_begin(const LocalMask<kBlockM, kBlockN>
     return m.key_begin(row);
 }
 
-// Tile states written by classify_tiles.
-constexpr unsigned char kTileEmpty = 0;
-constexpr unsigned char kTilePartial = 1;
-constexpr unsigned char kTileFull = 2;
 constexpr int kClassifyThreads = 128;
 constexpr int kCompactThreads = 128;
 

@@ -16,6 +16,12 @@ namespace flashkit {
 
 __device__ __forceinline__ int ceil_div(int a, int b) { return (a + b - 1) / b; }
 
+// States of a classified (query tile, key tile): written by a mask_mod's classifier (functor.cuh) or by a block mask's
+// array code (flashkit/features/bwd_lists.py), read by the tile lists of the forward and the backward.
+constexpr unsigned char kTileEmpty = 0;     // no row sees a key of it: never loaded
+constexpr unsigned char kTilePartial = 1;   // some rows see some keys: the element mask applies
+constexpr unsigned char kTileFull = 2;      // every valid row sees every key
+
 // Every key < seqlen_k is visible; only the ragged last tile needs masking.
 template <int kBlockM, int kBlockN>
 struct NoMask {

@@ -234,7 +234,7 @@ struct BwdConsumerBase {
         if (ordered) {
             if (leader) {
                 wait_semaphore(ws.semaphore(p, batch, head, m_block),
-                               mask.template dq_turn<Kt::kBlockM, Kt::kBlockN>(m_block, n_block, head, batch));
+                               dq_turn<Kt::kBlockM, Kt::kBlockN>(mask, m_block, n_block, head, batch));
                 fence_proxy_async_global();   // the earlier blocks' bulk adds, before this block's
             }
             named_sync(kBwdDqOrderBarrier, Kt::kConsumerThreads);

@@ -198,8 +198,8 @@ struct BwdMainloop {
         }
         const bool ordered = p.bwd.deterministic != 0;
         int* sema = ws.semaphore(p, batch, head, m_block);
-        if (ordered) {   // wait for the key blocks before this one that visit m_block (from the mask's first)
-            if (threadIdx.x == 0) wait_semaphore(sema, n0 / kN - mask.first_n_block(m_block * kM, kN));
+        if (ordered) {   // wait for the key blocks before this one that visit m_block (bwd_mask.cuh's dq_turn)
+            if (threadIdx.x == 0) wait_semaphore(sema, dq_turn<kM, kN>(mask, m_block, n0 / kN, head, batch));
             __syncthreads();
         }
         float* dq = ws.dq_accum + (ws.row0(p, batch, head) + m_block * kM) * kD;
