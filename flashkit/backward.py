@@ -6,20 +6,23 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
-from .api import _aligned, _check_block_mask, _negate_scale, request_for
+from .api import ALIBI_FIELDS, _aligned, _check_block_mask, _negate_scale, per_call_pointers, request_for
 from .call.arrays import ArrayMeta, describe, to_cupy
 from .call.dtypes import BY_NAME
 from .errors import CompileError, InputError, UnsupportedError
 from .registry import discover_kernels, select_kernel
 from .runtime.build import build_module, make_config
 from .runtime.device import cupy_module, device_info
-from .runtime.launch import POINTER_FIELDS, LaunchInputs, launch, prepare_launch, stride_fields
+from .runtime import call_cache
+from .runtime.call_cache import CALLS, arrays_signature, context_signature, ndarray_type, scalar_signature
+from .runtime.launch import POINTER_FIELDS, LaunchInputs, PreparedLaunch, prepare_launch, stride_fields
 from .runtime.params import merge_fields
 from .call.validate import Problem, check_device, check_flag, check_on_gpu, check_variant, validate_inputs
 from .features.mods import Mods, launch_fields as mod_launch_fields, mods_of
 from .features.varlen import check_values, kernel_fields, validate_varlen
 
 LSE_DTYPE = "float32"
+BWD_POINTERS = ("bwd.dout", "bwd.dq", "bwd.dk", "bwd.dv")   # per call beside POINTER_FIELDS: dout and the gradients
 
 
 def attention_backward(dout: Any, q: Any, k: Any, v: Any, out: Any, lse: Any, *, causal: bool = False,
@@ -40,6 +43,13 @@ def attention_backward(dout: Any, q: Any, k: Any, v: Any, out: Any, lse: Any, *,
     Returns CuPy arrays shaped like q, k, v.
     """
     causal, deterministic = check_flag(causal, "causal"), check_flag(deterministic, "deterministic")
+    # A dense call (no block mask, no functor) of a signature seen before: its cached key holds only arguments
+    # that passed validation, so the look-up can come first (as attention()'s does).
+    key = _backward_key(dout, q, k, v, out, lse, causal, softmax_scale, deterministic, variant, window_size,
+                        softcap, attention_chunk, alibi_slopes) if (
+        block_mask is None and mod is None and mod_args is None) else None
+    if key is not None and (cached := CALLS.get(key)) is not None:
+        return cached(dout, q, k, v, out, lse, per_call_pointers(alibi_slopes, ()))
     check_variant(variant)
     q_meta = describe(q, "q")
     problem = validate_inputs(q_meta, describe(k, "k"), describe(v, "v"), softmax_scale)
@@ -63,9 +73,50 @@ def attention_backward(dout: Any, q: Any, k: Any, v: Any, out: Any, lse: Any, *,
     lsec = cupy.ascontiguousarray(to_cupy(lse, "lse"))
     storage = BY_NAME[problem.dtype].storage
     dq, dk, dv = (cupy.empty(x.shape, dtype=storage) for x in (qc, kc, vc))
-    _launch_backward(spec, cc, problem, causal, deterministic, (qc, kc, vc, doc, oc, lsec), (dq, dk, dv),
-                     mods=mods, alibi_slopes=alibi_slopes, block_mask=block_mask, functor=functor)
+    prepared = _launch_backward(spec, cc, problem, causal, deterministic, (qc, kc, vc, doc, oc, lsec),
+                                (dq, dk, dv), mods=mods, alibi_slopes=alibi_slopes, block_mask=block_mask,
+                                functor=functor)
+    # Cached where the launch read the call's own arrays (no alignment copy, no contiguous LSE copy).
+    if key is not None and prepared is not None and all(a is b for a, b in zip((qc, kc, vc, doc, oc, lsec),
+                                                                               (q, k, v, dout, out, lse))):
+        CALLS.put(key, _CachedBackward(prepared, (dq.shape, dk.shape, dv.shape), storage))
     return dq, dk, dv
+
+
+def _backward_key(dout, q, k, v, out, lse, causal, softmax_scale, deterministic, variant, window_size, softcap,
+                  attention_chunk, alibi_slopes) -> tuple | None:
+    """The signature of a dense attention_backward() call (one flat tuple, as api._forward_key's); None when it
+    takes the full path (an argument that is no CuPy array, a window that is no tuple or list)."""
+    arrays = arrays_signature(dout, q, k, v, out, lse, alibi_slopes)
+    if arrays is None or None in arrays[:6]:
+        return None
+    if window_size is None:
+        window = None
+    elif type(window_size) in (tuple, list):
+        window = (type(window_size), tuple(scalar_signature(w) for w in window_size))
+    else:
+        return None
+    context = context_signature()
+    if context is None:
+        return None
+    return ("attention_backward", arrays, causal, deterministic, type(softmax_scale), softmax_scale, variant, window,
+            type(softcap), softcap, type(attention_chunk), attention_chunk, context)
+
+
+class _CachedBackward:
+    """A cached dense signature of attention_backward(): allocate dq, dk, dv, put the call's addresses (and the
+    slopes') into the prepared launch, run it on the current stream with this stream's workspace."""
+
+    def __init__(self, prepared: PreparedLaunch, shapes: tuple, storage):
+        self.prepared, self.shapes, self.storage = prepared, shapes, storage
+
+    def __call__(self, dout, q, k, v, out, lse, extra: tuple[int, ...]):
+        ndarray = ndarray_type()
+        dq, dk, dv = (ndarray(shape, self.storage) for shape in self.shapes)
+        nbytes = self.prepared.workspace_bytes
+        self.prepared(q, k, v, out, lse, (dout.data.ptr, dq.data.ptr, dk.data.ptr, dv.data.ptr) + extra,
+                      call_cache.workspace(nbytes) if nbytes else None)
+        return dq, dk, dv
 
 
 def _bind_backward_functor(mod: Any, mod_args: Any, problem: Problem, mods: Mods, device, block_mask: Any):
@@ -146,7 +197,10 @@ def _launch_backward(spec, cc, problem: Problem, causal: bool, deterministic: bo
     call's modifications built in (Params.mods as the forward's).
 
     A modified call with a negative softmax_scale runs as the forward does (features/mods.kernel_fields: raw
-    scores of -q at |scale|): on -q, and dq negated back."""
+    scores of -q at |scale|): on -q, and dq negated back.
+
+    Returns the dense call's PreparedLaunch (dout, the gradients and the slopes as its per-call pointers:
+    BWD_POINTERS, ALIBI_FIELDS), for the call cache; None for a call that cannot repeat it (negated, listed)."""
     qc, kc, vc, doc, oc, lsec = inputs
     dq, dk, dv = grads
     negate = bool(mods.features) and problem.softmax_scale < 0
@@ -161,13 +215,21 @@ def _launch_backward(spec, cc, problem: Problem, causal: bool, deterministic: bo
     config = make_config(spec, problem.dtype, problem.head_dim, causal, cc, block_sparse=block_mask is not None,
                          mods=(("varlen",) if varlen else ()) + mods.features + (functor.features if functor else ()),
                          functor=functor.build_key if functor else None, seqlen_q=problem.seqlen_q)
-    io = LaunchInputs(qc, kc, vc, oc, lsec, extras=extras, map_arrays={"dout": doc})
-    if block_mask is None and functor is None:
-        launch(spec, build_module(spec, config, cc), config, problem, io)
-    else:
+    io = LaunchInputs(qc, kc, vc, oc, lsec, extras=extras, map_arrays={"dout": doc}, map_fields={"dout": "bwd.dout"})
+    if block_mask is not None or functor is not None:
         _launch_listed(spec, cc, config, problem, io, causal, block_mask, functor)
+        prepared = None
+    else:
+        prepared = prepare_launch(spec, build_module(spec, config, cc), config, problem, io,
+                                  BWD_POINTERS + (ALIBI_FIELDS if mods.alibi else ()))
+        nbytes = prepared.workspace_bytes
+        slopes = (keep[0].data.ptr,) if mods.alibi else ()   # launch_fields' view of alibi_slopes
+        prepared(qc, kc, vc, oc, lsec, (doc.data.ptr, dq.data.ptr, dk.data.ptr, dv.data.ptr) + slopes,
+                 call_cache.workspace(nbytes) if nbytes else None)
     if negate:
         dq *= -1
+        return None
+    return prepared
 
 
 def _launch_listed(spec, cc, config, problem: Problem, io: LaunchInputs, causal: bool, block_mask: Any,

@@ -23,18 +23,47 @@ from .backward import head_dim_v_unsupported
 from .varlen import attention_varlen as _attention_varlen
 
 
+# torch's current stream as a raw handle: the C function behind torch.cuda.current_stream().cuda_stream, without
+# the Stream object it builds (about 8 us a call; an adapter call asks once, and every layer of a model calls).
+_RAW_STREAM = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+MAX_EXTERNAL_STREAMS = 64
+_EXTERNAL_STREAMS: dict[tuple[int, int], object] = {}   # (device, handle) -> CuPy's Stream over it
+
+
+class _StreamHandle:
+    """A raw stream handle under the CUDA stream protocol (what cupy.cuda.Stream.from_external reads)."""
+
+    __slots__ = ("handle",)
+
+    def __init__(self, handle: int):
+        self.handle = handle
+
+    def __cuda_stream__(self) -> tuple[int, int]:
+        return (0, self.handle)
+
+
+def _current_stream(cupy, device: int):
+    """CuPy's view of torch's current stream on device: one per handle, kept (it only names the stream)."""
+    handle = _RAW_STREAM(device) if _RAW_STREAM is not None else torch.cuda.current_stream(device).cuda_stream
+    stream = _EXTERNAL_STREAMS.get((device, handle))
+    if stream is None:
+        if len(_EXTERNAL_STREAMS) >= MAX_EXTERNAL_STREAMS:
+            _EXTERNAL_STREAMS.clear()
+        stream = _EXTERNAL_STREAMS[(device, handle)] = cupy.cuda.Stream.from_external(_StreamHandle(handle))
+    return stream
+
+
 @contextlib.contextmanager
 def _on_torch_stream_and_allocator():
     """CuPy launches on torch's current stream and allocates through torch's caching allocator."""
     import cupy
-    stream = torch.cuda.current_stream()
+    device = torch.cuda.current_device()
 
     def alloc(size: int):
-        t = torch.empty(max(size, 1), dtype=torch.uint8, device=stream.device)
+        t = torch.empty(max(size, 1), dtype=torch.uint8, device=device)
         return cupy.cuda.MemoryPointer(cupy.cuda.UnownedMemory(t.data_ptr(), size, t), 0)
 
-    with cupy.cuda.Device(stream.device.index), cupy.cuda.ExternalStream(stream.cuda_stream), \
-            cupy.cuda.using_allocator(alloc):
+    with cupy.cuda.Device(device), _current_stream(cupy, device), cupy.cuda.using_allocator(alloc):
         yield
 
 
@@ -105,8 +134,8 @@ def attention_bwd(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch
     if dout.stride(-1) != 1:
         dout = dout.contiguous()
     with _on_torch_stream_and_allocator():
-        dq, dk, dv = _attention_backward(dout, q, k, v, out, lse, causal=causal, softmax_scale=softmax_scale,
-                                         deterministic=deterministic,
+        dq, dk, dv = _attention_backward(*cupy_views((dout, q, k, v, out, lse)), causal=causal,
+                                         softmax_scale=softmax_scale, deterministic=deterministic,
                                          **_mods_kw(window_left, window_right, softcap, alibi_slopes,
                                                     attention_chunk))
     return _as_torch(dq), _as_torch(dk), _as_torch(dv)

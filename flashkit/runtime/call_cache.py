@@ -178,6 +178,11 @@ def _cupy():
     return _CUPY[0]
 
 
+def ndarray_type() -> type:
+    """cupy.ndarray (bound at first use: CuPy is imported lazily)."""
+    return _NDARRAY or _ndarray_type()
+
+
 def _ndarray_type() -> type:
     """cupy.ndarray (a class nothing is an instance of without CuPy), bound for later calls."""
     global _NDARRAY

@@ -91,6 +91,9 @@ class LaunchInputs:
     lse: Any = None
     extras: dict[str, int] = field(default_factory=dict)
     map_arrays: dict[str, Any] = field(default_factory=dict)   # tensor-map arrays beyond q, k, v, o (dout)
+    # the Params pointer field holding a map_arrays array's address ("dout": "bwd.dout"): a map whose field is
+    # among a PreparedLaunch's variable pointers follows that pointer per call
+    map_fields: dict[str, str] = field(default_factory=dict)
 
 
 def launch(spec: KernelSpec, loaded: LoadedKernel, config: BuildConfig, p: Problem, io: LaunchInputs) -> None:
@@ -128,7 +131,7 @@ def prepare_launch(spec: KernelSpec, loaded: LoadedKernel, config: BuildConfig, 
     params = make_params(**fields)
     grids = [(fn, grid, loaded.smem_of(i)) for i, (fn, kind) in enumerate(zip(loaded.functions, spec.grids))
              if math.prod(grid := grid_for(kind, p, cfg)) != 0]
-    maps = tensor_map_layouts(spec, cfg, p, io)
+    maps = tensor_map_layouts(spec, cfg, p, io, tuple(variable))
     return PreparedLaunch(ParamTemplate(params, POINTER_FIELDS + tuple(variable)), grids,
                           (cfg["warps"] * WARP_SIZE, 1, 1), workspace_bytes(spec.workspace, p, cfg, config.head_dim), maps)
 
@@ -194,10 +197,13 @@ class PreparedLaunch:
         return found
 
 
-def tensor_map_layouts(spec: KernelSpec, cfg: dict[str, int], p: Problem, io: LaunchInputs) -> tuple:
+def tensor_map_layouts(spec: KernelSpec, cfg: dict[str, int], p: Problem, io: LaunchInputs,
+                       variable: tuple[str, ...] = ()) -> tuple:
     """(pointer index in MAP_POINTERS; geometry with address 0) of each tensor map, checked on io's arrays:
     a later call of the same signature (strides, 16-byte alignment) only puts its address in. A map of
-    another tensor (the backward's dout, from io.map_arrays) keeps its address: (None, geometry)."""
+    another tensor (the backward's dout, from io.map_arrays) follows its Params field when that field is one of
+    the `variable` pointers (index len(POINTER_FIELDS) + its place there), else keeps its address:
+    (None, geometry)."""
     out_dtype = dtype_of_storage(io.out.dtype)
     arrays = {"q": (io.q, p.dtype), "k": (io.k, p.dtype), "v": (io.v, p.dtype),
               "o": (io.out, out_dtype.name if out_dtype else p.dtype)}
@@ -209,7 +215,12 @@ def tensor_map_layouts(spec: KernelSpec, cfg: dict[str, int], p: Problem, io: La
         elif t in arrays:
             layouts.append((MAP_POINTERS[t], replace(array_geometry(arrays[t][0], arrays[t][1], rows), address=0)))
         elif t in io.map_arrays:
-            layouts.append((None, array_geometry(io.map_arrays[t], p.dtype, rows)))
+            geometry = array_geometry(io.map_arrays[t], p.dtype, rows)
+            field_name = io.map_fields.get(t)
+            if field_name in variable:
+                layouts.append((len(POINTER_FIELDS) + variable.index(field_name), replace(geometry, address=0)))
+            else:
+                layouts.append((None, geometry))
         else:
             raise ValueError(f"{spec.name}: tensor map {t!r} needs the array in LaunchInputs.map_arrays")
     return tuple(layouts)

@@ -27,7 +27,7 @@ def no_launch(monkeypatch):
     def forbid(*args, **kwargs):
         raise AssertionError("compile or launch was called: validation must come first")
     for module, name in ((build, "build_module"), (build, "compile_variant"), (launch_mod, "launch"),
-                         (backward, "build_module"), (backward, "launch")):
+                         (backward, "build_module"), (backward, "prepare_launch")):
         monkeypatch.setattr(module, name, forbid)
     monkeypatch.setattr(backward, "device_info", lambda: FAKE_H100)
 
@@ -407,3 +407,129 @@ def test_varlen_reference_is_each_sequence_alone(causal):
     assert not refs[1][4:10].any() and not refs[2][4:10].any()   # keys of a sequence without queries
     assert not refs[0][8:10].any()                               # queries of a sequence without keys
     assert np.abs(plains[0] - refs[0]).max() < 0.05
+
+
+# ---- the call cache: a repeated dense signature skips validation and selection -------------------------------
+
+@pytest.fixture
+def fake_h100(monkeypatch):
+    """A fake H100 under the whole path (tests/cpu/runtime/fake_device.py) and counts of validation and selection."""
+    pytest.importorskip("cupy")
+    from .runtime.fake_device import installed
+    counts = {"validate": 0, "select": 0}
+
+    def counting(name, fn):
+        def wrapper(*a, **kw):
+            counts[name] += 1
+            return fn(*a, **kw)
+        return wrapper
+    with installed(monkeypatch.setattr):
+        monkeypatch.setattr(backward, "validate_inputs", counting("validate", backward.validate_inputs))
+        monkeypatch.setattr(backward, "select_kernel", counting("select", backward.select_kernel))
+        yield counts
+
+
+def bwd_arrays(b=2, sq=300, sk=200, h=4, hk=2, d=64):
+    """dout, q, k, v, out, lse of one backward call, over fresh fake addresses."""
+    from .runtime.fake_device import fake
+    return (fake((b, sq, h, d)), fake((b, sq, h, d)), fake((b, sk, hk, d)), fake((b, sk, hk, d)),
+            fake((b, sq, h, d)), fake((b, h, sq), np.float32))
+
+
+def gradient_words_masked(params: bytes) -> bytes:
+    """A recorded parameter block with Params.bwd's dq, dk, dv words zeroed (fresh arrays every call)."""
+    from flashkit.runtime.params import FIELD_OFFSETS
+    out = bytearray(params)
+    for name in ("bwd.dq", "bwd.dk", "bwd.dv"):
+        off = FIELD_OFFSETS[name]
+        out[off:off + 8] = bytes(8)
+    return bytes(out)
+
+
+def pointer_at(params: bytes, name: str) -> int:
+    from flashkit.runtime.params import FIELD_OFFSETS
+    off = FIELD_OFFSETS[name]
+    return int.from_bytes(params[off:off + 8], "little")
+
+
+@pytest.mark.parametrize("kw", [{}, {"causal": True}, {"causal": True, "deterministic": True},
+                                {"window_size": (64, 0), "softcap": 30.0}])
+def test_backward_repeat_takes_the_cached_path_and_launches_what_the_full_path_launches(fake_h100, kw):
+    """The second call of a signature is a look-up; on new arrays it launches, bit for bit, the block and tensor maps
+    the full path builds for them (dout's map follows the new dout), its gradients fresh arrays."""
+    from flashkit.runtime import call_cache
+    from .runtime.fake_device import Recorder
+    first = bwd_arrays()
+    grads1 = flashkit.attention_backward(*first, **kw)
+    assert fake_h100 == {"validate": 1, "select": 1} and len(call_cache.CALLS) == 1
+    second = bwd_arrays()
+    Recorder.launches = []
+    grads2 = flashkit.attention_backward(*second, **kw)
+    assert fake_h100 == {"validate": 1, "select": 1}                     # a dictionary look-up, no validation
+    cached = list(Recorder.launches)
+    assert [g.shape for g in grads2] == [g.shape for g in grads1] == [x.shape for x in second[1:4]]
+    assert len({g.data.ptr for g in grads1 + grads2}) == 6
+    params = cached[0][3]
+    dout = second[0]
+    assert [pointer_at(params, n) for n in ("bwd.dout", "bwd.dq", "bwd.dk", "bwd.dv")] == \
+        [dout.data.ptr] + [g.data.ptr for g in grads2]
+    call_cache.invalidate()                                              # the full path on the same arrays
+    Recorder.launches = []
+    flashkit.attention_backward(*second, **kw)
+    assert fake_h100 == {"validate": 2, "select": 2}
+    assert [(n, g, b, gradient_words_masked(p), m) for n, g, b, p, m in cached] == \
+        [(n, g, b, gradient_words_masked(p), m) for n, g, b, p, m in Recorder.launches]
+    maps = [int.from_bytes(m[:8], "little") for m in cached[1][4]]      # the fake encoder's address word
+    assert maps == [x.data.ptr for x in (second[1], second[2], second[3], dout)]
+
+
+def test_backward_alibi_calls_put_each_calls_slopes_in(fake_h100):
+    from .runtime.fake_device import Recorder, fake
+    arrays = bwd_arrays()
+    for _ in range(3):
+        slopes = fake((4,), np.float32)
+        Recorder.launches = []
+        flashkit.attention_backward(*arrays, causal=True, alibi_slopes=slopes)
+        assert {pointer_at(p, "mods.alibi_slopes") for _, _, _, p, _ in Recorder.launches} == {slopes.data.ptr}
+    assert fake_h100 == {"validate": 1, "select": 1}
+
+
+@pytest.mark.parametrize("bad,message", [
+    ({"lse": ("fake", (2, 4, 300), "<f2")}, "lse: expected dtype float32"),
+    ({"dout": ("fake", (2, 301, 4, 64), None)}, "dout: expected q's shape"),
+    ({"causal": 1}, "causal: expected True or False"),
+    ({"softmax_scale": float("nan")}, "softmax_scale"),
+    ({"window_size": (True, 0)}, "window_size"),
+])
+def test_backward_bad_input_next_to_a_cached_signature_still_raises(fake_h100, bad, message):
+    from .runtime.fake_device import Recorder, fake
+    dout, q, k, v, out, lse = bwd_arrays()
+    for kw in ({}, {"causal": True}, {"softmax_scale": 1.0}, {"window_size": (1, 0)}):
+        flashkit.attention_backward(dout, q, k, v, out, lse, **kw)
+    launches = len(Recorder.launches)
+    args = dict(dout=dout, q=q, k=k, v=v, out=out, lse=lse)
+    kw = {}
+    for name, value in bad.items():
+        if isinstance(value, tuple) and value and value[0] == "fake":
+            args[name] = fake(value[1], np.dtype(value[2]) if value[2] else None) if value[2] else fake(value[1])
+        else:
+            kw[name] = value
+    for _ in range(2):
+        with pytest.raises(InputError, match=message.replace("(", r"\(").replace(")", r"\)")):
+            flashkit.attention_backward(*args.values(), **kw)
+    assert len(Recorder.launches) == launches                            # nothing launched
+
+
+def test_backward_misaligned_calls_are_not_cached(fake_h100, monkeypatch):
+    """A misaligned array runs on an aligned copy made per call: not repeatable by pointers alone (a modified call
+    with a negative scale, run on a per-call -q, returns no launch to cache either: _launch_backward)."""
+    from flashkit.runtime import call_cache
+    from .runtime.fake_device import fake
+    monkeypatch.setattr(backward, "_aligned", lambda a: fake(a.shape, a.dtype) if a.data.ptr % 16 else a)
+    dout, q, k, v, out, lse = bwd_arrays()
+    odd = fake(q.shape, offset=2)
+    for _ in range(2):
+        flashkit.attention_backward(dout, odd, k, v, out, lse)
+    assert fake_h100["select"] == 2 and len(call_cache.CALLS) == 0
+    flashkit.attention_backward(dout, q, k, v, out, lse)
+    assert len(call_cache.CALLS) == 1

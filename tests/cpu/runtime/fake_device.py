@@ -17,7 +17,7 @@ from contextlib import contextmanager
 import ml_dtypes
 import numpy as np
 
-from flashkit import api, kvcache
+from flashkit import api, backward, kvcache
 from flashkit.runtime import build, call_cache
 from flashkit.runtime import launch as launch_mod
 from flashkit.runtime.device import DeviceInfo
@@ -103,13 +103,14 @@ def install(setattr_) -> None:
     """The fake H100's functions in place of the device's (allocation: see installed)."""
     call_cache.invalidate()
     Recorder.launches, Recorder.count = [], 0
-    for mod in (api, launch_mod, kvcache):
+    for mod in (api, launch_mod, kvcache, backward):
         setattr_(mod, "device_info", lambda *a: H100)
 
     def fake_build(spec, config, cc):   # a mask_mod build's tile classifier too (build.AUX_ENTRIES)
         aux = {e: Recorder(e) for e in build.aux_entries(spec, config)}
         return build.LoadedKernel([Recorder(e) for e in spec.entries], 1024, aux)
-    setattr_(api, "build_module", fake_build)
+    for mod in (api, backward):
+        setattr_(mod, "build_module", fake_build)
     setattr_(launch_mod, "encode", lambda g: np.frombuffer(
         np.array([g.address] + [0] * 15, dtype=np.uint64).tobytes(), dtype=TENSOR_MAP_DTYPE)[0])
     setattr_(call_cache, "current_device", lambda: 0)
