@@ -24,8 +24,9 @@ FEATURES = ("causal", "block_sparse", "fp8", "backward", "lse", "gqa", "window",
             "head_dim_v")   # v / o of a head dim below q / k's, of the variant's head dims (FLASHKIT_HEAD_DIM_V)
 # Launch parameters that are switches (0 or 1) rather than positive sizes; like the others they reach the
 # kernel as FLASHKIT_<NAME> defines. persistent: the `tiles` grid runs one CTA an SM over every tile;
-# defer_pv_wait: a Hopper consumer waits for its P V at the top of its next visit (hopper/ws_mainloop.cuh).
-LAUNCH_FLAGS = ("persistent", "defer_pv_wait")
+# defer_pv_wait: a Hopper consumer waits for its P V at the top of its next visit (hopper/ws_mainloop.cuh);
+# heaviest_first: a causal backward's CTAs take key blocks heaviest first, wave by wave (hopper/bwd_launch_order.cuh).
+LAUNCH_FLAGS = ("persistent", "defer_pv_wait", "heaviest_first")
 GRID_KINDS = ("q_blocks", "tiles", "heads", "score_tiles", "row_groups", "kv_tiles", "kv_splits", "split_combine")
 WORKSPACE_KINDS = ("none", "scores", "running_state", "v_transposed", "dq_accum", "split_partials")
 REQUIRED = ("name", "summary", "entry", "arch", "dtypes", "head_dims", "features", "launch")

@@ -254,3 +254,12 @@ def test_hopper_manifests_defer_the_pv_wait_where_measured(variant, head_dim, mo
     not on fa3's three-consumer tiles (hd64, hd96 without causal)."""
     spec = discover_kernels().get(variant)
     assert spec.launch_config((9, 0), head_dim, mods, causal).get("defer_pv_wait", 0) == deferred
+
+
+@pytest.mark.parametrize("head_dim,mods,heaviest", [(128, (), 1), (128, ("mask_mod",), 1), (128, ("window",), 1),
+                                                   (64, (), 0), (64, ("block_sparse",), 0), (256, (), 0)])
+def test_fa3_bwd_orders_key_blocks_heaviest_first_where_measured(head_dim, mods, heaviest):
+    """fa3_bwd's causal hd128 CTAs take key blocks heaviest first (hopper/bwd_launch_order.cuh; BENCHMARKS.md:
+    0.655x -> 1.00x cuDNN with GQA at 2k); hd64 and hd256 keep the launch order (within noise there)."""
+    spec = discover_kernels().get("fa3_bwd")
+    assert spec.launch_config((9, 0), head_dim, mods, True)["heaviest_first"] == heaviest
