@@ -218,7 +218,7 @@ def test_explain_cli_without_a_kernel_exits_1():
 def test_attention_backward_refuses_before_anything_runs(monkeypatch):
     def forbid(*a, **k):
         raise AssertionError("compile or launch was called")
-    for module, name in ((backward, "build_module"), (backward, "launch"), (backward, "device_info")):
+    for module, name in ((backward, "build_module"), (backward, "prepare_launch"), (backward, "device_info")):
         monkeypatch.setattr(module, name, forbid)
     q, k, v = mla()
     out, dout, lse = cuda((B, SQ, H, 128)), cuda((B, SQ, H, 128)), cuda((B, H, SQ), "<f4")
