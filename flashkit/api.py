@@ -17,7 +17,8 @@ from .registry.select import check_head_dim_v
 from .registry.manifest import KernelSpec
 from .runtime.build import build_module, make_config
 from .runtime.device import cupy_module, device_count, device_info
-from .runtime.call_cache import CALLS, CachedLaunch, arrays_signature, context_signature, scalar_signature
+from .runtime.call_cache import (CALLS, UNKEYED, CachedLaunch, arrays_signature, context_signature,
+                                 window_signature)
 from .runtime.launch import LaunchInputs, PreparedLaunch, launch, prepare_launch  # noqa: F401 (launch: re-exported)
 from .runtime.params import merge_fields
 
@@ -212,14 +213,9 @@ def _forward_key(q, k, v, out, causal, softmax_scale, variant, return_lse, block
     arrays = arrays_signature(q, k, v, out, alibi_slopes, *scales)
     if arrays is None or arrays[0] is None:
         return None
-    if window_size is None:
-        window = None
-    elif type(window_size) in (tuple, list):
-        window = (type(window_size), tuple(scalar_signature(w) for w in window_size))
-    else:
-        return None
+    window = window_signature(window_size)
     context = context_signature()
-    if context is None:
+    if window is UNKEYED or context is None:
         return None
     return ("attention", arrays, causal, return_lse, type(softmax_scale), softmax_scale, variant,
             None if block_mask is None else (type(block_mask), id(block_mask)), type(out_dtype), out_dtype, window,

@@ -14,7 +14,7 @@ from .registry import discover_kernels, select_kernel
 from .runtime.build import build_module, make_config
 from .runtime.device import cupy_module, device_info
 from .runtime import call_cache
-from .runtime.call_cache import CALLS, arrays_signature, context_signature, ndarray_type, scalar_signature
+from .runtime.call_cache import CALLS, UNKEYED, arrays_signature, context_signature, ndarray_type, window_signature
 from .runtime.launch import POINTER_FIELDS, LaunchInputs, PreparedLaunch, prepare_launch, stride_fields
 from .runtime.params import merge_fields
 from .call.validate import Problem, check_device, check_flag, check_on_gpu, check_variant, validate_inputs
@@ -90,14 +90,9 @@ def _backward_key(dout, q, k, v, out, lse, causal, softmax_scale, deterministic,
     arrays = arrays_signature(dout, q, k, v, out, lse, alibi_slopes)
     if arrays is None or None in arrays[:6]:
         return None
-    if window_size is None:
-        window = None
-    elif type(window_size) in (tuple, list):
-        window = (type(window_size), tuple(scalar_signature(w) for w in window_size))
-    else:
-        return None
+    window = window_signature(window_size)
     context = context_signature()
-    if context is None:
+    if window is UNKEYED or context is None:
         return None
     return ("attention_backward", arrays, causal, deterministic, type(softmax_scale), softmax_scale, variant, window,
             type(softcap), softcap, type(attention_chunk), attention_chunk, context)

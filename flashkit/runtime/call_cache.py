@@ -100,6 +100,19 @@ def scalar_signature(x: Any) -> tuple:
     return (type(x), x)
 
 
+UNKEYED = object()   # window_signature of an argument no cached call can have had
+
+
+def window_signature(window_size: Any) -> Any:
+    """window_size as a key item: None, or its type with each side's scalar_signature; UNKEYED for anything else
+    (the full path names it)."""
+    if window_size is None:
+        return None
+    if type(window_size) in (tuple, list):
+        return (type(window_size), tuple(scalar_signature(w) for w in window_size))
+    return UNKEYED
+
+
 def context_signature() -> tuple | None:
     """The current device and the kernel search path: what the call's arrays do not say about selection
     (None where no device answers: the full path says why)."""

@@ -415,17 +415,11 @@ def test_varlen_reference_is_each_sequence_alone(causal):
 def fake_h100(monkeypatch):
     """A fake H100 under the whole path (tests/cpu/runtime/fake_device.py) and counts of validation and selection."""
     pytest.importorskip("cupy")
-    from .runtime.fake_device import installed
+    from .runtime.fake_device import counting, installed
     counts = {"validate": 0, "select": 0}
-
-    def counting(name, fn):
-        def wrapper(*a, **kw):
-            counts[name] += 1
-            return fn(*a, **kw)
-        return wrapper
     with installed(monkeypatch.setattr):
-        monkeypatch.setattr(backward, "validate_inputs", counting("validate", backward.validate_inputs))
-        monkeypatch.setattr(backward, "select_kernel", counting("select", backward.select_kernel))
+        monkeypatch.setattr(backward, "validate_inputs", counting(counts, "validate", backward.validate_inputs))
+        monkeypatch.setattr(backward, "select_kernel", counting(counts, "select", backward.select_kernel))
         yield counts
 
 
@@ -494,26 +488,22 @@ def test_backward_alibi_calls_put_each_calls_slopes_in(fake_h100):
     assert fake_h100 == {"validate": 1, "select": 1}
 
 
-@pytest.mark.parametrize("bad,message", [
-    ({"lse": ("fake", (2, 4, 300), "<f2")}, "lse: expected dtype float32"),
-    ({"dout": ("fake", (2, 301, 4, 64), None)}, "dout: expected q's shape"),
-    ({"causal": 1}, "causal: expected True or False"),
-    ({"softmax_scale": float("nan")}, "softmax_scale"),
-    ({"window_size": (True, 0)}, "window_size"),
+@pytest.mark.parametrize("arrays,kw,message", [
+    ({"lse": ((2, 4, 300), np.float16)}, {}, "lse: expected dtype float32"),
+    ({"dout": ((2, 301, 4, 64), None)}, {}, "dout: expected q's shape"),
+    ({}, {"causal": 1}, "causal: expected True or False"),
+    ({}, {"softmax_scale": float("nan")}, "softmax_scale"),
+    ({}, {"window_size": (True, 0)}, "window_size"),
 ])
-def test_backward_bad_input_next_to_a_cached_signature_still_raises(fake_h100, bad, message):
-    from .runtime.fake_device import Recorder, fake
+def test_backward_bad_input_next_to_a_cached_signature_still_raises(fake_h100, arrays, kw, message):
+    """arrays: the call's bad arrays as (shape, dtype or None for bf16), made on the fake device."""
+    from .runtime.fake_device import BF16, Recorder, fake
     dout, q, k, v, out, lse = bwd_arrays()
-    for kw in ({}, {"causal": True}, {"softmax_scale": 1.0}, {"window_size": (1, 0)}):
-        flashkit.attention_backward(dout, q, k, v, out, lse, **kw)
+    for good_kw in ({}, {"causal": True}, {"softmax_scale": 1.0}, {"window_size": (1, 0)}):
+        flashkit.attention_backward(dout, q, k, v, out, lse, **good_kw)
     launches = len(Recorder.launches)
     args = dict(dout=dout, q=q, k=k, v=v, out=out, lse=lse)
-    kw = {}
-    for name, value in bad.items():
-        if isinstance(value, tuple) and value and value[0] == "fake":
-            args[name] = fake(value[1], np.dtype(value[2]) if value[2] else None) if value[2] else fake(value[1])
-        else:
-            kw[name] = value
+    args.update({name: fake(shape, dtype or BF16) for name, (shape, dtype) in arrays.items()})
     for _ in range(2):
         with pytest.raises(InputError, match=message.replace("(", r"\(").replace(")", r"\)")):
             flashkit.attention_backward(*args.values(), **kw)

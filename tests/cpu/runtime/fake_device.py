@@ -75,6 +75,14 @@ def argument_bytes(arg, nbytes: int) -> bytes:
     return bytes(arg) if isinstance(arg, np.generic) else ctypes.string_at(arg.ptr, nbytes)
 
 
+def counting(counts: dict, name: str, fn):
+    """fn, adding one to counts[name] per call (how often validation or selection ran)."""
+    def wrapper(*a, **kw):
+        counts[name] += 1
+        return fn(*a, **kw)
+    return wrapper
+
+
 def pooled_memory(nbytes: int, _blocks: dict = {}):   # noqa: B006 (the pool)
     """One fake block per size, handed out again and again: CuPy's pool when each output dies before the next
     call allocates (a benchmark loop), so address-keyed caches see what they would on a device."""

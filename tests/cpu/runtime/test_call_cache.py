@@ -20,7 +20,7 @@ from flashkit.runtime.params import PARAMS_DTYPE, ParamTemplate, make_params, po
 
 cupy = pytest.importorskip("cupy")
 
-from .fake_device import BF16, Recorder, fake, installed  # noqa: E402  (needs CuPy)
+from .fake_device import BF16, Recorder, counting, fake, installed  # noqa: E402  (needs CuPy)
 
 
 @pytest.fixture
@@ -34,16 +34,10 @@ def fake_gpu(monkeypatch):
 def counted(monkeypatch):
     """How often validation and selection ran."""
     counts = {"validate": 0, "select": 0}
-
-    def counting(name, fn):
-        def wrapper(*a, **kw):
-            counts[name] += 1
-            return fn(*a, **kw)
-        return wrapper
-    monkeypatch.setattr(api, "validate_inputs", counting("validate", api.validate_inputs))
-    monkeypatch.setattr(api, "select_kernel", counting("select", api.select_kernel))
-    monkeypatch.setattr(kvcache, "validate_kvcache", counting("validate", kvcache.validate_kvcache))
-    monkeypatch.setattr(kvcache, "select_kernel", counting("select", kvcache.select_kernel))
+    monkeypatch.setattr(api, "validate_inputs", counting(counts, "validate", api.validate_inputs))
+    monkeypatch.setattr(api, "select_kernel", counting(counts, "select", api.select_kernel))
+    monkeypatch.setattr(kvcache, "validate_kvcache", counting(counts, "validate", kvcache.validate_kvcache))
+    monkeypatch.setattr(kvcache, "select_kernel", counting(counts, "select", kvcache.select_kernel))
     return counts
 
 
