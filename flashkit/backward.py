@@ -201,15 +201,16 @@ def _launch_backward(spec, cc, problem: Problem, causal: bool, deterministic: bo
     negate = bool(mods.features) and problem.softmax_scale < 0
     if negate:
         qc, problem = _negate_scale(qc, problem, cupy_module())
+    config = make_config(spec, problem.dtype, problem.head_dim, causal, cc, block_sparse=block_mask is not None,
+                         mods=(("varlen",) if varlen else ()) + mods.features + (functor.features if functor else ()),
+                         functor=functor.build_key if functor else None, seqlen_q=problem.seqlen_q)
     bwd = {"dout": doc.data.ptr, "dq": dq.data.ptr, "dk": dk.data.ptr, "dv": dv.data.ptr,
-           "deterministic": int(deterministic),
+           "deterministic": int(deterministic), "order_pairs": _order_pairs(config.launch_dict, problem, causal, mods,
+                                                                              varlen),
            **stride_fields("do", doc), **stride_fields("dq", dq), **stride_fields("dk", dk),
            **stride_fields("dv", dv)}
     keep: list = []   # the slopes' CuPy view, alive until the launch is queued
     extras = {**(extras or {}), **mod_launch_fields(mods, problem, alibi_slopes, keep), "bwd": bwd}
-    config = make_config(spec, problem.dtype, problem.head_dim, causal, cc, block_sparse=block_mask is not None,
-                         mods=(("varlen",) if varlen else ()) + mods.features + (functor.features if functor else ()),
-                         functor=functor.build_key if functor else None, seqlen_q=problem.seqlen_q)
     io = LaunchInputs(qc, kc, vc, oc, lsec, extras=extras, map_arrays={"dout": doc}, map_fields={"dout": "bwd.dout"})
     if block_mask is not None or functor is not None:
         _launch_listed(spec, cc, config, problem, io, causal, block_mask, functor)
@@ -225,6 +226,18 @@ def _launch_backward(spec, cc, problem: Problem, causal: bool, deterministic: bo
         dq *= -1
         return None
     return prepared
+
+
+def _order_pairs(launch: dict[str, int], problem: Problem, causal: bool, mods: Mods, varlen: bool) -> int:
+    """Params.bwd.order_pairs: the causal key-block order's group size (runtime/bwd_order.py) for a main kernel
+    that reorders (launch flag heaviest_first); 1 (the launch order) otherwise, and for packed sequences, whose
+    lengths the host does not read."""
+    if not (causal and launch.get("heaviest_first") and not varlen):
+        return 1
+    from .runtime.bwd_order import order_pairs
+    window = (-1, -1) if mods.chunk else mods.window()   # a chunk's work is modelled as the causal mask's
+    return order_pairs(problem.batch, problem.kv_heads, problem.heads // problem.kv_heads, problem.seqlen_q,
+                       problem.seqlen_k, launch["block_m"], launch["block_n"], causal, window, device_info().sm_count)
 
 
 def _launch_listed(spec, cc, config, problem: Problem, io: LaunchInputs, causal: bool, block_mask: Any,

@@ -11,16 +11,16 @@ requires: {backward: true}
 # Verified on the H100 (GPU tier and verify --backward, 2026-11-23). Measured in one run (BENCHMARKS.md):
 # 1.6x fa2_bwd's TFLOP/s at hd128 and 1.1x at hd64, so it outranks fa2_bwd on sm_90.
 priority: 60
-launch: {grid: [q_blocks, kv_tiles, q_blocks], block_m: 64, block_n: 128, warps: 12, stages: 2, heaviest_first: 0}   # 1 producer + 2 consumers
+launch: {grid: [q_blocks, kv_tiles, q_blocks], block_m: 64, block_n: 128, warps: 12, stages: 2, heaviest_first: 1}   # 1 producer + 2 consumers
 # hd64: key blocks of 192, three consumers of 64 keys (measured 15-23% faster than two at 8k, BENCHMARKS.md);
 # hd256: key blocks of 64, the consumers split dK, dV and dQ by head-dim columns (bwd_traits.cuh).
-# hd128 causal: key blocks heaviest first, wave by wave (hopper/bwd_launch_order.cuh): measured 0.655x -> 1.00x
-# cuDNN at b8 s2048 h8/2 (GQA, two waves), +2-4% at 2-8k; within noise at hd64 and hd256, so off there.
+# Causal: key blocks heaviest first in groups of (batch, kv head) pairs the host sizes per call by simulating the
+# schedule (hopper/bwd_launch_order.cuh, runtime/bwd_order.py): hd128 GQA b8 s2048 h8/2 0.655x -> 1.00x cuDNN.
 # A modification at hd64 (window, softcap, ALiBi) needs the 240 registers of two consumers (three spill); softcap
 # with ALiBi at hd128 the column split of 64-key blocks (ALiBi undone for softcap's slope spills 32-44 B at 128).
 # A block mask (its blocks are multiples of 128 keys) or a mask_mod at hd64: key blocks of 128 on two consumers; a
 # mask_mod at hd128 the column split of 64-key blocks (the split by keys spills 16-24 B with its evaluation).
-overrides: {"hd64": {block_n: 192, warps: 16}, "hd128": {heaviest_first: 1}, "hd256": {block_n: 64}, "hd64/window": {block_n: 128, warps: 12},
+overrides: {"hd64": {block_n: 192, warps: 16}, "hd256": {block_n: 64}, "hd64/window": {block_n: 128, warps: 12},
             "hd64/softcap": {block_n: 128, warps: 12}, "hd64/alibi": {block_n: 128, warps: 12},
             "hd64/block_sparse": {block_n: 128, warps: 12}, "hd64/mask_mod": {block_n: 128, warps: 12},
             "hd128/mask_mod": {block_n: 64},
@@ -81,7 +81,8 @@ extern "C" __global__ void __launch_bounds__(Traits::kThreads) flashkit_fa3_bwd_
 }
 
 extern "C" __global__ void __launch_bounds__(Traits::kThreads, 1) flashkit_fa3_bwd_main(FLASHKIT_FA3_BWD_ARGS) {
-    const flashkit::hopper::BwdTile tile = flashkit::hopper::bwd_launch_order<FLASHKIT_HEAVIEST_FIRST && FLASHKIT_CAUSAL>();
+    const flashkit::hopper::BwdTile tile = flashkit::hopper::bwd_launch_order<FLASHKIT_HEAVIEST_FIRST && FLASHKIT_CAUSAL>(
+        params.bwd.order_pairs);
     flashkit::hopper::ws_backward<Traits, BwdMask, flashkit::BuildScoreMod>(params, {q_map, k_map, v_map, do_map},
                                                                           tile.n_block, tile.kv_head, tile.batch);
 }

@@ -25,7 +25,8 @@ FEATURES = ("causal", "block_sparse", "fp8", "backward", "lse", "gqa", "window",
 # Launch parameters that are switches (0 or 1) rather than positive sizes; like the others they reach the
 # kernel as FLASHKIT_<NAME> defines. persistent: the `tiles` grid runs one CTA an SM over every tile;
 # defer_pv_wait: a Hopper consumer waits for its P V at the top of its next visit (hopper/ws_mainloop.cuh);
-# heaviest_first: a causal backward's CTAs take key blocks heaviest first, wave by wave (hopper/bwd_launch_order.cuh).
+# heaviest_first: a causal backward's CTAs take key blocks heaviest first in groups the host sizes per call
+# (Params.bwd.order_pairs: hopper/bwd_launch_order.cuh, runtime/bwd_order.py).
 LAUNCH_FLAGS = ("persistent", "defer_pv_wait", "heaviest_first")
 GRID_KINDS = ("q_blocks", "tiles", "heads", "score_tiles", "row_groups", "kv_tiles", "kv_splits", "split_combine")
 WORKSPACE_KINDS = ("none", "scores", "running_state", "v_transposed", "dq_accum", "split_partials")

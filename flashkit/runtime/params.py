@@ -17,7 +17,7 @@ FLOATS = ("softmax_scale", "softmax_scale_log2")
 # The backward's nested block (`BwdParams bwd`, appended last so every forward offset is unchanged).
 BWD_POINTERS = ("dout", "dq", "dk", "dv")
 BWD_STRIDES = tuple(f"{t}_{s}_stride" for t in ("do", "dq", "dk", "dv") for s in ("batch", "row", "head"))
-BWD_INTS = ("deterministic",)
+BWD_INTS = ("deterministic", "order_pairs")
 BWD_DTYPE = np.dtype([(n, np.uint64) for n in BWD_POINTERS] + [(n, np.int64) for n in BWD_STRIDES]
                      + [(n, np.int32) for n in BWD_INTS], align=True)
 

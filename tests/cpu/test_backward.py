@@ -189,6 +189,16 @@ def test_fa3_bwd_hd64_launches_three_consumers_on_key_blocks_of_192(monkeypatch)
     assert all(block == (512, 1, 1) for _, _, block, *_ in launches)
 
 
+@pytest.mark.parametrize("causal,group", [(True, 16), (False, 1)])
+def test_fa3_bwd_main_takes_the_hosts_key_block_order(monkeypatch, causal, group):
+    """Issue 12's training shape (hd64, GQA 16 / 4, 8 x 2048): causal key blocks heaviest first in groups of 16
+    (batch, kv head) pairs (runtime/bwd_order.py's schedule on 132 SMs); without causal the launch order."""
+    from flashkit.runtime.params import FIELD_OFFSETS
+    launches, _ = fa3_bwd_launches(monkeypatch, 8, 2048, 2048, 16, 4, 64, causal=causal)
+    off = FIELD_OFFSETS["bwd.order_pairs"]
+    assert [int.from_bytes(params[off:off + 4], "little") for _, _, _, params, _ in launches] == [group] * 3
+
+
 @pytest.mark.parametrize("causal", [False, True])
 def test_selection_keeps_forward_and_backward_apart(causal):
     specs = discover_kernels().specs

@@ -90,14 +90,61 @@ __device__ __forceinline__ void wait_semaphore(const int* sema, int want) {
 // +inf as a float bit pattern: exp2(s - (+inf)) = 0 for every finite or -inf s.
 #define FLASHKIT_POS_INF (__int_as_float(0x7f800000))
 
+// rowsum(dO * O) over a row's first `chunks` 16-byte chunks (8 elements each), by the `kLanes` lanes of a row group
+// (lane_in_row of them): each lane's chunks, then a butterfly over the group (every lane ends with the sum).
+template <typename Element, int kLanes>
+__device__ __forceinline__ float row_dot_chunks(const uint4* d, const uint4* o, int chunks, int lane_in_row) {
+    float acc = 0.f;
+    for (int c = lane_in_row; c < chunks; c += kLanes) {
+        const uint4 dv = d[c], ov = o[c];
+        const u32 dw[4] = {dv.x, dv.y, dv.z, dv.w}, ow[4] = {ov.x, ov.y, ov.z, ov.w};
+#pragma unroll
+        for (int w = 0; w < 4; ++w) {
+            float d0, d1, o0, o1;
+            unpack_float2<Element>(dw[w], d0, d1);
+            unpack_float2<Element>(ow[w], o0, o1);
+            acc = fmaf(d0, o0, fmaf(d1, o1, acc));
+        }
+    }
+#pragma unroll
+    for (int s = kLanes / 2; s > 0; s /= 2) acc += __shfl_xor_sync(0xffffffffu, acc, s);
+    return acc;
+}
+
+// The same over 32-bit pairs, one row a warp: for rows whose pointers or strides are not 16-byte aligned.
+template <typename Element>
+__device__ __forceinline__ float row_dot_pairs(const u32* d, const u32* o, int pairs, int lane) {
+    float acc = 0.f;
+    for (int c = lane; c < pairs; c += kWarpSize) {
+        float d0, d1, o0, o1;
+        unpack_float2<Element>(d[c], d0, d1);
+        unpack_float2<Element>(o[c], o0, o1);
+        acc = fmaf(d0, o0, fmaf(d1, o1, acc));
+    }
+#pragma unroll
+    for (int s = kWarpSize / 2; s > 0; s /= 2) acc += __shfl_xor_sync(0xffffffffu, acc, s);
+    return acc;
+}
+
+__device__ __forceinline__ bool aligned16(const void* p, index_t row_stride_elems, int elem_bytes) {
+    return (reinterpret_cast<unsigned long long>(p) % 16 == 0) && (row_stride_elems * elem_bytes) % 16 == 0;
+}
+
 // Query block m_block of (head, sequence `batch`); p: the sequence's view, origin: where its rows lie.
 template <class Kt>
 __device__ __forceinline__ void bwd_prepass_block(const Params& p, const BwdWorkspace<Kt::kBlockM, Kt::kHeadDim>& ws,
                                                   int m_block, int head, int batch, const SeqOrigin& origin) {
     typedef typename Kt::Element Element;
     constexpr int kD = Kt::kHeadDim;
-    // 16-bit pairs of a row that hold data: the call's head dim when it is below the compiled class
+    constexpr int kElem = static_cast<int>(sizeof(Element));
+    constexpr int kChunkElems = 16 / kElem;                                  // elements of a 16-byte chunk
+    // The lanes of a row: one a chunk of the class's row, at most a warp (a power of two for classes 64-256).
+    constexpr int kRowLanes = kD / kChunkElems < kWarpSize ? kD / kChunkElems : kWarpSize;
+    constexpr int kRowsPerWarp = kWarpSize / kRowLanes;
+    static_assert((kRowLanes & (kRowLanes - 1)) == 0, "a power-of-two lane group per row");
+    // 16-bit pairs (chunks) of a row that hold data: the call's head dim when it is below the compiled class
     const int pairs = FLASHKIT_HEAD_DIM_PADDED ? p.head_dim / 2 : kD / 2;
+    const int chunks = FLASHKIT_HEAD_DIM_PADDED ? p.head_dim / kChunkElems : kD / kChunkElems;
     const int tid = threadIdx.x;
     const int warp = tid / kWarpSize;
     const int lane = tid % kWarpSize;
@@ -108,26 +155,28 @@ __device__ __forceinline__ void bwd_prepass_block(const Params& p, const BwdWork
     const Element* out = static_cast<const Element*>(p.o) + origin.batch * p.o_batch_stride +
                          head * p.o_head_stride + static_cast<index_t>(origin.q_row) * p.o_row_stride;
     const float* lse = p.lse + origin.batch * p.lse_batch_stride + head * p.lse_head_stride + origin.q_row;
-
-    // One warp a row: dsum = sum_d dO * O.
-    for (int r = warp; r < Kt::kBlockM; r += Kt::kWarps) {
+    // dsum = sum_d dO * O, kRowsPerWarp rows a warp at a time by 16-byte loads (the head dim is a multiple of 8
+    // elements); a row a warp by 4-byte loads where dO or O rows are not 16-byte aligned.
+    const bool vector = aligned16(dout, p.bwd.do_row_stride, kElem) && aligned16(out, p.o_row_stride, kElem) &&
+                        (FLASHKIT_HEAD_DIM_PADDED ? p.head_dim % kChunkElems == 0 : true);
+    const int rows_per_warp = vector ? kRowsPerWarp : 1;
+    const int lane_row = vector ? lane / kRowLanes : 0;
+    for (int r0 = warp * rows_per_warp; r0 < Kt::kBlockM; r0 += Kt::kWarps * rows_per_warp) {
+        const int r = r0 + lane_row;
         const int row = m0 + r;
-        float acc = 0.f;
-        if (row < p.seqlen_q) {
-            const u32* d2 = reinterpret_cast<const u32*>(dout + row * p.bwd.do_row_stride);
-            const u32* o2 = reinterpret_cast<const u32*>(out + row * p.o_row_stride);
-#pragma unroll
-            for (int c = lane; c < pairs; c += kWarpSize) {
-                float d0, d1, o0, o1;
-                unpack_float2<Element>(d2[c], d0, d1);
-                unpack_float2<Element>(o2[c], o0, o1);
-                acc = fmaf(d0, o0, fmaf(d1, o1, acc));
-            }
+        const bool live = row < p.seqlen_q;
+        float acc;
+        if (vector) {
+            const uint4* d4 = reinterpret_cast<const uint4*>(dout + static_cast<index_t>(row) * p.bwd.do_row_stride);
+            const uint4* o4 = reinterpret_cast<const uint4*>(out + static_cast<index_t>(row) * p.o_row_stride);
+            acc = row_dot_chunks<Element, kRowLanes>(d4, o4, live ? chunks : 0, lane % kRowLanes);
+        } else {
+            const u32* d2 = reinterpret_cast<const u32*>(dout + static_cast<index_t>(row) * p.bwd.do_row_stride);
+            const u32* o2 = reinterpret_cast<const u32*>(out + static_cast<index_t>(row) * p.o_row_stride);
+            acc = row_dot_pairs<Element>(d2, o2, live ? pairs : 0, lane);
         }
-#pragma unroll
-        for (int s = kWarpSize / 2; s > 0; s /= 2) acc += __shfl_xor_sync(0xffffffffu, acc, s);
-        if (lane == 0) {
-            const float l = row < p.seqlen_q ? lse[row] : FLASHKIT_NEG_INF;
+        if ((vector ? lane % kRowLanes : lane) == 0 && r < Kt::kBlockM) {
+            const float l = live ? lse[row] : FLASHKIT_NEG_INF;
             ws.dsum[ws_row0 + r] = acc;
             ws.lse2[ws_row0 + r] = l == FLASHKIT_NEG_INF ? FLASHKIT_POS_INF : l * kLog2e;
         }
@@ -150,26 +199,75 @@ __device__ __forceinline__ void bwd_prepass(const Params& params, int m_block, i
                                                     });
 }
 
-// dq_accum of the block in Layout (columns 2c and 2c + 1 adjacent in both layouts), scaled unless it is already.
+// dQ rows m0 + r of a block: 8 elements (16 bytes) a store where dQ's rows allow it, else 4-byte pairs.
+template <typename Element>
+__device__ __forceinline__ void store_dq_chunk(Element* row, int c, uint4 w, bool vector) {
+    if (vector) {
+        *reinterpret_cast<uint4*>(row + c) = w;
+    } else {
+        u32* out = reinterpret_cast<u32*>(row + c);
+        out[0] = w.x, out[1] = w.y, out[2] = w.z, out[3] = w.w;
+    }
+}
+
+// dq_accum of the block in Layout, scaled unless it is already; threads take 16-byte chunks in storage order (a warp
+// reads 512 contiguous bytes). A row-major chunk is four columns of one row, written as they are. A fragment
+// chunk holds two columns of rows r and r + 8: the block goes through shared memory one 64-column panel at a time,
+// converted, so that dQ is written a row at a time, 16 bytes a thread (rows of 4-byte pairs would fill half of
+// every sector they touch: measured 1.5-2x slower at hd128 and hd256).
 template <class Kt, class Layout>
 __device__ __forceinline__ void bwd_convert_dq_block(const Params& p,
                                                      const BwdWorkspace<Kt::kBlockM, Kt::kHeadDim>& ws, int m_block,
                                                      int head, int batch, const SeqOrigin& origin) {
     typedef typename Kt::Element Element;
     constexpr int kD = Kt::kHeadDim;
-    const int pairs = FLASHKIT_HEAD_DIM_PADDED ? p.head_dim / 2 : kD / 2;   // of a dQ row
+    constexpr int kChunkElems = 16 / static_cast<int>(sizeof(Element));   // dQ elements of a 16-byte store
+    const int cols = FLASHKIT_HEAD_DIM_PADDED ? p.head_dim : kD;        // of a dQ row
     const int m0 = m_block * Kt::kBlockM;
-    const float* acc = ws.dq_accum + (ws.row0(p, batch, head) + m0) * kD;
+    const float4* acc = reinterpret_cast<const float4*>(ws.dq_accum + (ws.row0(p, batch, head) + m0) * kD);
     const float scale = Layout::kScaled ? 1.f : p.softmax_scale;
     Element* dq = static_cast<Element*>(p.bwd.dq) + origin.batch * p.bwd.dq_batch_stride +
-                  head * p.bwd.dq_head_stride + static_cast<index_t>(origin.q_row) * p.bwd.dq_row_stride;
+                  head * p.bwd.dq_head_stride + static_cast<index_t>(origin.q_row + m0) * p.bwd.dq_row_stride;
     const int rows = min(Kt::kBlockM, p.seqlen_q - m0);
-    for (int i = threadIdx.x; i < rows * pairs; i += Kt::kThreads) {
-        const int r = i / pairs;
-        const int c = i % pairs;
-        const float2 x = *reinterpret_cast<const float2*>(acc + Layout::template offset<kD>(r, 2 * c));
-        *reinterpret_cast<u32*>(dq + (m0 + r) * p.bwd.dq_row_stride + 2 * c) =
-            pack_float2<Element>(x.x * scale, x.y * scale);
+    if constexpr (Layout::kRowChunks) {
+        for (int i = threadIdx.x; i < Kt::kBlockM * kD / 4; i += Kt::kThreads) {
+            int r, c;
+            Layout::template chunk<kD>(i, r, c);
+            const float4 x = acc[i];
+            if (r < rows && c < cols) {
+                u32* out = reinterpret_cast<u32*>(dq + r * p.bwd.dq_row_stride + c);
+                out[0] = pack_float2<Element>(x.x * scale, x.y * scale);
+                out[1] = pack_float2<Element>(x.z * scale, x.w * scale);
+            }
+        }
+    } else {
+        constexpr int kPanelCols = Layout::kPanelCols;
+        constexpr int kPanelChunks = Kt::kBlockM * kPanelCols / 4;     // 16-byte chunks of sums a panel
+        constexpr int kStride = kPanelCols / 2 + 4;                    // u32 pairs a staged row, 4 words apart in
+                                                                       // bank (a warp's pairs hit 32 banks)
+        constexpr int kRowStores = kPanelCols / kChunkElems;           // 16-byte stores a panel row
+        __shared__ __align__(16) u32 stage[Kt::kBlockM * kStride];
+        const bool vector = aligned16(dq, p.bwd.dq_row_stride, static_cast<int>(sizeof(Element)));
+        for (int panel = 0; panel * kPanelCols < cols; ++panel) {
+            for (int j = threadIdx.x; j < kPanelChunks; j += Kt::kThreads) {
+                int r, c;
+                Layout::template chunk<kD>(panel * kPanelChunks + j, r, c);
+                const float4 x = acc[panel * kPanelChunks + j];
+                const int pair = (c - panel * kPanelCols) / 2;
+                stage[r * kStride + pair] = pack_float2<Element>(x.x * scale, x.y * scale);
+                stage[(r + Layout::kPairRows) * kStride + pair] = pack_float2<Element>(x.z * scale, x.w * scale);
+            }
+            __syncthreads();
+            for (int j = threadIdx.x; j < Kt::kBlockM * kRowStores; j += Kt::kThreads) {
+                const int r = j / kRowStores, part = j % kRowStores;
+                const int c = panel * kPanelCols + part * kChunkElems;
+                if (r < rows && c < cols)
+                    store_dq_chunk(dq + r * p.bwd.dq_row_stride, c,
+                                   *reinterpret_cast<const uint4*>(&stage[r * kStride + part * kChunkElems / 2]),
+                                   vector);
+            }
+            __syncthreads();
+        }
     }
 }
 

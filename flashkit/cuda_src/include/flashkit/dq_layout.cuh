@@ -1,5 +1,7 @@
 // The layouts of the backward's dq_accum workspace (bwd_passes.cuh): how a query block of kRows x kHeadDim fp32
-// dQ sums lies in its kRows * kHeadDim floats. bwd_convert_dq reads a block by element through `offset`.
+// dQ sums lies in its kRows * kHeadDim floats. `offset` places an element; bwd_convert_dq reads a block in 16-byte
+// chunks of storage order, whose four floats are two element pairs: (r, c), (r, c + 1) from `chunk`, and
+// (r + kPairRows, c + kPairCols), (r + kPairRows, c + kPairCols + 1).
 //   DqRowMajor          rows of kHeadDim floats (fa2_bwd off Hopper, whose scalar atomics add a fragment's
 //                       row pairs)
 //   DqFragments<kRows>  the order of the m16n8 accumulator fragments that produce it, so that a warp's partial
@@ -20,6 +22,13 @@ namespace flashkit {
 template <bool kScaled_>
 struct DqRowMajor {
     static constexpr bool kScaled = kScaled_;
+    static constexpr bool kRowChunks = true;             // a chunk: four columns of one row
+    static constexpr int kPairRows = 0, kPairCols = 2;
+    template <int kHeadDim>
+    __device__ __forceinline__ static void chunk(int i, int& r, int& c) {
+        r = i / (kHeadDim / 4);
+        c = i % (kHeadDim / 4) * 4;
+    }
     template <int kHeadDim>
     __device__ __forceinline__ static int offset(int r, int c) {
         return r * kHeadDim + c;
@@ -42,6 +51,17 @@ struct DqFragments {
     __device__ __forceinline__ static int fragment(int ct, int rt, int lane) {
         return ct / kTilesPerPanel * kPanelFloats + ((ct % kTilesPerPanel) * kRowTiles + rt) * kTileFloats +
                lane * kFragFloats;
+    }
+    static constexpr bool kRowChunks = false;   // a chunk: rows g and g + 8 of two columns
+    static constexpr int kPairRows = kFragRowHalf, kPairCols = 0;
+    // Row and column of the first pair of the block's 16-byte chunk i (storage order: the inverse of `fragment`).
+    template <int kHeadDim>
+    __device__ __forceinline__ static void chunk(int i, int& r, int& c) {
+        constexpr int kPanelChunks = kPanelFloats / kFragFloats;
+        const int in_panel = i % kPanelChunks;
+        const int tile = in_panel / kWarpSize, lane = in_panel % kWarpSize;
+        r = tile % kRowTiles * kMmaM + lane / kQuadLanes;
+        c = (i / kPanelChunks * kTilesPerPanel + tile / kRowTiles) * kMmaN + lane % kQuadLanes * kFragCols;
     }
     // Float offset of (row r, column c) in the block (c and c + 1 adjacent for even c); kHeadDim a multiple of 64.
     template <int kHeadDim>

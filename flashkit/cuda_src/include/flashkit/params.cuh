@@ -24,6 +24,8 @@ struct BwdParams {
     index_t dk_batch_stride, dk_row_stride, dk_head_stride;
     index_t dv_batch_stride, dv_row_stride, dv_head_stride;
     int deterministic;           // 1: dQ's per-key-block adds run in key-block order (bit-identical)
+    int order_pairs;             // causal key blocks heaviest first in groups of this many (batch, kv head) pairs
+                                 // (hopper/bwd_launch_order.cuh; 1 or less: launch order)
 };
 
 // KV caches (decode, attention_with_kvcache): per-sequence lengths, a paged layout, and the split-KV
