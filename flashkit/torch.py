@@ -4,8 +4,11 @@ differentiable, as `torch.library` custom ops.
 Two ops a layout, `flashkit::attention_fwd` -> (out, lse) and `flashkit::attention_bwd` -> (dq, dk, dv), and
 `flashkit::attention_varlen_fwd` / `flashkit::attention_varlen_bwd` for packed sequences, each with a fake
 (meta) implementation, and the forward's autograd formula registered on it, so that the call traces under
-torch.compile (fullgraph) without a graph break. Every launch runs on PyTorch's current CUDA stream, and
-outputs and workspaces come from PyTorch's caching allocator.
+torch.compile (fullgraph) without a graph break. Eager calls run the same implementations through a
+torch.autograd.Function instead (_EagerAttention): a custom op's Python dispatch and its autograd wrapper cost
+about 1 ms of host time a training call (forward and backward), more than the attention itself at 2k tokens.
+Every launch runs on PyTorch's current CUDA stream, and outputs and workspaces come from PyTorch's caching
+allocator.
 Layout is flashkit's: (batch, seqlen, heads, head_dim) tensors, k and v with kv_heads dividing heads; varlen:
 (total_tokens, heads, head_dim) with int32 cu_seqlens (batch + 1,).
 """
@@ -67,12 +70,22 @@ def _on_torch_stream_and_allocator():
         yield
 
 
+_FROM_DLPACK = getattr(torch._C, "_from_dlpack", None)   # the C import behind torch.utils.dlpack.from_dlpack
+
+
 def _as_torch(x) -> torch.Tensor:
+    """A CuPy result as a torch tensor (zero copy). Under _on_torch_stream_and_allocator CuPy's stream is torch's, so
+    the capsule is taken for that stream and imported without torch.from_dlpack's Python stream handshake."""
+    if _FROM_DLPACK is not None:
+        import cupy
+        handle = cupy.cuda.get_current_stream().ptr
+        return _FROM_DLPACK(x.__dlpack__(stream=handle or DLPACK_LEGACY_STREAM))   # as torch.from_dlpack asks
     return torch.from_dlpack(x)
 
 
 _TO_DLPACK = getattr(torch._C, "_to_dlpack", None)   # the C export behind torch.utils.dlpack.to_dlpack
 DLPACK_CUDA = 2                                      # DLPack's kDLCUDA device type
+DLPACK_LEGACY_STREAM = 1                             # DLPack's name for CUDA's legacy default stream (handle 0)
 
 
 class _Exported:
@@ -127,16 +140,44 @@ def _mods_kw(window_left: int, window_right: int, softcap: float, alibi_slopes: 
 
 # The modifications (window_size as window_left / window_right, softcap, alibi_slopes, attention_chunk) ride along
 # as the ops' last arguments, so that the backward sees the forward's; the slopes get no gradient.
+def _forward(q, k, v, causal, softmax_scale, deterministic, window_left=-1, window_right=-1, softcap=0.0,
+             alibi_slopes=None, attention_chunk=0, keep: list | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """(out, lse) of the dense forward: the custom op's body and the eager Function's; keep (a list) receives the
+    CuPy views of q, k, v and the CuPy out and lse, for a backward that need not view them again."""
+    q, k, v = (x.detach() for x in (q, k, v))   # DLPack refuses tensors that require grad
+    with _on_torch_stream_and_allocator():
+        views = cupy_views((q, k, v))
+        out, lse = _attention(*views, causal=causal, softmax_scale=softmax_scale, return_lse=True,
+                              **_mods_kw(window_left, window_right, softcap, alibi_slopes, attention_chunk))
+        if keep is not None:
+            keep.extend(views + (out, lse))
+        return _as_torch(out), _as_torch(lse)
+
+
+def _backward_impl(dout, q, k, v, out, lse, causal, softmax_scale, deterministic, window_left=-1, window_right=-1,
+                   softcap=0.0, alibi_slopes=None, attention_chunk=0, kept: tuple = ()) -> tuple[torch.Tensor, ...]:
+    """(dq, dk, dv) of the dense backward: the custom op's body and the eager Function's (kept: the forward's
+    views of q, k, v, out, lse, _forward's keep; viewing a tensor costs about 20 us on autograd's thread)."""
+    dout = dout.detach()
+    if dout.stride(-1) != 1:
+        dout = dout.contiguous()
+    with _on_torch_stream_and_allocator():
+        arrays = (cupy_views((dout,)) + kept if kept else
+                  cupy_views(tuple(x.detach() for x in (dout, q, k, v, out, lse))))
+        dq, dk, dv = _attention_backward(*arrays, causal=causal,
+                                         softmax_scale=softmax_scale, deterministic=deterministic,
+                                         **_mods_kw(window_left, window_right, softcap, alibi_slopes,
+                                                    attention_chunk))
+        return _as_torch(dq), _as_torch(dk), _as_torch(dv)
+
+
 @torch.library.custom_op("flashkit::attention_fwd", mutates_args=(), device_types="cuda")
 def attention_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, softmax_scale: float | None,
                   deterministic: bool, window_left: int = -1, window_right: int = -1, softcap: float = 0.0,
                   alibi_slopes: torch.Tensor | None = None,
                   attention_chunk: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
-    q, k, v = (x.detach() for x in (q, k, v))   # DLPack refuses tensors that require grad
-    with _on_torch_stream_and_allocator():
-        out, lse = _attention(*cupy_views((q, k, v)), causal=causal, softmax_scale=softmax_scale, return_lse=True,
-                              **_mods_kw(window_left, window_right, softcap, alibi_slopes, attention_chunk))
-    return _as_torch(out), _as_torch(lse)
+    return _forward(q, k, v, causal, softmax_scale, deterministic, window_left, window_right, softcap, alibi_slopes,
+                    attention_chunk)
 
 
 @attention_fwd.register_fake
@@ -152,15 +193,8 @@ def attention_bwd(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch
                   window_left: int = -1, window_right: int = -1, softcap: float = 0.0,
                   alibi_slopes: torch.Tensor | None = None,
                   attention_chunk: int = 0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    dout, q, k, v, out, lse = (x.detach() for x in (dout, q, k, v, out, lse))
-    if dout.stride(-1) != 1:
-        dout = dout.contiguous()
-    with _on_torch_stream_and_allocator():
-        dq, dk, dv = _attention_backward(*cupy_views((dout, q, k, v, out, lse)), causal=causal,
-                                         softmax_scale=softmax_scale, deterministic=deterministic,
-                                         **_mods_kw(window_left, window_right, softcap, alibi_slopes,
-                                                    attention_chunk))
-    return _as_torch(dq), _as_torch(dk), _as_torch(dv)
+    return _backward_impl(dout, q, k, v, out, lse, causal, softmax_scale, deterministic, window_left, window_right,
+                          softcap, alibi_slopes, attention_chunk)
 
 
 @attention_bwd.register_fake
@@ -191,12 +225,24 @@ def attention_varlen_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_s
                          softmax_scale: float | None, deterministic: bool, window_left: int = -1,
                          window_right: int = -1, softcap: float = 0.0, alibi_slopes: torch.Tensor | None = None,
                          attention_chunk: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    return _varlen_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, softmax_scale,
+                           deterministic, window_left, window_right, softcap, alibi_slopes, attention_chunk)
+
+
+def _varlen_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, softmax_scale,
+                    deterministic, window_left=-1, window_right=-1, softcap=0.0, alibi_slopes=None,
+                    attention_chunk=0, keep: list | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """(out, lse) of the packed forward: the custom op's body and the eager Function's (keep: as _forward's, the
+    views of q, k, v, out, lse, then of the offsets)."""
     q, k, v = (x.detach() for x in (q, k, v))
     with _on_torch_stream_and_allocator():
-        out, lse = _attention_varlen(*cupy_views((q, k, v, cu_seqlens_q, cu_seqlens_k)), max_seqlen_q, max_seqlen_k,
+        views = cupy_views((q, k, v, cu_seqlens_q, cu_seqlens_k))
+        out, lse = _attention_varlen(*views, max_seqlen_q, max_seqlen_k,
                                      causal=causal, softmax_scale=softmax_scale, return_lse=True,
                                      **_mods_kw(window_left, window_right, softcap, alibi_slopes, attention_chunk))
-    return _as_torch(out), _as_torch(lse)
+        if keep is not None:
+            keep.extend(views[:3] + (out, lse) + views[3:])
+        return _as_torch(out), _as_torch(lse)
 
 
 @attention_varlen_fwd.register_fake
@@ -214,16 +260,28 @@ def attention_varlen_bwd(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v
                          window_left: int = -1, window_right: int = -1, softcap: float = 0.0,
                          alibi_slopes: torch.Tensor | None = None,
                          attention_chunk: int = 0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    dout, q, k, v, out, lse = (x.detach() for x in (dout, q, k, v, out, lse))
+    return _varlen_backward_impl(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                                 causal, softmax_scale, deterministic, window_left, window_right, softcap,
+                                 alibi_slopes, attention_chunk)
+
+
+def _varlen_backward_impl(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal,
+                          softmax_scale, deterministic, window_left=-1, window_right=-1, softcap=0.0,
+                          alibi_slopes=None, attention_chunk=0, kept: tuple = ()) -> tuple[torch.Tensor, ...]:
+    """(dq, dk, dv) of the packed backward: the custom op's body and the eager Function's (kept: as
+    _backward_impl's)."""
+    dout = dout.detach()
     if dout.stride(-1) != 1:
         dout = dout.contiguous()
     with _on_torch_stream_and_allocator():   # the forward checked the offsets' values: no second host read
-        dq, dk, dv = _attention_varlen_backward(*cupy_views((dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k)),
+        arrays = (cupy_views((dout,)) + kept if kept else
+                  cupy_views(tuple(x.detach() for x in (dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k))))
+        dq, dk, dv = _attention_varlen_backward(*arrays,
                                                 max_seqlen_q, max_seqlen_k, causal=causal, softmax_scale=softmax_scale,
                                                 deterministic=deterministic, check_indices=False,
                                                 **_mods_kw(window_left, window_right, softcap, alibi_slopes,
                                                            attention_chunk))
-    return _as_torch(dq), _as_torch(dk), _as_torch(dv)
+        return _as_torch(dq), _as_torch(dk), _as_torch(dv)
 
 
 @attention_varlen_bwd.register_fake
@@ -251,6 +309,75 @@ def _varlen_backward(ctx, dout, dlse):
 attention_varlen_fwd.register_autograd(_varlen_backward, setup_context=_setup_varlen_context)
 
 
+class _EagerAttention(torch.autograd.Function):
+    """The dense op pair in eager mode: the custom ops' implementations without their dispatch (the same launches,
+    the same saved tensors); torch.compile traces the custom ops instead (attention_with_lse)."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, causal, softmax_scale, deterministic, *mods):
+        kept: list = []   # the views the backward reuses (alive as long as the graph, as the saved tensors)
+        out, lse = _forward(q, k, v, causal, softmax_scale, deterministic, *mods, keep=kept)
+        ctx.kept = tuple(kept)
+        ctx.save_for_backward(q, k, v, out, lse)   # autograd's checks (in-place changes) and lifetimes
+        ctx.causal, ctx.softmax_scale, ctx.deterministic, ctx.mods = causal, softmax_scale, deterministic, mods
+        ctx.mark_non_differentiable(lse)
+        ctx.set_materialize_grads(False)   # no zeros for the LSE's absent gradient
+        return out, lse
+
+    @staticmethod
+    def backward(ctx, dout, dlse):
+        q, k, v, out, lse = ctx.saved_tensors
+        dq, dk, dv = _backward_impl(dout, q, k, v, out, lse, ctx.causal, ctx.softmax_scale, ctx.deterministic,
+                                    *ctx.mods, kept=ctx.kept)
+        return (dq, dk, dv) + (None,) * (3 + len(ctx.mods))
+
+
+class _EagerVarlenAttention(torch.autograd.Function):
+    """The packed op pair in eager mode (as _EagerAttention)."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, cu_q, cu_k, max_q, max_k, causal, softmax_scale, deterministic, *mods):
+        kept: list = []
+        out, lse = _varlen_forward(q, k, v, cu_q, cu_k, max_q, max_k, causal, softmax_scale, deterministic, *mods,
+                                   keep=kept)
+        ctx.kept = tuple(kept)
+        ctx.save_for_backward(q, k, v, out, lse, cu_q, cu_k)
+        ctx.max_q, ctx.max_k = max_q, max_k
+        ctx.causal, ctx.softmax_scale, ctx.deterministic, ctx.mods = causal, softmax_scale, deterministic, mods
+        ctx.mark_non_differentiable(lse)
+        ctx.set_materialize_grads(False)
+        return out, lse
+
+    @staticmethod
+    def backward(ctx, dout, dlse):
+        q, k, v, out, lse, cu_q, cu_k = ctx.saved_tensors
+        dq, dk, dv = _varlen_backward_impl(dout, q, k, v, out, lse, cu_q, cu_k, ctx.max_q, ctx.max_k, ctx.causal,
+                                           ctx.softmax_scale, ctx.deterministic, *ctx.mods, kept=ctx.kept)
+        return (dq, dk, dv) + (None,) * (7 + len(ctx.mods))
+
+
+def _tracing() -> bool:
+    """Under torch.compile's tracing (the custom ops then enter the graph) rather than eager execution."""
+    return torch.compiler.is_compiling()
+
+
+def attention_with_lse(q, k, v, causal, softmax_scale, deterministic, *mods) -> tuple[torch.Tensor, torch.Tensor]:
+    """(out, lse), differentiable in out: the custom op under torch.compile, its eager twin otherwise (mods: the
+    ops' trailing arguments, mod_args)."""
+    if _tracing():
+        return attention_fwd(q, k, v, causal, softmax_scale, deterministic, *mods)
+    return _EagerAttention.apply(q, k, v, causal, softmax_scale, deterministic, *mods)
+
+
+def attention_varlen_with_lse(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal,
+                              softmax_scale, deterministic, *mods) -> tuple[torch.Tensor, torch.Tensor]:
+    """The packed (out, lse), as attention_with_lse."""
+    args = (q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, softmax_scale, deterministic)
+    if _tracing():
+        return attention_varlen_fwd(*args, *mods)
+    return _EagerVarlenAttention.apply(*args, *mods)
+
+
 def mod_args(window_size: tuple[int, int] | None = None, softcap: float = 0.0,
              alibi_slopes: torch.Tensor | None = None, attention_chunk: int = 0) -> tuple:
     """flashkit's modification keywords as the ops' trailing arguments (window (-1, -1): none; a window that is
@@ -269,8 +396,8 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool
 
     v may have a head dim of its own (head_dim_v, forward only: a call that needs a gradient raises)."""
     check_gradient_head_dims(q, k, v)
-    return attention_fwd(q, k, v, causal, softmax_scale, deterministic,
-                         *mod_args(window_size, softcap, alibi_slopes, attention_chunk))[0]
+    return attention_with_lse(q, k, v, causal, softmax_scale, deterministic,
+                              *mod_args(window_size, softcap, alibi_slopes, attention_chunk))[0]
 
 
 def attention_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q: torch.Tensor,
@@ -281,9 +408,9 @@ def attention_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqle
     """flashkit.attention_varlen for packed (total_tokens, heads, head_dim) CUDA tensors and int32 cu_seqlens;
     differentiable (attention_varlen_backward), modifications included. Returns out (total_q, heads, head_dim)."""
     check_gradient_head_dims(q, k, v)
-    return attention_varlen_fwd(q, k, v, cu_seqlens_q, cu_seqlens_k, int(max_seqlen_q), int(max_seqlen_k), causal,
-                                softmax_scale, deterministic,
-                                *mod_args(window_size, softcap, alibi_slopes, attention_chunk))[0]
+    return attention_varlen_with_lse(q, k, v, cu_seqlens_q, cu_seqlens_k, int(max_seqlen_q), int(max_seqlen_k),
+                                     causal, softmax_scale, deterministic,
+                                     *mod_args(window_size, softcap, alibi_slopes, attention_chunk))[0]
 
 
 def check_gradient_head_dims(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
@@ -292,5 +419,5 @@ def check_gradient_head_dims(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) 
         raise head_dim_v_unsupported(q.shape[-1], v.shape[-1])
 
 
-__all__ = ["attention", "attention_varlen", "attention_fwd", "attention_bwd", "attention_varlen_fwd",
-           "attention_varlen_bwd"]
+__all__ = ["attention", "attention_varlen", "attention_with_lse", "attention_varlen_with_lse", "attention_fwd",
+           "attention_bwd", "attention_varlen_fwd", "attention_varlen_bwd"]

@@ -1,9 +1,9 @@
 """The array-kind dispatch of the compat layers: torch tensors in, torch tensors out; anything else through
 flashkit's CuPy API.
 
-Torch tensors that need a gradient go through flashkit.torch's custom op (differentiable, torch.compile
-friendly); otherwise flashkit's entry points run on torch's current stream with torch's caching allocator,
-and their CuPy results come back as torch tensors through DLPack (zero copy).
+Torch tensors that need a gradient go through flashkit.torch's op pair (differentiable: the custom op under
+torch.compile, its eager twin otherwise); otherwise flashkit's entry points run on torch's current stream with
+torch's caching allocator, and their CuPy results come back as torch tensors through DLPack (zero copy).
 """
 
 from __future__ import annotations
@@ -30,10 +30,10 @@ def _torch_call(fn, arrays: tuple, **kw):
     from ..torch import _as_torch, _on_torch_stream_and_allocator, cupy_views
     arrays = tuple(a.detach() if is_torch(a) else a for a in arrays)   # DLPack refuses tensors that require grad
     names = tuple(n for n, x in kw.items() if is_torch(x))             # tensor keywords: slopes, lengths, tables
-    with _on_torch_stream_and_allocator():
+    with _on_torch_stream_and_allocator():   # results handed over on torch's stream (_as_torch)
         kw.update(zip(names, cupy_views(tuple(kw[n].detach() for n in names))))
         res = fn(*cupy_views(arrays), **kw)
-    return tuple(_as_torch(r) for r in res) if isinstance(res, tuple) else _as_torch(res)
+        return tuple(_as_torch(r) for r in res) if isinstance(res, tuple) else _as_torch(res)
 
 
 def dense(q: Any, k: Any, v: Any, *, causal: bool, softmax_scale: float | None, window_size=None,
@@ -45,12 +45,11 @@ def dense(q: Any, k: Any, v: Any, *, causal: bool, softmax_scale: float | None, 
     if not is_torch(q):
         return attention(q, k, v, causal=causal, softmax_scale=softmax_scale, return_lse=return_lse,
                          window_size=window_size, softcap=softcap, alibi_slopes=alibi_slopes)
-    if not mods or needs_grad(q, k, v):   # the custom op: differentiable, and traceable under torch.compile
-        import torch
+    if not mods or needs_grad(q, k, v):   # the op pair: differentiable, and traceable under torch.compile
         from .. import torch as fk_torch   # defines torch.ops.flashkit.*
         fk_torch.check_gradient_head_dims(q, k, v)
-        out, lse = torch.ops.flashkit.attention_fwd(q, k, v, causal, softmax_scale, deterministic,
-                                                    *fk_torch.mod_args(window_size, softcap, alibi_slopes))
+        out, lse = fk_torch.attention_with_lse(q, k, v, causal, softmax_scale, deterministic,
+                                               *fk_torch.mod_args(window_size, softcap, alibi_slopes))
         return (out, lse) if return_lse else out
     return _torch_call(attention, (q, k, v), causal=causal, softmax_scale=softmax_scale, return_lse=return_lse,
                        window_size=window_size, softcap=softcap, alibi_slopes=alibi_slopes)
@@ -64,12 +63,11 @@ def varlen(q: Any, k: Any, v: Any, cu_seqlens_q: Any, cu_seqlens_k: Any, max_seq
     Returns out, or (out, lse) with return_lse=True (lse (heads, total_q))."""
     from ..varlen import attention_varlen
     if needs_grad(q, k, v):
-        import torch
         from .. import torch as fk_torch   # defines torch.ops.flashkit.*
         fk_torch.check_gradient_head_dims(q, k, v)
-        out, lse = torch.ops.flashkit.attention_varlen_fwd(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
-                                                           max_seqlen_k, causal, softmax_scale, deterministic,
-                                                           *fk_torch.mod_args(window_size, softcap, alibi_slopes))
+        out, lse = fk_torch.attention_varlen_with_lse(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+                                                      max_seqlen_k, causal, softmax_scale, deterministic,
+                                                      *fk_torch.mod_args(window_size, softcap, alibi_slopes))
         return (out, lse) if return_lse else out
     kw = dict(causal=causal, softmax_scale=softmax_scale, return_lse=return_lse, window_size=window_size,
               softcap=softcap, alibi_slopes=alibi_slopes)

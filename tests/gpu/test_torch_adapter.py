@@ -1,5 +1,5 @@
-"""flashkit.torch.attention: the custom ops' gradients against the float64 reference (DESIGN's rule), under
-torch.compile(fullgraph=True), and on a side stream."""
+"""flashkit.torch.attention: the gradients against the float64 reference (DESIGN's rule), eager (the Function)
+and under torch.compile(fullgraph=True) (the custom ops), and on a side stream."""
 
 from __future__ import annotations
 
@@ -101,3 +101,52 @@ def test_repeated_torch_calls_take_the_call_cache_on_the_callers_stream():
     finally:
         call_cache.CALLS.max_entries = call_cache.MAX_ENTRIES
     assert torch.equal(fresh.view(torch.int16), full.view(torch.int16))
+
+
+def test_eager_calls_take_the_function_and_match_the_custom_ops_bit_for_bit():
+    """Eager calls run _EagerAttention (the ops' implementations without the custom-op dispatch, about 1 ms of host
+    time a training call); the custom ops, which torch.compile traces, give the same bits (deterministic dQ)."""
+    import flashkit.torch as fkt
+    q, k, v, dout = _inputs(4)
+
+    def eager(a, b, c):
+        return fkt.attention(a, b, c, causal=True, deterministic=True)
+
+    def op(a, b, c):
+        return torch.ops.flashkit.attention_fwd(a, b, c, True, None, True)[0]
+
+    assert type(eager(q.clone().requires_grad_(), k, v).grad_fn).__name__ == "_EagerAttentionBackward"
+    for a, b in zip(_grads(eager, q, k, v, dout), _grads(op, q, k, v, dout)):
+        assert torch.equal(a, b)
+
+
+def test_eager_varlen_calls_match_the_custom_ops_bit_for_bit():
+    import flashkit.torch as fkt
+    g = torch.Generator(device="cuda").manual_seed(5)
+    mk = lambda *s: torch.randn(*s, device="cuda", dtype=torch.bfloat16, generator=g)  # noqa: E731
+    q, k, v, dout = mk(300, 8, 64), mk(300, 2, 64), mk(300, 2, 64), mk(300, 8, 64)
+    cu = torch.tensor([0, 100, 300], device="cuda", dtype=torch.int32)
+
+    def eager(a, b, c):
+        return fkt.attention_varlen(a, b, c, cu, cu, 200, 200, causal=True, deterministic=True)
+
+    def op(a, b, c):
+        return torch.ops.flashkit.attention_varlen_fwd(a, b, c, cu, cu, 200, 200, True, None, True)[0]
+
+    assert type(eager(q.clone().requires_grad_(), k, v).grad_fn).__name__ == "_EagerVarlenAttentionBackward"
+    for a, b in zip(_grads(eager, q, k, v, dout), _grads(op, q, k, v, dout)):
+        assert torch.equal(a, b)
+
+
+def test_eager_backward_runs_twice_on_a_retained_graph():
+    """The eager Function keeps the forward's views for the backward as long as the graph: a retained graph's
+    second backward adds the same gradients again (deterministic dQ: exactly twice the first)."""
+    import flashkit.torch as fkt
+    q, k, v, dout = _inputs(6)
+    qs, ks, vs = (x.detach().clone().requires_grad_() for x in (q, k, v))
+    out = fkt.attention(qs, ks, vs, causal=True, deterministic=True)
+    out.backward(dout, retain_graph=True)
+    first = [x.grad.clone() for x in (qs, ks, vs)]
+    out.backward(dout)
+    for g, x in zip(first, (qs, ks, vs)):
+        assert torch.equal(x.grad, g * 2)
