@@ -326,6 +326,8 @@ class _EagerAttention(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, dout, dlse):
+        if dout is None:   # out took no part in what is differentiated (materialize_grads is off)
+            return (None,) * (6 + len(ctx.mods))
         q, k, v, out, lse = ctx.saved_tensors
         dq, dk, dv = _backward_impl(dout, q, k, v, out, lse, ctx.causal, ctx.softmax_scale, ctx.deterministic,
                                     *ctx.mods, kept=ctx.kept)
@@ -350,6 +352,8 @@ class _EagerVarlenAttention(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, dout, dlse):
+        if dout is None:
+            return (None,) * (10 + len(ctx.mods))
         q, k, v, out, lse, cu_q, cu_k = ctx.saved_tensors
         dq, dk, dv = _varlen_backward_impl(dout, q, k, v, out, lse, cu_q, cu_k, ctx.max_q, ctx.max_k, ctx.causal,
                                            ctx.softmax_scale, ctx.deterministic, *ctx.mods, kept=ctx.kept)

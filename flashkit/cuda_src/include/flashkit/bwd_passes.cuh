@@ -235,9 +235,9 @@ __device__ __forceinline__ void bwd_convert_dq_block(const Params& p,
             Layout::template chunk<kD>(i, r, c);
             const float4 x = acc[i];
             if (r < rows && c < cols) {
-                u32* out = reinterpret_cast<u32*>(dq + r * p.bwd.dq_row_stride + c);
-                out[0] = pack_float2<Element>(x.x * scale, x.y * scale);
-                out[1] = pack_float2<Element>(x.z * scale, x.w * scale);
+                Element* row = dq + r * p.bwd.dq_row_stride;
+                *reinterpret_cast<u32*>(row + c) = pack_float2<Element>(x.x * scale, x.y * scale);
+                *reinterpret_cast<u32*>(row + c + Layout::kPairCols) = pack_float2<Element>(x.z * scale, x.w * scale);
             }
         }
     } else {
@@ -255,7 +255,8 @@ __device__ __forceinline__ void bwd_convert_dq_block(const Params& p,
                 const float4 x = acc[panel * kPanelChunks + j];
                 const int pair = (c - panel * kPanelCols) / 2;
                 stage[r * kStride + pair] = pack_float2<Element>(x.x * scale, x.y * scale);
-                stage[(r + Layout::kPairRows) * kStride + pair] = pack_float2<Element>(x.z * scale, x.w * scale);
+                stage[(r + Layout::kPairRows) * kStride + pair + Layout::kPairCols / 2] =
+                    pack_float2<Element>(x.z * scale, x.w * scale);
             }
             __syncthreads();
             for (int j = threadIdx.x; j < Kt::kBlockM * kRowStores; j += Kt::kThreads) {
