@@ -107,11 +107,18 @@ class _CachedBackward:
 
     def __call__(self, dout, q, k, v, out, lse, extra: tuple[int, ...]):
         ndarray = ndarray_type()
-        dq, dk, dv = (ndarray(shape, self.storage) for shape in self.shapes)
-        nbytes = self.prepared.workspace_bytes
-        self.prepared(q, k, v, out, lse, (dout.data.ptr, dq.data.ptr, dk.data.ptr, dv.data.ptr) + extra,
-                      call_cache.workspace(nbytes) if nbytes else None)
-        return dq, dk, dv
+        grads = tuple(ndarray(shape, self.storage) for shape in self.shapes)
+        _run_dense(self.prepared, (q, k, v, dout, out, lse), grads, extra)
+        return grads
+
+
+def _run_dense(prepared: PreparedLaunch, inputs: tuple, grads: tuple, extra: tuple[int, ...] = ()) -> None:
+    """A dense backward's PreparedLaunch on inputs = (q, k, v, dout, out, lse) and grads = (dq, dk, dv): their
+    addresses (BWD_POINTERS) and extra (the slopes') put in, on the current stream with its workspace."""
+    q, k, v, dout, out, lse = inputs
+    nbytes = prepared.workspace_bytes
+    prepared(q, k, v, out, lse, (dout.data.ptr,) + tuple(g.data.ptr for g in grads) + extra,
+             call_cache.workspace(nbytes) if nbytes else None)
 
 
 def _bind_backward_functor(mod: Any, mod_args: Any, problem: Problem, mods: Mods, device, block_mask: Any):
@@ -186,7 +193,7 @@ def attention_varlen_backward(dout: Any, q: Any, k: Any, v: Any, out: Any, lse: 
 
 def _launch_backward(spec, cc, problem: Problem, causal: bool, deterministic: bool, inputs: tuple, grads: tuple,
                      mods: Mods, alibi_slopes: Any = None, varlen: bool = False, extras: dict | None = None,
-                     block_mask: Any = None, functor: Any = None) -> None:
+                     block_mask: Any = None, functor: Any = None) -> PreparedLaunch | None:
     """Launch a backward variant: inputs = (q, k, v, dout, out, lse) and grads = (dq, dk, dv) as its kernels
     index them (Params.bwd carries the gradients' pointers and strides, dout also as a tensor map), with the
     call's modifications built in (Params.mods as the forward's).
@@ -218,10 +225,8 @@ def _launch_backward(spec, cc, problem: Problem, causal: bool, deterministic: bo
     else:
         prepared = prepare_launch(spec, build_module(spec, config, cc), config, problem, io,
                                   BWD_POINTERS + (ALIBI_FIELDS if mods.alibi else ()))
-        nbytes = prepared.workspace_bytes
         slopes = (keep[0].data.ptr,) if mods.alibi else ()   # launch_fields' view of alibi_slopes
-        prepared(qc, kc, vc, oc, lsec, (doc.data.ptr, dq.data.ptr, dk.data.ptr, dv.data.ptr) + slopes,
-                 call_cache.workspace(nbytes) if nbytes else None)
+        _run_dense(prepared, (qc, kc, vc, doc, oc, lsec), grads, slopes)
     if negate:
         dq *= -1
         return None

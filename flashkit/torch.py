@@ -5,7 +5,7 @@ Two ops a layout, `flashkit::attention_fwd` -> (out, lse) and `flashkit::attenti
 `flashkit::attention_varlen_fwd` / `flashkit::attention_varlen_bwd` for packed sequences, each with a fake
 (meta) implementation, and the forward's autograd formula registered on it, so that the call traces under
 torch.compile (fullgraph) without a graph break. Eager calls run the same implementations through a
-torch.autograd.Function instead (_EagerAttention): a custom op's Python dispatch and its autograd wrapper cost
+torch.autograd.Function instead (_EagerOps): a custom op's Python dispatch and its autograd wrapper cost
 about 1 ms of host time a training call (forward and backward), more than the attention itself at 2k tokens.
 Every launch runs on PyTorch's current CUDA stream, and outputs and workspaces come from PyTorch's caching
 allocator.
@@ -16,6 +16,8 @@ Layout is flashkit's: (batch, seqlen, heads, head_dim) tensors, k and v with kv_
 from __future__ import annotations
 
 import contextlib
+from dataclasses import dataclass
+from typing import Callable
 
 import torch
 
@@ -56,17 +58,27 @@ def _current_stream(cupy, device: int):
     return stream
 
 
+_ALLOCATORS: dict[int, Callable] = {}   # device -> CuPy allocator over torch's caching allocator
+
+
+def _torch_allocator(cupy, device: int) -> Callable:
+    """A CuPy allocator that takes its memory from torch's caching allocator on device (made once a device)."""
+    alloc = _ALLOCATORS.get(device)
+    if alloc is None:
+        def alloc(size: int):
+            t = torch.empty(max(size, 1), dtype=torch.uint8, device=device)
+            return cupy.cuda.MemoryPointer(cupy.cuda.UnownedMemory(t.data_ptr(), size, t), 0)
+        _ALLOCATORS[device] = alloc
+    return alloc
+
+
 @contextlib.contextmanager
 def _on_torch_stream_and_allocator():
     """CuPy launches on torch's current stream and allocates through torch's caching allocator."""
     import cupy
     device = torch.cuda.current_device()
-
-    def alloc(size: int):
-        t = torch.empty(max(size, 1), dtype=torch.uint8, device=device)
-        return cupy.cuda.MemoryPointer(cupy.cuda.UnownedMemory(t.data_ptr(), size, t), 0)
-
-    with cupy.cuda.Device(device), _current_stream(cupy, device), cupy.cuda.using_allocator(alloc):
+    with (cupy.cuda.Device(device), _current_stream(cupy, device),
+          cupy.cuda.using_allocator(_torch_allocator(cupy, device))):
         yield
 
 
@@ -203,17 +215,32 @@ def _attention_bwd_fake(dout, q, k, v, out, lse, causal, softmax_scale, determin
     return tuple(torch.empty_like(x, memory_format=torch.contiguous_format) for x in (q, k, v))
 
 
+def _save(ctx, inputs: tuple, output: tuple, saved_layout: int, kept: tuple = ()) -> None:
+    """What a backward needs of its forward (either op pair, custom op or eager Function): q, k, v, out, lse and
+    the first saved_layout arguments after q, k, v (varlen's offsets) saved for autograd's in-place checks; the
+    other arguments (lengths, flags, modifications) as given; kept: CuPy views the eager backward reuses."""
+    q, k, v, *rest = inputs
+    ctx.save_for_backward(q, k, v, *output, *rest[:saved_layout])
+    ctx.rest, ctx.others, ctx.kept = tuple(rest[saved_layout:]), len(rest), kept
+
+
+def _saved(ctx) -> tuple:
+    """The backward's arguments after dout, in the ops' order: q, k, v, out, lse, then the forward's arguments
+    after q, k, v."""
+    return (*ctx.saved_tensors, *ctx.rest)
+
+
+def _input_grads(ctx, grads: tuple) -> tuple:
+    """dq, dk, dv and no gradient for each argument after q, k, v."""
+    return tuple(grads) + (None,) * ctx.others
+
+
 def _setup_context(ctx, inputs, output):
-    q, k, v, causal, softmax_scale, deterministic, *mods = inputs
-    out, lse = output
-    ctx.save_for_backward(q, k, v, out, lse)
-    ctx.causal, ctx.softmax_scale, ctx.deterministic, ctx.mods = causal, softmax_scale, deterministic, mods
+    _save(ctx, inputs, output, saved_layout=0)
 
 
 def _backward(ctx, dout, dlse):
-    q, k, v, out, lse = ctx.saved_tensors
-    dq, dk, dv = attention_bwd(dout, q, k, v, out, lse, ctx.causal, ctx.softmax_scale, ctx.deterministic, *ctx.mods)
-    return (dq, dk, dv) + (None,) * (3 + len(ctx.mods))
+    return _input_grads(ctx, attention_bwd(dout, *_saved(ctx)))
 
 
 attention_fwd.register_autograd(_backward, setup_context=_setup_context)
@@ -291,95 +318,81 @@ def _attention_varlen_bwd_fake(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens
     return tuple(torch.empty_like(x, memory_format=torch.contiguous_format) for x in (q, k, v))
 
 
+VARLEN_SAVED = 2   # cu_seqlens_q, cu_seqlens_k: saved beside q, k, v, out, lse
+
+
 def _setup_varlen_context(ctx, inputs, output):
-    q, k, v, cu_q, cu_k, max_q, max_k, causal, softmax_scale, deterministic, *mods = inputs
-    out, lse = output
-    ctx.save_for_backward(q, k, v, out, lse, cu_q, cu_k)
-    ctx.max_q, ctx.max_k = max_q, max_k
-    ctx.causal, ctx.softmax_scale, ctx.deterministic, ctx.mods = causal, softmax_scale, deterministic, mods
+    _save(ctx, inputs, output, saved_layout=VARLEN_SAVED)
 
 
 def _varlen_backward(ctx, dout, dlse):
-    q, k, v, out, lse, cu_q, cu_k = ctx.saved_tensors
-    dq, dk, dv = attention_varlen_bwd(dout, q, k, v, out, lse, cu_q, cu_k, ctx.max_q, ctx.max_k, ctx.causal,
-                                      ctx.softmax_scale, ctx.deterministic, *ctx.mods)
-    return (dq, dk, dv) + (None,) * (7 + len(ctx.mods))
+    return _input_grads(ctx, attention_varlen_bwd(dout, *_saved(ctx)))
 
 
 attention_varlen_fwd.register_autograd(_varlen_backward, setup_context=_setup_varlen_context)
 
 
-class _EagerAttention(torch.autograd.Function):
-    """The dense op pair in eager mode: the custom ops' implementations without their dispatch (the same launches,
-    the same saved tensors); torch.compile traces the custom ops instead (attention_with_lse)."""
+@dataclass(frozen=True)
+class _Implementations:
+    """A layout's forward and backward bodies (the custom ops' and the eager Function's) and how many arguments
+    after q, k, v its backward saves as tensors."""
+    forward: Callable
+    backward: Callable
+    saved_layout: int
+
+
+_DENSE = _Implementations(_forward, _backward_impl, 0)
+_PACKED = _Implementations(_varlen_forward, _varlen_backward_impl, VARLEN_SAVED)
+
+
+class _EagerOps(torch.autograd.Function):
+    """An op pair in eager mode: the custom ops' implementations without their dispatch (the same launches, the
+    same saved tensors), the backward reusing the forward's CuPy views; torch.compile traces the custom ops
+    instead (_dispatch). apply(implementations, q, k, v, *the op's other arguments)."""
 
     @staticmethod
-    def forward(ctx, q, k, v, causal, softmax_scale, deterministic, *mods):
+    def forward(ctx, impl, *inputs):
         kept: list = []   # the views the backward reuses (alive as long as the graph, as the saved tensors)
-        out, lse = _forward(q, k, v, causal, softmax_scale, deterministic, *mods, keep=kept)
-        ctx.kept = tuple(kept)
-        ctx.save_for_backward(q, k, v, out, lse)   # autograd's checks (in-place changes) and lifetimes
-        ctx.causal, ctx.softmax_scale, ctx.deterministic, ctx.mods = causal, softmax_scale, deterministic, mods
+        out, lse = impl.forward(*inputs, keep=kept)
+        _save(ctx, inputs, (out, lse), impl.saved_layout, tuple(kept))
+        ctx.impl = impl
         ctx.mark_non_differentiable(lse)
         ctx.set_materialize_grads(False)   # no zeros for the LSE's absent gradient
         return out, lse
 
     @staticmethod
     def backward(ctx, dout, dlse):
-        if dout is None:   # out took no part in what is differentiated (materialize_grads is off)
-            return (None,) * (6 + len(ctx.mods))
-        q, k, v, out, lse = ctx.saved_tensors
-        dq, dk, dv = _backward_impl(dout, q, k, v, out, lse, ctx.causal, ctx.softmax_scale, ctx.deterministic,
-                                    *ctx.mods, kept=ctx.kept)
-        return (dq, dk, dv) + (None,) * (3 + len(ctx.mods))
+        # no dout: out took no part in what is differentiated (materialize_grads is off)
+        grads = (None,) * 3 if dout is None else ctx.impl.backward(dout, *_saved(ctx), kept=ctx.kept)
+        return (None,) + _input_grads(ctx, grads)
 
 
-class _EagerVarlenAttention(torch.autograd.Function):
-    """The packed op pair in eager mode (as _EagerAttention)."""
-
-    @staticmethod
-    def forward(ctx, q, k, v, cu_q, cu_k, max_q, max_k, causal, softmax_scale, deterministic, *mods):
-        kept: list = []
-        out, lse = _varlen_forward(q, k, v, cu_q, cu_k, max_q, max_k, causal, softmax_scale, deterministic, *mods,
-                                   keep=kept)
-        ctx.kept = tuple(kept)
-        ctx.save_for_backward(q, k, v, out, lse, cu_q, cu_k)
-        ctx.max_q, ctx.max_k = max_q, max_k
-        ctx.causal, ctx.softmax_scale, ctx.deterministic, ctx.mods = causal, softmax_scale, deterministic, mods
-        ctx.mark_non_differentiable(lse)
-        ctx.set_materialize_grads(False)
-        return out, lse
-
-    @staticmethod
-    def backward(ctx, dout, dlse):
-        if dout is None:
-            return (None,) * (10 + len(ctx.mods))
-        q, k, v, out, lse, cu_q, cu_k = ctx.saved_tensors
-        dq, dk, dv = _varlen_backward_impl(dout, q, k, v, out, lse, cu_q, cu_k, ctx.max_q, ctx.max_k, ctx.causal,
-                                           ctx.softmax_scale, ctx.deterministic, *ctx.mods, kept=ctx.kept)
-        return (dq, dk, dv) + (None,) * (7 + len(ctx.mods))
+class _EagerAttention(_EagerOps):
+    """The dense pair (flashkit::attention_fwd / attention_bwd) in eager mode."""
 
 
-def _tracing() -> bool:
-    """Under torch.compile's tracing (the custom ops then enter the graph) rather than eager execution."""
-    return torch.compiler.is_compiling()
+class _EagerVarlenAttention(_EagerOps):
+    """The packed pair (flashkit::attention_varlen_fwd / attention_varlen_bwd) in eager mode."""
+
+
+def _dispatch(op, eager: type, impl: _Implementations, *inputs) -> tuple[torch.Tensor, torch.Tensor]:
+    """(out, lse), differentiable in out: the custom op under torch.compile's tracing (it enters the graph), its
+    eager twin otherwise."""
+    if torch.compiler.is_compiling():
+        return op(*inputs)
+    return eager.apply(impl, *inputs)
 
 
 def attention_with_lse(q, k, v, causal, softmax_scale, deterministic, *mods) -> tuple[torch.Tensor, torch.Tensor]:
-    """(out, lse), differentiable in out: the custom op under torch.compile, its eager twin otherwise (mods: the
-    ops' trailing arguments, mod_args)."""
-    if _tracing():
-        return attention_fwd(q, k, v, causal, softmax_scale, deterministic, *mods)
-    return _EagerAttention.apply(q, k, v, causal, softmax_scale, deterministic, *mods)
+    """(out, lse) of the dense pair, differentiable in out (mods: the ops' trailing arguments, mod_args)."""
+    return _dispatch(attention_fwd, _EagerAttention, _DENSE, q, k, v, causal, softmax_scale, deterministic, *mods)
 
 
 def attention_varlen_with_lse(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal,
                               softmax_scale, deterministic, *mods) -> tuple[torch.Tensor, torch.Tensor]:
     """The packed (out, lse), as attention_with_lse."""
-    args = (q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, softmax_scale, deterministic)
-    if _tracing():
-        return attention_varlen_fwd(*args, *mods)
-    return _EagerVarlenAttention.apply(*args, *mods)
+    return _dispatch(attention_varlen_fwd, _EagerVarlenAttention, _PACKED, q, k, v, cu_seqlens_q, cu_seqlens_k,
+                     max_seqlen_q, max_seqlen_k, causal, softmax_scale, deterministic, *mods)
 
 
 def mod_args(window_size: tuple[int, int] | None = None, softcap: float = 0.0,

@@ -90,16 +90,19 @@ __device__ __forceinline__ void wait_semaphore(const int* sema, int want) {
 // +inf as a float bit pattern: exp2(s - (+inf)) = 0 for every finite or -inf s.
 #define FLASHKIT_POS_INF (__int_as_float(0x7f800000))
 
-// rowsum(dO * O) over a row's first `chunks` 16-byte chunks (8 elements each), by the `kLanes` lanes of a row group
-// (lane_in_row of them): each lane's chunks, then a butterfly over the group (every lane ends with the sum).
-template <typename Element, int kLanes>
-__device__ __forceinline__ float row_dot_chunks(const uint4* d, const uint4* o, int chunks, int lane_in_row) {
+// rowsum(dO * O) over a row's first `words` loads of Word (uint4: 8 elements, u32: a pair), by the kLanes lanes of
+// a row group (lane_in_row of them): each lane's words, then a butterfly over the group (every lane ends with the
+// sum).
+template <typename Element, typename Word, int kLanes>
+__device__ __forceinline__ float row_dot(const Word* d, const Word* o, int words, int lane_in_row) {
+    constexpr int kPairs = static_cast<int>(sizeof(Word) / sizeof(u32));   // 16-bit pairs of a word
     float acc = 0.f;
-    for (int c = lane_in_row; c < chunks; c += kLanes) {
-        const uint4 dv = d[c], ov = o[c];
-        const u32 dw[4] = {dv.x, dv.y, dv.z, dv.w}, ow[4] = {ov.x, ov.y, ov.z, ov.w};
+    for (int c = lane_in_row; c < words; c += kLanes) {
+        const Word dv = d[c], ov = o[c];
+        const u32* dw = reinterpret_cast<const u32*>(&dv);
+        const u32* ow = reinterpret_cast<const u32*>(&ov);
 #pragma unroll
-        for (int w = 0; w < 4; ++w) {
+        for (int w = 0; w < kPairs; ++w) {
             float d0, d1, o0, o1;
             unpack_float2<Element>(dw[w], d0, d1);
             unpack_float2<Element>(ow[w], o0, o1);
@@ -108,21 +111,6 @@ __device__ __forceinline__ float row_dot_chunks(const uint4* d, const uint4* o, 
     }
 #pragma unroll
     for (int s = kLanes / 2; s > 0; s /= 2) acc += __shfl_xor_sync(0xffffffffu, acc, s);
-    return acc;
-}
-
-// The same over 32-bit pairs, one row a warp: for rows whose pointers or strides are not 16-byte aligned.
-template <typename Element>
-__device__ __forceinline__ float row_dot_pairs(const u32* d, const u32* o, int pairs, int lane) {
-    float acc = 0.f;
-    for (int c = lane; c < pairs; c += kWarpSize) {
-        float d0, d1, o0, o1;
-        unpack_float2<Element>(d[c], d0, d1);
-        unpack_float2<Element>(o[c], o0, o1);
-        acc = fmaf(d0, o0, fmaf(d1, o1, acc));
-    }
-#pragma unroll
-    for (int s = kWarpSize / 2; s > 0; s /= 2) acc += __shfl_xor_sync(0xffffffffu, acc, s);
     return acc;
 }
 
@@ -169,11 +157,11 @@ __device__ __forceinline__ void bwd_prepass_block(const Params& p, const BwdWork
         if (vector) {
             const uint4* d4 = reinterpret_cast<const uint4*>(dout + static_cast<index_t>(row) * p.bwd.do_row_stride);
             const uint4* o4 = reinterpret_cast<const uint4*>(out + static_cast<index_t>(row) * p.o_row_stride);
-            acc = row_dot_chunks<Element, kRowLanes>(d4, o4, live ? chunks : 0, lane % kRowLanes);
+            acc = row_dot<Element, uint4, kRowLanes>(d4, o4, live ? chunks : 0, lane % kRowLanes);
         } else {
             const u32* d2 = reinterpret_cast<const u32*>(dout + static_cast<index_t>(row) * p.bwd.do_row_stride);
             const u32* o2 = reinterpret_cast<const u32*>(out + static_cast<index_t>(row) * p.o_row_stride);
-            acc = row_dot_pairs<Element>(d2, o2, live ? pairs : 0, lane);
+            acc = row_dot<Element, u32, kWarpSize>(d2, o2, live ? pairs : 0, lane);   // a row a warp
         }
         if ((vector ? lane % kRowLanes : lane) == 0 && r < Kt::kBlockM) {
             const float l = live ? lse[row] : FLASHKIT_NEG_INF;
