@@ -222,6 +222,17 @@ def _forward_key(q, k, v, out, causal, softmax_scale, variant, return_lse, block
             type(softcap), softcap, type(attention_chunk), attention_chunk, context, functor)
 
 
+def cached_forward(q, k, v, *, causal: bool, softmax_scale: float | None, return_lse: bool, window_size=None,
+                   softcap: float = 0.0, alibi_slopes: Any = None, attention_chunk: int = 0) -> CachedLaunch | None:
+    """The call cache's entry of a plain or modified attention() call on these CuPy arrays (what the same call
+    would run next time: flashkit.torch's direct path keys it by the tensors behind the arrays), or None."""
+    key = _forward_key(q, k, v, None, check_flag(causal, "causal"), softmax_scale, None,
+                       check_flag(return_lse, "return_lse"), None, None, window_size, softcap, attention_chunk,
+                       alibi_slopes)
+    entry = None if key is None else CALLS.get(key)
+    return entry if type(entry) is _CachedForward else None
+
+
 def request_for(problem: Problem, cc: tuple[int, int] | None = None, **flags: bool) -> Request:
     return Request(dtype=problem.dtype, head_dim=problem.head_dim, seqlen_q=problem.seqlen_q,
                    seqlen_k=problem.seqlen_k, heads=problem.heads, kv_heads=problem.kv_heads,

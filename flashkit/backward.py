@@ -98,6 +98,17 @@ def _backward_key(dout, q, k, v, out, lse, causal, softmax_scale, deterministic,
             type(softcap), softcap, type(attention_chunk), attention_chunk, context)
 
 
+def cached_backward(dout, q, k, v, out, lse, *, causal: bool, softmax_scale: float | None, deterministic: bool,
+                    window_size=None, softcap: float = 0.0, alibi_slopes: Any = None,
+                    attention_chunk: int = 0) -> "_CachedBackward | None":
+    """The call cache's entry of a dense attention_backward() call on these CuPy arrays (what the same call would
+    run next time: flashkit.torch's direct path keys it by the tensors behind the arrays), or None."""
+    key = _backward_key(dout, q, k, v, out, lse, check_flag(causal, "causal"), softmax_scale,
+                        check_flag(deterministic, "deterministic"), None, window_size, softcap, attention_chunk,
+                        alibi_slopes)
+    return None if key is None else CALLS.get(key)
+
+
 class _CachedBackward:
     """A cached dense signature of attention_backward(): allocate dq, dk, dv, put the call's addresses (and the
     slopes') into the prepared launch, run it on the current stream with this stream's workspace."""

@@ -21,8 +21,11 @@ from typing import Callable
 
 import torch
 
+from . import torch_direct as direct
 from .api import attention as _attention
+from .api import cached_forward
 from .backward import attention_backward as _attention_backward
+from .backward import cached_backward
 from .backward import attention_varlen_backward as _attention_varlen_backward
 from .backward import head_dim_v_unsupported
 from .varlen import attention_varlen as _attention_varlen
@@ -154,13 +157,20 @@ def _mods_kw(window_left: int, window_right: int, softcap: float, alibi_slopes: 
 # as the ops' last arguments, so that the backward sees the forward's; the slopes get no gradient.
 def _forward(q, k, v, causal, softmax_scale, deterministic, window_left=-1, window_right=-1, softcap=0.0,
              alibi_slopes=None, attention_chunk=0, keep: list | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """(out, lse) of the dense forward: the custom op's body and the eager Function's; keep (a list) receives the
-    CuPy views of q, k, v and the CuPy out and lse, for a backward that need not view them again."""
+    """(out, lse) of the dense forward: the custom op's body and the eager Function's. A signature seen before
+    runs its launch directly (torch_direct.py); else keep (a list) receives the CuPy views of q, k, v and the CuPy
+    out and lse, for a backward that need not view them again."""
+    key = direct.forward_key(q, k, v, causal, softmax_scale, window_left, window_right, softcap, alibi_slopes,
+                             attention_chunk)
+    if (launch := direct.lookup(key)) is not None:
+        return launch(q, k, v, alibi_slopes)
     q, k, v = (x.detach() for x in (q, k, v))   # DLPack refuses tensors that require grad
     with _on_torch_stream_and_allocator():
         views = cupy_views((q, k, v))
-        out, lse = _attention(*views, causal=causal, softmax_scale=softmax_scale, return_lse=True,
-                              **_mods_kw(window_left, window_right, softcap, alibi_slopes, attention_chunk))
+        mods = _mods_kw(window_left, window_right, softcap, alibi_slopes, attention_chunk)
+        out, lse = _attention(*views, causal=causal, softmax_scale=softmax_scale, return_lse=True, **mods)
+        direct.remember_forward(key, cached_forward(*views, causal=causal, softmax_scale=softmax_scale,
+                                                    return_lse=True, **mods), q)
         if keep is not None:
             keep.extend(views + (out, lse))
         return _as_torch(out), _as_torch(lse)
@@ -168,18 +178,24 @@ def _forward(q, k, v, causal, softmax_scale, deterministic, window_left=-1, wind
 
 def _backward_impl(dout, q, k, v, out, lse, causal, softmax_scale, deterministic, window_left=-1, window_right=-1,
                    softcap=0.0, alibi_slopes=None, attention_chunk=0, kept: tuple = ()) -> tuple[torch.Tensor, ...]:
-    """(dq, dk, dv) of the dense backward: the custom op's body and the eager Function's (kept: the forward's
-    views of q, k, v, out, lse, _forward's keep; viewing a tensor costs about 20 us on autograd's thread)."""
-    dout = dout.detach()
+    """(dq, dk, dv) of the dense backward: the custom op's body and the eager Function's. A signature seen before
+    runs its launch directly (torch_direct.py); else kept: the forward's views of q, k, v, out, lse, _forward's
+    keep (viewing a tensor costs about 20 us on autograd's thread)."""
     if dout.stride(-1) != 1:
         dout = dout.contiguous()
+    key = direct.backward_key(dout, q, k, v, out, lse, causal, softmax_scale, deterministic, window_left,
+                              window_right, softcap, alibi_slopes, attention_chunk)
+    if (launch := direct.lookup(key)) is not None:
+        return launch(dout, q, k, v, out, lse, alibi_slopes)
+    dout = dout.detach()
     with _on_torch_stream_and_allocator():
         arrays = (cupy_views((dout,)) + kept if kept else
                   cupy_views(tuple(x.detach() for x in (dout, q, k, v, out, lse))))
-        dq, dk, dv = _attention_backward(*arrays, causal=causal,
-                                         softmax_scale=softmax_scale, deterministic=deterministic,
-                                         **_mods_kw(window_left, window_right, softcap, alibi_slopes,
-                                                    attention_chunk))
+        mods = _mods_kw(window_left, window_right, softcap, alibi_slopes, attention_chunk)
+        dq, dk, dv = _attention_backward(*arrays, causal=causal, softmax_scale=softmax_scale,
+                                         deterministic=deterministic, **mods)
+        direct.remember_backward(key, cached_backward(*arrays, causal=causal, softmax_scale=softmax_scale,
+                                                      deterministic=deterministic, **mods), q)
         return _as_torch(dq), _as_torch(dk), _as_torch(dv)
 
 

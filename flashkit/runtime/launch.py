@@ -176,13 +176,17 @@ class PreparedLaunch:
         if workspace is None and self.workspace_bytes:
             cupy = cupy_module()
             workspace = cupy.empty(self.workspace_bytes, dtype=cupy.uint8)
-        pointers = (q.data.ptr, k.data.ptr, v.data.ptr, out.data.ptr, lse.data.ptr if lse is not None else 0,
-                    workspace.data.ptr if workspace is not None else 0) + extra
+        self.run((q.data.ptr, k.data.ptr, v.data.ptr, out.data.ptr, lse.data.ptr if lse is not None else 0,
+                  workspace.data.ptr if workspace is not None else 0) + extra)
+
+    def run(self, pointers: tuple[int, ...], stream: Any = None) -> None:
+        """Launch at the call's addresses: POINTER_FIELDS' in order, then the variable extras'; on stream (anything
+        with the handle as .ptr, as CuPy's launch reads it), or CuPy's current stream."""
         with self._lock:
             self.params.write(self._words, pointers)
             args = (self._block_arg, *self._encoded(pointers)) if self.maps else (self._block_arg,)
             for fn, grid, smem in self.grids:
-                fn(grid, self.block, args, shared_mem=smem)
+                fn(grid, self.block, args, shared_mem=smem, stream=stream)
 
     def _encoded(self, pointers: tuple[int, ...]) -> tuple:
         """The tensor maps at the call's addresses; a repeated address tuple (a memory pool hands the same blocks

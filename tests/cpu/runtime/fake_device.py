@@ -56,7 +56,7 @@ class Recorder:
     def __init__(self, name: str):
         self.name = name
 
-    def __call__(self, grid, block, args, shared_mem=0):
+    def __call__(self, grid, block, args, shared_mem=0, stream=None):
         Recorder.count += 1
         if Recorder.record:
             Recorder.launches.append((self.name, grid, block, argument_bytes(args[0], PARAMS_DTYPE.itemsize),

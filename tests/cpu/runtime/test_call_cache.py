@@ -375,8 +375,8 @@ def test_one_signature_from_many_threads_launches_each_call_its_own_pointers(fak
     seen: dict[int, set] = {}
 
     class ThreadRecorder(Recorder):
-        def __call__(self, grid, block, args, shared_mem=0):
-            super().__call__(grid, block, args, shared_mem)
+        def __call__(self, grid, block, args, shared_mem=0, stream=None):
+            super().__call__(grid, block, args, shared_mem, stream)
             seen.setdefault(threading.get_ident(), set()).add(Recorder.launches[-1][3][:8])
 
     (entry,) = call_cache.CALLS._entries.values()
