@@ -315,9 +315,10 @@ def _negate_scale(q, problem: Problem, cupy):
 
 
 def _aligned(a):
-    """a itself when 16-byte vector loads can read it, else a contiguous copy."""
+    """a itself when 16-byte vector loads can read it, else a contiguous copy in fresh (aligned) memory: not
+    ascontiguousarray, which returns a contiguous array at a misaligned address as it is."""
     if a.data.ptr % ALIGN_BYTES or any(s % ALIGN_BYTES for s, n in zip(a.strides[:-1], a.shape[:-1]) if n > 1):
-        return cupy_module().ascontiguousarray(a)
+        return a.copy(order="C")
     return a
 
 
