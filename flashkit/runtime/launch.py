@@ -8,6 +8,8 @@ from operator import itemgetter
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+import numpy as np
+
 from ..call.dtypes import BY_NAME, dtype_of_storage
 from ..call.validate import Problem
 from ..registry.manifest import KernelSpec
@@ -167,6 +169,7 @@ class PreparedLaunch:
         self._map_key = itemgetter(*indices) if indices else (lambda pointers: ())
         self._words = params.block()
         from cupy.cuda.function import CPointer   # a kernel argument passed as the bytes at an address
+        self._cpointer = CPointer
         self._block_arg = CPointer(self._words.ctypes.data)
         self._lock = threading.Lock()
         self._maps_at: dict[tuple, tuple] = {}
@@ -189,16 +192,20 @@ class PreparedLaunch:
                 fn(grid, self.block, args, shared_mem=smem, stream=stream)
 
     def _encoded(self, pointers: tuple[int, ...]) -> tuple:
-        """The tensor maps at the call's addresses; a repeated address tuple (a memory pool hands the same blocks
-        back) costs a dictionary look-up instead of building and hashing a geometry per map."""
+        """The tensor maps at the call's addresses, as kernel arguments; a repeated address tuple (a memory pool
+        hands the same blocks back) costs a dictionary look-up instead of building and hashing a geometry per map.
+
+        The maps' bytes are kept in one array and passed by address, as the parameter block is (CPointer): a
+        NumPy scalar argument costs CuPy's launch a conversion of microseconds per map and launch."""
         ptrs = self._map_key(pointers)
         found = self._maps_at.get(ptrs)
         if found is None:
             if len(self._maps_at) >= MAX_MAP_ADDRESSES:
                 self._maps_at.clear()
-            found = self._maps_at[ptrs] = tuple(encode(g if i is None else replace(g, address=pointers[i]))
-                                                for i, g in self.maps)
-        return found
+            maps = np.array([encode(g if i is None else replace(g, address=pointers[i])) for i, g in self.maps])
+            base, size = maps.ctypes.data, maps.dtype.itemsize
+            found = self._maps_at[ptrs] = (maps, tuple(self._cpointer(base + j * size) for j in range(len(maps))))
+        return found[1]
 
 
 def tensor_map_layouts(spec: KernelSpec, cfg: dict[str, int], p: Problem, io: LaunchInputs,

@@ -60,7 +60,7 @@ class Recorder:
         Recorder.count += 1
         if Recorder.record:
             Recorder.launches.append((self.name, grid, block, argument_bytes(args[0], PARAMS_DTYPE.itemsize),
-                                      tuple(bytes(a) for a in args[1:])))
+                                      tuple(argument_bytes(a, TENSOR_MAP_DTYPE.itemsize) for a in args[1:])))
         else:
             [_scalar_argument(a) if isinstance(a, np.generic) else a.ptr for a in args]
 
