@@ -277,15 +277,29 @@ def _varlen_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqle
                     attention_chunk=0, keep: list | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """(out, lse) of the packed forward: the custom op's body and the eager Function's (keep: as _forward's, the
     views of q, k, v, out, lse, then of the offsets)."""
+    lengths = packed_lengths(q, k, max_seqlen_q, max_seqlen_k)
+    checked = direct.offsets_checked(cu_seqlens_q, cu_seqlens_k, lengths)
     q, k, v = (x.detach() for x in (q, k, v))
     with _on_torch_stream_and_allocator():
         views = cupy_views((q, k, v, cu_seqlens_q, cu_seqlens_k))
         out, lse = _attention_varlen(*views, max_seqlen_q, max_seqlen_k,
                                      causal=causal, softmax_scale=softmax_scale, return_lse=True,
+                                     check_indices=not checked,
                                      **_mods_kw(window_left, window_right, softcap, alibi_slopes, attention_chunk))
+        if not checked:   # the values passed (the call raises otherwise): later layers skip the read
+            direct.remember_checked(cu_seqlens_q, cu_seqlens_k, lengths)
         if keep is not None:
             keep.extend(views[:3] + (out, lse) + views[3:])
         return _as_torch(out), _as_torch(lse)
+
+
+def packed_lengths(q, k, max_seqlen_q, max_seqlen_k) -> tuple | None:
+    """What a packed call's offsets are checked against: (max_seqlen_q, max_seqlen_k, total_q, total_k); None
+    for inputs without a packed shape (the full path names them)."""
+    try:
+        return max_seqlen_q, max_seqlen_k, q.shape[0], k.shape[0]
+    except (AttributeError, IndexError, TypeError):
+        return None
 
 
 @attention_varlen_fwd.register_fake

@@ -14,10 +14,14 @@ about twice as much on autograd's backward thread.
 
 The entries live in the call cache itself, so whatever empties it (a rediscovery of the kernels, clear_loaded)
 empties these too.
+
+Packed calls keep the full path (varlen has no call cache), but the one synchronizing read of their offsets'
+values is skipped for a cu_seqlens pair that was checked before and has not changed since (offsets_checked).
 """
 
 from __future__ import annotations
 
+import weakref
 from typing import Any
 
 import torch
@@ -144,3 +148,33 @@ def remember_backward(key: tuple | None, entry: Any, q: torch.Tensor) -> None:
     """File the full path's cached backward (backward.cached_backward) under the tensors' key."""
     if key is not None and entry is not None and entry.storage.itemsize == q.element_size():
         CALLS.put(key, DirectBackward(entry.prepared, entry.shapes, q.dtype))
+
+
+# Offsets a packed call checked: (id(cu_seqlens_q), id(cu_seqlens_k), the lengths they were checked against) ->
+# (weak references to both, their versions and addresses). At most MAX_CHECKED_OFFSETS pairs (oldest dropped).
+MAX_CHECKED_OFFSETS = 16
+_CHECKED: dict[tuple, tuple] = {}
+
+
+def _offsets_state(cu_q: torch.Tensor, cu_k: torch.Tensor) -> tuple:
+    """What must stay for a checked pair to count as unchanged: each tensor's version counter (which every
+    in-place torch op bumps) and address."""
+    return cu_q._version, cu_k._version, cu_q.data_ptr(), cu_k.data_ptr()
+
+
+def offsets_checked(cu_q: Any, cu_k: Any, lengths: tuple) -> bool:
+    """Whether these cu_seqlens tensors, unmodified since, passed the varlen check of their values
+    (features/varlen.check_values: one synchronizing read) against the same lengths (max_seqlen_q, max_seqlen_k,
+    total_q, total_k). transformers hands one pair to every layer of a forward; the first layer reads it."""
+    record = _CHECKED.get((id(cu_q), id(cu_k), lengths))
+    return (record is not None and record[0]() is cu_q and record[1]() is cu_k
+            and record[2] == _offsets_state(cu_q, cu_k))
+
+
+def remember_checked(cu_q: Any, cu_k: Any, lengths: tuple) -> None:
+    """Record a pair whose values a call just checked (plain tensors only: others have no version counter)."""
+    if type(cu_q) not in _TENSOR_TYPES or type(cu_k) not in _TENSOR_TYPES:
+        return
+    if len(_CHECKED) >= MAX_CHECKED_OFFSETS:
+        _CHECKED.pop(next(iter(_CHECKED)))
+    _CHECKED[(id(cu_q), id(cu_k), lengths)] = (weakref.ref(cu_q), weakref.ref(cu_k), _offsets_state(cu_q, cu_k))

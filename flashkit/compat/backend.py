@@ -72,7 +72,16 @@ def varlen(q: Any, k: Any, v: Any, cu_seqlens_q: Any, cu_seqlens_k: Any, max_seq
     kw = dict(causal=causal, softmax_scale=softmax_scale, return_lse=return_lse, window_size=window_size,
               softcap=softcap, alibi_slopes=alibi_slopes)
     arrays = (q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
-    return _torch_call(attention_varlen, arrays, **kw) if is_torch(q) else attention_varlen(*arrays, **kw)
+    if not is_torch(q):
+        return attention_varlen(*arrays, **kw)
+    from .. import torch_direct
+    from ..torch import packed_lengths
+    lengths = packed_lengths(q, k, max_seqlen_q, max_seqlen_k)
+    checked = torch_direct.offsets_checked(cu_seqlens_q, cu_seqlens_k, lengths)   # by an earlier layer
+    result = _torch_call(attention_varlen, arrays, check_indices=not checked, **kw)
+    if not checked:
+        torch_direct.remember_checked(cu_seqlens_q, cu_seqlens_k, lengths)
+    return result
 
 
 def kvcache(q: Any, k_cache: Any, v_cache: Any, *, cache_seqlens: Any, block_table: Any, k_new: Any, v_new: Any,

@@ -73,3 +73,28 @@ def test_no_key_for_what_the_direct_path_cannot_take(direct, monkeypatch):
         raise RuntimeError("no CUDA device")
     monkeypatch.setattr(direct, "_current_device", no_device)
     assert _key(direct, q, k, v) is None
+
+
+def test_checked_offsets_count_only_while_the_same_tensors_are_unchanged():
+    from flashkit import torch_direct as direct
+    cu_q, cu_k = torch.tensor([0, 3, 7], dtype=torch.int32), torch.tensor([0, 5, 9], dtype=torch.int32)
+    lengths = (4, 5, 7, 9)
+    assert not direct.offsets_checked(cu_q, cu_k, lengths)
+    direct.remember_checked(cu_q, cu_k, lengths)
+    assert direct.offsets_checked(cu_q, cu_k, lengths)
+    assert not direct.offsets_checked(cu_q, cu_k, (4, 5, 7, 10))            # checked against other lengths
+    assert not direct.offsets_checked(cu_q.clone(), cu_k, lengths)          # another tensor with the same values
+    cu_k[1] = 6                                                             # written in place: the version moves
+    assert not direct.offsets_checked(cu_q, cu_k, lengths)
+    direct.remember_checked([0, 3, 7], cu_k, lengths)                       # no version counter: not recorded
+    assert not direct.offsets_checked([0, 3, 7], cu_k, lengths)
+
+
+def test_checked_offsets_are_bounded():
+    from flashkit import torch_direct as direct
+    pairs = [(torch.tensor([0, i], dtype=torch.int32), torch.tensor([0, i], dtype=torch.int32))
+             for i in range(direct.MAX_CHECKED_OFFSETS + 4)]
+    for cu_q, cu_k in pairs:
+        direct.remember_checked(cu_q, cu_k, (1, 1, 1, 1))
+    assert len(direct._CHECKED) <= direct.MAX_CHECKED_OFFSETS
+    assert direct.offsets_checked(*pairs[-1], (1, 1, 1, 1)) and not direct.offsets_checked(*pairs[0], (1, 1, 1, 1))

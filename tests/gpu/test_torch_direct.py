@@ -170,3 +170,27 @@ def test_forward_and_backward_captured_in_a_cuda_graph_replay_like_eager_calls(f
     want_out = forward(qs2, ks2, vs2)
     want_out.backward(fresh[3])
     _assert_equal((out, qs.grad, ks.grad, vs.grad), (want_out.detach(), qs2.grad, ks2.grad, vs2.grad))
+
+
+def test_packed_calls_read_a_checked_pair_of_offsets_once(fkt, monkeypatch):
+    """transformers hands one cu_seqlens pair to every layer: the first call reads and checks its values, later
+    calls with the same unmodified tensors skip the synchronizing read; a pair written in place is read again, and
+    a bad value there is refused."""
+    import flashkit.varlen
+    from flashkit.errors import InputError
+    reads = []
+    real = flashkit.varlen.check_values
+    monkeypatch.setattr(flashkit.varlen, "check_values", lambda *a: (reads.append(1), real(*a)))
+    g = torch.Generator(device="cuda").manual_seed(8)
+    mk = lambda *s: torch.randn(*s, device="cuda", dtype=torch.bfloat16, generator=g)  # noqa: E731
+    q, k, v = mk(300, 8, 64), mk(300, 2, 64), mk(300, 2, 64)
+    cu = torch.tensor([0, 100, 300], device="cuda", dtype=torch.int32)
+    first = fkt.attention_varlen(q, k, v, cu, cu, 200, 200, causal=True)
+    again = fkt.attention_varlen(q, k, v, cu, cu, 200, 200, causal=True)
+    assert len(reads) == 1 and torch.equal(first, again)
+    fkt.attention_varlen(q, k, v, cu, cu, 250, 250, causal=True)   # other lengths: checked again
+    assert len(reads) == 2
+    cu[1] = 250   # in place: a sequence of 250 > max_seqlen 200
+    with pytest.raises(InputError, match="max_seqlen"):
+        fkt.attention_varlen(q, k, v, cu, cu, 200, 200, causal=True)
+    assert len(reads) == 3
