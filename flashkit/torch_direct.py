@@ -176,5 +176,8 @@ def remember_checked(cu_q: Any, cu_k: Any, lengths: tuple) -> None:
     if type(cu_q) not in _TENSOR_TYPES or type(cu_k) not in _TENSOR_TYPES:
         return
     if len(_CHECKED) >= MAX_CHECKED_OFFSETS:
-        _CHECKED.pop(next(iter(_CHECKED)))
+        try:   # the oldest record (another thread may have emptied or trimmed the map meanwhile)
+            _CHECKED.pop(next(iter(_CHECKED)))
+        except (StopIteration, KeyError, RuntimeError):
+            pass
     _CHECKED[(id(cu_q), id(cu_k), lengths)] = (weakref.ref(cu_q), weakref.ref(cu_k), _offsets_state(cu_q, cu_k))
