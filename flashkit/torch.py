@@ -31,33 +31,18 @@ from .backward import head_dim_v_unsupported
 from .varlen import attention_varlen as _attention_varlen
 
 
-# torch's current stream as a raw handle: the C function behind torch.cuda.current_stream().cuda_stream, without
-# the Stream object it builds (about 8 us a call; an adapter call asks once, and every layer of a model calls).
-_RAW_STREAM = getattr(torch._C, "_cuda_getCurrentRawStream", None)
 MAX_EXTERNAL_STREAMS = 64
 _EXTERNAL_STREAMS: dict[tuple[int, int], object] = {}   # (device, handle) -> CuPy's Stream over it
 
 
-class _StreamHandle:
-    """A raw stream handle under the CUDA stream protocol (what cupy.cuda.Stream.from_external reads)."""
-
-    __slots__ = ("handle",)
-
-    def __init__(self, handle: int):
-        self.handle = handle
-
-    def __cuda_stream__(self) -> tuple[int, int]:
-        return (0, self.handle)
-
-
 def _current_stream(cupy, device: int):
     """CuPy's view of torch's current stream on device: one per handle, kept (it only names the stream)."""
-    handle = _RAW_STREAM(device) if _RAW_STREAM is not None else torch.cuda.current_stream(device).cuda_stream
+    handle = direct.raw_stream(device)
     stream = _EXTERNAL_STREAMS.get((device, handle))
     if stream is None:
         if len(_EXTERNAL_STREAMS) >= MAX_EXTERNAL_STREAMS:
             _EXTERNAL_STREAMS.clear()
-        stream = _EXTERNAL_STREAMS[(device, handle)] = cupy.cuda.Stream.from_external(_StreamHandle(handle))
+        stream = _EXTERNAL_STREAMS[(device, handle)] = cupy.cuda.Stream.from_external(direct.StreamHandle(handle))
     return stream
 
 
@@ -277,29 +262,17 @@ def _varlen_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqle
                     attention_chunk=0, keep: list | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """(out, lse) of the packed forward: the custom op's body and the eager Function's (keep: as _forward's, the
     views of q, k, v, out, lse, then of the offsets)."""
-    lengths = packed_lengths(q, k, max_seqlen_q, max_seqlen_k)
-    checked = direct.offsets_checked(cu_seqlens_q, cu_seqlens_k, lengths)
-    q, k, v = (x.detach() for x in (q, k, v))
     with _on_torch_stream_and_allocator():
-        views = cupy_views((q, k, v, cu_seqlens_q, cu_seqlens_k))
-        out, lse = _attention_varlen(*views, max_seqlen_q, max_seqlen_k,
-                                     causal=causal, softmax_scale=softmax_scale, return_lse=True,
-                                     check_indices=not checked,
-                                     **_mods_kw(window_left, window_right, softcap, alibi_slopes, attention_chunk))
-        if not checked:   # the values passed (the call raises otherwise): later layers skip the read
-            direct.remember_checked(cu_seqlens_q, cu_seqlens_k, lengths)
+        views = cupy_views((q.detach(), k.detach(), v.detach(), cu_seqlens_q, cu_seqlens_k))
+        mods = _mods_kw(window_left, window_right, softcap, alibi_slopes, attention_chunk)
+        out, lse = direct.checking_offsets_once(
+            lambda check: _attention_varlen(*views, max_seqlen_q, max_seqlen_k, causal=causal,
+                                            softmax_scale=softmax_scale, return_lse=True, check_indices=check,
+                                            **mods),
+            q, k, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
         if keep is not None:
             keep.extend(views[:3] + (out, lse) + views[3:])
         return _as_torch(out), _as_torch(lse)
-
-
-def packed_lengths(q, k, max_seqlen_q, max_seqlen_k) -> tuple | None:
-    """What a packed call's offsets are checked against: (max_seqlen_q, max_seqlen_k, total_q, total_k); None
-    for inputs without a packed shape (the full path names them)."""
-    try:
-        return max_seqlen_q, max_seqlen_k, q.shape[0], k.shape[0]
-    except (AttributeError, IndexError, TypeError):
-        return None
 
 
 @attention_varlen_fwd.register_fake

@@ -22,7 +22,7 @@ values is skipped for a cu_seqlens pair that was checked before and has not chan
 from __future__ import annotations
 
 import weakref
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
@@ -30,17 +30,28 @@ from .runtime.call_cache import ALIGN_MASK, CALLS, kernel_path
 
 FORWARD, BACKWARD = "torch.attention", "torch.attention_backward"   # the keys' first items
 _TENSOR_TYPES = (torch.Tensor, torch.nn.Parameter)                  # subclasses (fake, distributed) take the full path
-_RAW_STREAM = getattr(torch._C, "_cuda_getCurrentRawStream", None)   # torch's current stream as a raw handle
+# torch's current stream as a raw handle: the C function behind torch.cuda.current_stream().cuda_stream, without
+# the Stream object it builds (about 8 us a call; an adapter call asks once, and every layer of a model calls).
+_RAW_STREAM = getattr(torch._C, "_cuda_getCurrentRawStream", None)
 _GET_DEVICE = getattr(torch._C, "_cuda_getDevice", None)             # the current device, without torch.cuda's wrapper
 
 
-class _Stream:
-    """A raw stream handle as CuPy's kernel launch reads a stream: its .ptr."""
+def raw_stream(device: int) -> int:
+    """torch's current stream on device, as a raw handle."""
+    return _RAW_STREAM(device) if _RAW_STREAM is not None else torch.cuda.current_stream(device).cuda_stream
+
+
+class StreamHandle:
+    """A raw stream handle as CuPy reads a stream: .ptr for a kernel launch's stream argument, the CUDA stream
+    protocol for cupy.cuda.Stream.from_external."""
 
     __slots__ = ("ptr",)
 
     def __init__(self, ptr: int):
         self.ptr = ptr
+
+    def __cuda_stream__(self) -> tuple[int, int]:
+        return (0, self.ptr)
 
 
 def _tensor(t: Any) -> tuple | None:
@@ -94,8 +105,7 @@ def _launch(prepared: Any, tensors: tuple, extra: tuple, device: int) -> None:
     nbytes = prepared.workspace_bytes
     work = torch.empty(nbytes, dtype=torch.uint8, device=device) if nbytes else None
     pointers = (*(t.data_ptr() for t in tensors), work.data_ptr() if work is not None else 0, *extra)
-    prepared.run(pointers, _Stream(_RAW_STREAM(device) if _RAW_STREAM is not None
-                                   else torch.cuda.current_stream(device).cuda_stream))
+    prepared.run(pointers, StreamHandle(raw_stream(device)))
 
 
 def _slopes(alibi_slopes) -> tuple[int, ...]:
@@ -181,3 +191,24 @@ def remember_checked(cu_q: Any, cu_k: Any, lengths: tuple) -> None:
         except (StopIteration, KeyError, RuntimeError):
             pass
     _CHECKED[(id(cu_q), id(cu_k), lengths)] = (weakref.ref(cu_q), weakref.ref(cu_k), _offsets_state(cu_q, cu_k))
+
+
+def packed_lengths(q, k, max_seqlen_q, max_seqlen_k) -> tuple | None:
+    """What a packed call's offsets are checked against: (max_seqlen_q, max_seqlen_k, total_q, total_k); None
+    for inputs without a packed shape (the full path names them)."""
+    try:
+        return max_seqlen_q, max_seqlen_k, q.shape[0], k.shape[0]
+    except (AttributeError, IndexError, TypeError):
+        return None
+
+
+def checking_offsets_once(run: Callable[[bool], Any], q, k, cu_q, cu_k, max_seqlen_q, max_seqlen_k) -> Any:
+    """run(check_indices) for a packed call: check_indices False where this cu_seqlens pair was checked against the
+    call's lengths before and is unchanged (offsets_checked); a pair whose values pass is recorded (run raises
+    otherwise), so that later layers skip the read."""
+    lengths = packed_lengths(q, k, max_seqlen_q, max_seqlen_k)
+    checked = offsets_checked(cu_q, cu_k, lengths)
+    result = run(not checked)
+    if not checked:
+        remember_checked(cu_q, cu_k, lengths)
+    return result

@@ -74,14 +74,10 @@ def varlen(q: Any, k: Any, v: Any, cu_seqlens_q: Any, cu_seqlens_k: Any, max_seq
     arrays = (q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
     if not is_torch(q):
         return attention_varlen(*arrays, **kw)
-    from .. import torch_direct
-    from ..torch import packed_lengths
-    lengths = packed_lengths(q, k, max_seqlen_q, max_seqlen_k)
-    checked = torch_direct.offsets_checked(cu_seqlens_q, cu_seqlens_k, lengths)   # by an earlier layer
-    result = _torch_call(attention_varlen, arrays, check_indices=not checked, **kw)
-    if not checked:
-        torch_direct.remember_checked(cu_seqlens_q, cu_seqlens_k, lengths)
-    return result
+    from .. import torch_direct   # an earlier layer's check of the same offsets holds
+    return torch_direct.checking_offsets_once(
+        lambda check: _torch_call(attention_varlen, arrays, check_indices=check, **kw),
+        q, k, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
 
 
 def kvcache(q: Any, k_cache: Any, v_cache: Any, *, cache_seqlens: Any, block_table: Any, k_new: Any, v_new: Any,
