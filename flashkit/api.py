@@ -31,7 +31,7 @@ def attention(q: Any, k: Any, v: Any, *, causal: bool = False, softmax_scale: fl
               fp8: bool = False, q_scale: Any = None, k_scale: Any = None, v_scale: Any = None,
               out_dtype: str | None = None, out: Any = None, fp8_options: dict | None = None,
               window_size: tuple[int, int] | None = None, softcap: float = 0.0, alibi_slopes: Any = None,
-              attention_chunk: int = 0, mod: str | None = None, mod_args: dict | None = None):
+              attention_chunk: int = 0, mod: Any = None, mod_args: dict | None = None):
     """softmax(scale * q k^T [masked]) v for (batch, seqlen, heads, head_dim) CUDA arrays.
 
     v (and out) may have a head dim of its own, head_dim_v (DeepSeek's MLA: q, k 192, v 128); the output is
@@ -42,7 +42,8 @@ def attention(q: Any, k: Any, v: Any, *, causal: bool = False, softmax_scale: fl
     follow flash-attn (flashkit.features.mods).
 
     mod names a drop-in functor (score_mod / mask_mod in a mods/*.cu file; docs/functors.md), mod_args its
-    arguments by the names its manifest declares.
+    arguments by the names its manifest declares; or mod is a flashkit.ModMask (a mask_mod with its arguments,
+    its tiles classified once and reused).
 
     fp8=True quantizes q, k, v with flashkit.features.fp8.quantize_qkv(**fp8_options): block, hadamard, seed.
 
@@ -57,16 +58,18 @@ def attention(q: Any, k: Any, v: Any, *, causal: bool = False, softmax_scale: fl
     scales = (q_scale, k_scale, v_scale)
     prequantized = any(s is not None for s in scales)
     keyed_scales = scales if prequantized else ()
-    functor_key = None
+    functor_key = snapshot = None
     if mod is not None or mod_args is not None:
         from .features.functors import functor_signature
+        from .features.mod_mask import unwrap_mod
+        mod, mod_args, snapshot = unwrap_mod(mod, mod_args)   # a ModMask: its functor, arguments and tiles
         functor_key = functor_signature(mod, mod_args)
     key = _forward_key(q, k, v, out, causal, softmax_scale, variant, return_lse, block_mask, out_dtype, window_size,
                        softcap, attention_chunk, alibi_slopes, keyed_scales, functor_key) if (
         not fp8 and fp8_options is None and (functor_key is not None or (mod is None and mod_args is None))) else None
     if key is not None and (cached := CALLS.get(key)) is not None:   # this signature validated and selected before
         if functor_key is not None:
-            return cached(q, k, v, out, per_call_pointers(alibi_slopes, keyed_scales), mod_args)
+            return cached(q, k, v, out, per_call_pointers(alibi_slopes, keyed_scales), mod_args, snapshot)
         if alibi_slopes is None and not prequantized:
             return cached(q, k, v, out)
         return cached(q, k, v, out, per_call_pointers(alibi_slopes, keyed_scales))
@@ -89,6 +92,7 @@ def attention(q: Any, k: Any, v: Any, *, causal: bool = False, softmax_scale: fl
         if mod is None:
             raise InputError("mod_args: given without mod (the functor they belong to)")
         functor = bind_functor(mod, mod_args, problem, mods, q_meta.device)
+        functor.snapshot = snapshot
     if fp8 and problem.dtype == "float32":
         raise InputError("fp8: quantizing needs float16 or bfloat16 inputs, got float32")
     if block_mask is not None:
@@ -158,11 +162,12 @@ def run(spec: KernelSpec, problem: Problem, causal: bool, io: LaunchInputs, bloc
             loaded = build_module(spec, config, cc)
         except CompileError as e:
             raise functor.compile_error(e) from None
-        tiles = functor.tile_fields(problem, config.launch_dict, cupy_module())
+        key = functor.tiles_key("forward", spec.name, config, problem)
+        tiles = functor.tile_fields(problem, config.launch_dict, cupy_module(), key)
         io = replace(io, extras=merge_fields(io.extras, {"mods": tiles}))
         prepared = prepare_launch(spec, loaded, config, problem, io, variable)
-        functor.launch = functor.launcher(loaded, problem, config.launch_dict)
-        functor.launch.classify(prepared.params)
+        functor.launch = functor.launcher(loaded, problem, config.launch_dict, key)
+        functor.classify(prepared.params)   # a mask_mod's tiles (unless a ModMask holds them), then the attention
     prepared(io.q, io.k, io.v, io.out, io.lse)
     return prepared
 
@@ -188,10 +193,12 @@ class _CachedFunctorForward(_CachedForward):
         super().__init__(prepared, out_shape, out_storage, lse_shape, block_mask)
         self.functor = functor
 
-    def __call__(self, q, k, v, out, extra: tuple[int, ...], mod_args: dict | None):
-        keep: list = []   # the tile buffers, alive until the launches are queued
-        extra = extra + self.functor.pointers(mod_args or {}, cupy_module(), keep)
-        self.functor.classify(self.prepared.params, extra)   # a mask_mod's tiles, before the attention
+    def __call__(self, q, k, v, out, extra: tuple[int, ...], mod_args: dict | None, snapshot: Any = None):
+        keep: list = []   # new tile buffers, alive until the launches are queued
+        # the arguments' addresses and a mask_mod's tiles: classified here, before the attention, unless the
+        # snapshot (a ModMask) holds them
+        extra = extra + self.functor.prepare(self.prepared.params, mod_args or {}, cupy_module(), keep, extra,
+                                             snapshot)
         return self.launch(q, k, v, out, extra)
 
 

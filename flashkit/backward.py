@@ -29,7 +29,7 @@ def attention_backward(dout: Any, q: Any, k: Any, v: Any, out: Any, lse: Any, *,
                        softmax_scale: float | None = None, deterministic: bool = False,
                        variant: str | None = None, window_size: tuple[int, int] | None = None,
                        softcap: float = 0.0, alibi_slopes: Any = None, attention_chunk: int = 0,
-                       block_mask: Any = None, mod: str | None = None, mod_args: dict | None = None):
+                       block_mask: Any = None, mod: Any = None, mod_args: dict | None = None):
     """(dq, dk, dv) of out = attention(q, k, v, causal=..., softmax_scale=..., window_size=..., softcap=...,
     alibi_slopes=..., attention_chunk=..., block_mask=..., mod=..., mod_args=...) for the upstream gradient dout.
 
@@ -37,8 +37,9 @@ def attention_backward(dout: Any, q: Any, k: Any, v: Any, out: Any, lse: Any, *,
     are summed over each kv head's group of query heads (GQA/MQA). deterministic=True makes every
     gradient bit-identical run to run (dQ's per-key-block sums are added in a fixed order). The
     modifications take the forward's values (flashkit.features.mods); the slopes get no gradient.
-    block_mask (a flashkit.BlockMask) and a drop-in functor's mask_mod (mod, mod_args: docs/functors.md) are
-    walked as the forward walked them: only the tiles they keep are visited (features/bwd_lists.py). A score_mod
+    block_mask (a flashkit.BlockMask) and a drop-in functor's mask_mod (mod, mod_args: docs/functors.md; or mod a
+    flashkit.ModMask, whose lists are built once and kept) are walked as the forward walked them: only the tiles
+    they keep are visited (features/bwd_lists.py). A score_mod
     functor has no backward (its gradient needs the function's derivative): UnsupportedError.
     Returns CuPy arrays shaped like q, k, v.
     """
@@ -138,9 +139,12 @@ def _bind_backward_functor(mod: Any, mod_args: Any, problem: Problem, mods: Mods
     if mod is None and mod_args is None:
         return None
     from .features.functors import bind_functor
+    from .features.mod_mask import unwrap_mod
     if mod is None:
         raise InputError("mod_args: given without mod (the functor they belong to)")
+    mod, mod_args, snapshot = unwrap_mod(mod, mod_args)
     functor = bind_functor(mod, mod_args, problem, mods, device)
+    functor.snapshot = snapshot
     if functor.spec.score:
         raise UnsupportedError(f"mod: {mod!r} has a score_mod, which has no backward (its gradient needs the "
                                "function's derivative); mask_mod functors have one")
@@ -268,18 +272,25 @@ def _launch_listed(spec, cc, config, problem: Problem, io: LaunchInputs, causal:
     cupy = cupy_module()
     launch_cfg = config.launch_dict
     batch, heads = functor.mask_rows(problem) if functor is not None else block_mask.shape[:2]
-    lists = VisitLists.allocate(geometry(problem, launch_cfg, batch, heads), cupy)
+    # A ModMask keeps the lists of its first call of this geometry (features/mod_mask.py)
+    snapshot = functor.snapshot if functor is not None else None
+    key = functor.tiles_key("backward", spec.name, config, problem) if snapshot is not None else None
+    held = snapshot.held(key) if snapshot is not None else None
+    lists = held if held is not None else VisitLists.allocate(geometry(problem, launch_cfg, batch, heads), cupy)
     extras = merge_fields(io.extras, lists.fields())
     if functor is not None:
         extras = merge_fields(extras, functor.kernel_fields(problem, to_cupy))   # ModArgs (a mask_mod: no scale)
     io = replace(io, extras=extras)
     prepared = prepare_launch(spec, loaded, config, problem, io)
-    block = prepared.params.fill(*(0,) * len(POINTER_FIELDS))   # the list passes read no array of the attention
-    if functor is not None:
-        lists.classify(loaded.aux, block)
-    else:
-        lists.block_mask_states(block_mask, problem, launch_cfg, causal, cupy)
-    lists.compact(loaded.aux, block)
+    if held is None:
+        block = prepared.params.fill(*(0,) * len(POINTER_FIELDS))   # the list passes read no array of the attention
+        if functor is not None:
+            lists.classify(loaded.aux, block)
+        else:
+            lists.block_mask_states(block_mask, problem, launch_cfg, causal, cupy)
+        lists.compact(loaded.aux, block)
+        if snapshot is not None:
+            snapshot.hold(key, lists)
     prepared(io.q, io.k, io.v, io.out, io.lse)
 
 

@@ -4,8 +4,9 @@ interleaved call by call, so that its ratios hold under one clock.
 
 relative_bias (a drop-in ALiBi) against the built-in alibi_slopes on the same kernel, and against flex_attention with
 the same score_mod (compiled); document and prefix_lm masks against flex with the same mask_mod (its block mask
-built once, outside the timing; flashkit classifies its tiles inside every call), and the document mask's backward
-(attention_backward over its lists) against the dense causal backward and flex's. TFLOP/s count every (query, key)
+built once, outside the timing; flashkit classifies its tiles inside every call by name, once with a
+flashkit.ModMask), and the document mask's backward (attention_backward over its lists, by name and with the
+ModMask) against the dense causal backward and flex's. TFLOP/s count every (query, key)
 pair of the dense problem (halved when causal), so that the rows compare times. The first call of a new functor
 (a fresh cubin cache: NVRTC compile, load, launch) and the next call are timed on the host.
 """
@@ -69,7 +70,9 @@ def main(argv: list[str] | None = None) -> dict:
                                                 variant=variant)),
                 ("flex", flex.get(f"{tag}alibi") if variant == "fa3" else None)])
         interleaved(f"{tag}plain", causal, [("flashkit", fk(causal=causal))])
+    doc_mask = flashkit.ModMask("document", {"doc_ids": doc})   # classified once, as flex's block mask is built
     interleaved("causal document", True, [("flashkit", fk(causal=True, mod="document", mod_args={"doc_ids": doc})),
+                                          ("flashkit ModMask", fk(causal=True, mod=doc_mask)),
                                           ("flex", flex.get("causal document"))])
     interleaved("prefix_lm", True, [("flashkit", fk(mod="prefix_lm", mod_args={"prefix": prefix})),
                                     ("flex", flex.get("prefix_lm"))])
@@ -82,10 +85,13 @@ def main(argv: list[str] | None = None) -> dict:
     out_c, lse_c = flashkit.attention(q0, k0, v0, causal=True, return_lse=True)
     interleaved("causal document backward", True, [
         ("flashkit", lambda i: flashkit.attention_backward(dout, q0, k0, v0, out_doc, lse_doc, **doc_kw)),
+        ("flashkit ModMask", lambda i: flashkit.attention_backward(dout, q0, k0, v0, out_doc, lse_doc, causal=True,
+                                                                   mod=doc_mask)),
         ("flashkit causal, no mask", lambda i: flashkit.attention_backward(dout, q0, k0, v0, out_c, lse_c,
                                                                            causal=True)),
         ("flex", flex.get("causal document backward"))], flop_factor=BACKWARD_FLOPS)
     for name, kw in (("causal document", dict(causal=True, mod="document", mod_args={"doc_ids": doc})),
+                     ("causal document ModMask", dict(causal=True, mod=doc_mask)),
                      ("causal relative_bias", dict(causal=True, mod="relative_bias", mod_args={"slopes": slopes})),
                      ("causal alibi", dict(causal=True, alibi_slopes=slopes)), ("causal plain", dict(causal=True))):
         cupy.cuda.runtime.deviceSynchronize()

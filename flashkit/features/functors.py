@@ -23,7 +23,7 @@ from ..call.arrays import describe
 from ..call.validate import Problem, check_device, check_on_gpu
 from ..errors import CompileError, InputError
 from ..registry.functor_manifest import ARG_SLOTS, INT32_MAX, INT32_MIN, ModArg, ModSpec
-from ..runtime.call_cache import arrays_signature
+from ..runtime.call_cache import arrays_signature, current_device
 from ..runtime.launch import POINTER_FIELDS
 from .mods import Mods
 
@@ -43,7 +43,10 @@ class BoundFunctor:
     spec: ModSpec
     values: dict[str, Any]                        # argument name -> int, float or the caller's array
     build_key: str                                # "<path>@<sha256>": BuildConfig.functor
+    mods: Mods = Mods()                           # the call's built-in modifications (they shape the tiles)
+    snapshot: Any = None                          # a features/mod_mask.ModMask keeping classified tiles, or None
     keep: list = field(default_factory=list)      # device arrays alive until the launch is queued
+    tiles: tuple = ()                             # tile_fields' (key, buffers, held by the snapshot)
     launch: "FunctorLaunch | None" = None         # set by api.run once built: what a cached call redoes
 
     @property
@@ -92,18 +95,39 @@ class BoundFunctor:
         return tuple(f"mods.args.ptr[{a.slot}]" for a in self.spec.args if a.kind == "pointer") + (
             TILE_BUFFERS if self.spec.mask else ())
 
-    def tile_fields(self, problem: Problem, launch: dict[str, int], cupy) -> dict:
-        """mask_mod's tile geometry and buffers, allocated (the classifier fills them on the GPU); {} without one."""
+    def tiles_key(self, direction: str, variant: str, config, problem: Problem) -> tuple:
+        """What a mask_mod's classification depends on beside its arguments: the direction (forward and backward
+        tiles differ), the variant and build (tile sizes, causal), the problem, the built-in modifications (window,
+        chunk) and the device; a ModMask keeps its classifications under it."""
+        return (direction, variant, config, problem, self.mods, current_device())
+
+    def tile_fields(self, problem: Problem, launch: dict[str, int], cupy, key: tuple) -> dict:
+        """mask_mod's tile geometry and buffers ({} without one): the snapshot's classified ones under key, else
+        new ones (FunctorLaunch.classify fills them)."""
         if not self.spec.mask:
             return {}
         geo = self.tile_geometry(problem, launch)
-        buffers = tile_buffers(geo, cupy)
+        held = self.snapshot.held(key) if self.snapshot is not None else None
+        buffers = tile_buffers(geo, cupy) if held is None else held
+        self.tiles = (key, buffers, held is not None)
         self.keep += buffers
         return {**geo, **{name: b.data.ptr for name, b in zip(TILE_FIELDS, buffers)}}
 
-    def launcher(self, loaded, problem: Problem, launch: dict[str, int]) -> "FunctorLaunch":
+    def classify(self, params) -> None:
+        """The full path's classification of its tile_fields (launch: set), unless a snapshot held them; a
+        snapshot keeps the new ones."""
+        if not self.spec.mask:
+            return
+        key, buffers, held = self.tiles
+        if held:
+            return
+        self.launch.classify(params)
+        if self.snapshot is not None:
+            self.snapshot.hold(key, buffers)
+
+    def launcher(self, loaded, problem: Problem, launch: dict[str, int], key: tuple) -> "FunctorLaunch":
         """What a call of this functor redoes per call, on the build `loaded` (its classify / compact entries)."""
-        return FunctorLaunch(self.spec, loaded, self.tile_geometry(problem, launch) if self.spec.mask else {})
+        return FunctorLaunch(self.spec, loaded, self.tile_geometry(problem, launch) if self.spec.mask else {}, key)
 
     def compile_error(self, error: CompileError) -> CompileError:
         """NVRTC's log as one error whose first line names the functor's file and line (or the first error)."""
@@ -130,16 +154,27 @@ class FunctorLaunch:
     spec: ModSpec
     loaded: Any                 # the build: its flashkit_functor_classify / _compact entries
     geometry: dict[str, int]    # tile_geometry ({} without a mask_mod)
+    key: tuple = ()             # BoundFunctor.tiles_key: where a ModMask keeps this launch's classification
 
-    def pointers(self, mod_args: dict, cupy, keep: list) -> tuple[int, ...]:
+    def prepare(self, params, mod_args: dict, cupy, keep: list, extra: tuple[int, ...] = (),
+                snapshot: Any = None) -> tuple[int, ...]:
         """BoundFunctor.variable_fields' values for a call whose mod_args are CuPy arrays and scalars (a cached
-        signature's); the tile buffers are new, held in keep until the launch is queued."""
+        signature's), after extra (the call's other variable fields): the arrays' addresses, then a mask_mod's tile
+        buffers, the snapshot's (a ModMask) where it holds this launch's, else new ones (held in keep until the
+        launch is queued) classified now and, with a snapshot, kept by it."""
         ptrs = tuple(mod_args[a.name].data.ptr for a in self.spec.args if a.kind == "pointer")
         if not self.spec.mask:
             return ptrs
+        held = snapshot.held(self.key) if snapshot is not None else None
+        if held is not None:
+            return ptrs + tuple(b.data.ptr for b in held)
         buffers = tile_buffers(self.geometry, cupy)
         keep += buffers
-        return ptrs + tuple(b.data.ptr for b in buffers)
+        ptrs += tuple(b.data.ptr for b in buffers)
+        self.classify(params, extra + ptrs)
+        if snapshot is not None:
+            snapshot.hold(self.key, buffers)
+        return ptrs
 
     def classify(self, params, extra: tuple[int, ...] = ()) -> None:
         """Launch the tile classifier and the compaction (functor.cuh) on the current stream, before the attention;
@@ -220,7 +255,7 @@ def bind_functor(mod: Any, mod_args: Any, problem: Problem, mods: Mods, device: 
                  catalogue=None) -> BoundFunctor:
     """Look the functor up and check mod_args against its manifest (InputError naming the argument)."""
     if not isinstance(mod, str):
-        raise InputError(f"mod: expected a functor name (str), got {type(mod).__name__}")
+        raise InputError(f"mod: expected a functor name (str) or a flashkit.ModMask, got {type(mod).__name__}")
     if catalogue is None:
         from ..registry import discover_kernels
         catalogue = discover_kernels()
@@ -247,7 +282,7 @@ def bind_functor(mod: Any, mod_args: Any, problem: Problem, mods: Mods, device: 
             values[arg.name] = arg.default
             continue
         values[arg.name] = check_arg(arg, mod_args[arg.name], problem, device)
-    return BoundFunctor(spec, values, build_key(spec))
+    return BoundFunctor(spec, values, build_key(spec), mods)
 
 
 def _kind_words(arg: ModArg) -> str:
