@@ -387,7 +387,7 @@ def _dispatch(op, eager: type, impl: _Implementations, *inputs) -> tuple[torch.T
 
 
 def attention_with_lse(q, k, v, causal, softmax_scale, deterministic, *mods) -> tuple[torch.Tensor, torch.Tensor]:
-    """(out, lse) of the dense pair, differentiable in out (mods: the ops' trailing arguments, mod_args)."""
+    """(out, lse) of the dense pair, differentiable in out (mods: the ops' trailing arguments, op_mod_args)."""
     return _dispatch(attention_fwd, _EagerAttention, _DENSE, q, k, v, causal, softmax_scale, deterministic, *mods)
 
 
@@ -398,7 +398,7 @@ def attention_varlen_with_lse(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
                      max_seqlen_q, max_seqlen_k, causal, softmax_scale, deterministic, *mods)
 
 
-def mod_args(window_size: tuple[int, int] | None = None, softcap: float = 0.0,
+def op_mod_args(window_size: tuple[int, int] | None = None, softcap: float = 0.0,
              alibi_slopes: torch.Tensor | None = None, attention_chunk: int = 0) -> tuple:
     """flashkit's modification keywords as the ops' trailing arguments (window (-1, -1): none; a window that is
     no pair of ints, or a bad chunk, is named by the forward's checks)."""
@@ -410,14 +410,24 @@ def mod_args(window_size: tuple[int, int] | None = None, softcap: float = 0.0,
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool = False,
               softmax_scale: float | None = None, deterministic: bool = False,
               window_size: tuple[int, int] | None = None, softcap: float = 0.0,
-              alibi_slopes: torch.Tensor | None = None, attention_chunk: int = 0) -> torch.Tensor:
+              alibi_slopes: torch.Tensor | None = None, attention_chunk: int = 0, block_mask=None, mod=None,
+              mod_args: dict | None = None) -> torch.Tensor:
     """softmax(scale q k^T [causal, modified]) v for (batch, seqlen, heads, head_dim) CUDA tensors; differentiable,
     the modifications (window_size, softcap, alibi_slopes, attention_chunk: flashkit.attention's) included.
 
+    block_mask (a flashkit.BlockMask) and mod / mod_args (a drop-in functor by name with its arguments, torch
+    tensors or scalars, or a flashkit.ModMask: docs/functors.md) are flashkit.attention's too; those calls run
+    eagerly (a graph break under torch.compile: torch_masked.py), and a score_mod functor has no gradient.
+
     v may have a head dim of its own (head_dim_v, forward only: a call that needs a gradient raises)."""
     check_gradient_head_dims(q, k, v)
+    if block_mask is not None or mod is not None or mod_args is not None:
+        from .torch_masked import masked_attention
+        return masked_attention(q, k, v, deterministic, causal=causal, softmax_scale=softmax_scale,
+                                window_size=window_size, softcap=softcap, alibi_slopes=alibi_slopes,
+                                attention_chunk=attention_chunk, block_mask=block_mask, mod=mod, mod_args=mod_args)
     return attention_with_lse(q, k, v, causal, softmax_scale, deterministic,
-                              *mod_args(window_size, softcap, alibi_slopes, attention_chunk))[0]
+                              *op_mod_args(window_size, softcap, alibi_slopes, attention_chunk))[0]
 
 
 def attention_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q: torch.Tensor,
@@ -430,7 +440,7 @@ def attention_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqle
     check_gradient_head_dims(q, k, v)
     return attention_varlen_with_lse(q, k, v, cu_seqlens_q, cu_seqlens_k, int(max_seqlen_q), int(max_seqlen_k),
                                      causal, softmax_scale, deterministic,
-                                     *mod_args(window_size, softcap, alibi_slopes, attention_chunk))[0]
+                                     *op_mod_args(window_size, softcap, alibi_slopes, attention_chunk))[0]
 
 
 def check_gradient_head_dims(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:

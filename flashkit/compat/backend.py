@@ -49,7 +49,7 @@ def dense(q: Any, k: Any, v: Any, *, causal: bool, softmax_scale: float | None, 
         from .. import torch as fk_torch   # defines torch.ops.flashkit.*
         fk_torch.check_gradient_head_dims(q, k, v)
         out, lse = fk_torch.attention_with_lse(q, k, v, causal, softmax_scale, deterministic,
-                                               *fk_torch.mod_args(window_size, softcap, alibi_slopes))
+                                               *fk_torch.op_mod_args(window_size, softcap, alibi_slopes))
         return (out, lse) if return_lse else out
     return _torch_call(attention, (q, k, v), causal=causal, softmax_scale=softmax_scale, return_lse=return_lse,
                        window_size=window_size, softcap=softcap, alibi_slopes=alibi_slopes)
@@ -67,7 +67,7 @@ def varlen(q: Any, k: Any, v: Any, cu_seqlens_q: Any, cu_seqlens_k: Any, max_seq
         fk_torch.check_gradient_head_dims(q, k, v)
         out, lse = fk_torch.attention_varlen_with_lse(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
                                                       max_seqlen_k, causal, softmax_scale, deterministic,
-                                                      *fk_torch.mod_args(window_size, softcap, alibi_slopes))
+                                                      *fk_torch.op_mod_args(window_size, softcap, alibi_slopes))
         return (out, lse) if return_lse else out
     kw = dict(causal=causal, softmax_scale=softmax_scale, return_lse=return_lse, window_size=window_size,
               softcap=softcap, alibi_slopes=alibi_slopes)
