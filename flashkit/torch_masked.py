@@ -18,6 +18,7 @@ import torch
 from .api import attention as _attention
 from .backward import attention_backward as _attention_backward
 from .errors import UnsupportedError
+from .torch_views import _as_torch, _on_torch_stream_and_allocator, cupy_views
 
 
 def wants_gradient(*tensors: torch.Tensor) -> bool:
@@ -45,7 +46,6 @@ class _MaskedAttention(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, q, k, v, deterministic: bool, call: dict):
-        from .torch import _as_torch, _on_torch_stream_and_allocator, cupy_views
         with _on_torch_stream_and_allocator():
             views = cupy_views((q.detach(), k.detach(), v.detach()))
             kw = _device_keywords(call)
@@ -61,7 +61,6 @@ class _MaskedAttention(torch.autograd.Function):
     def backward(ctx, dout):
         if dout is None:   # out took no part in what is differentiated
             return None, None, None, None, None
-        from .torch import _as_torch, _on_torch_stream_and_allocator, cupy_views
         ctx.saved_tensors   # raises if an input was modified in place since the forward
         if dout.stride(-1) != 1:
             dout = dout.contiguous()
@@ -73,7 +72,6 @@ class _MaskedAttention(torch.autograd.Function):
 
 def _device_keywords(call: dict) -> dict:
     """call with torch tensors (the slopes, mod_args' arrays) as CuPy views (under torch's stream and allocator)."""
-    from .torch import cupy_views
     kw = dict(call)
     if isinstance(kw.get("alibi_slopes"), torch.Tensor):
         kw["alibi_slopes"] = cupy_views((kw["alibi_slopes"].detach(),))[0]
