@@ -145,9 +145,9 @@ def _bind_backward_functor(mod: Any, mod_args: Any, problem: Problem, mods: Mods
     mod, mod_args, snapshot = unwrap_mod(mod, mod_args)
     functor = bind_functor(mod, mod_args, problem, mods, device)
     functor.snapshot = snapshot
-    if functor.spec.score:
-        raise UnsupportedError(f"mod: {mod!r} has a score_mod, which has no backward (its gradient needs the "
-                               "function's derivative); mask_mod functors have one")
+    if functor.spec.score and not functor.spec.score_grad:
+        raise UnsupportedError(f"mod: {mod!r} has a score_mod without score_mod_grad, its derivative, which the "
+                               "backward needs (docs/functors.md); mask_mod functors need none")
     if block_mask is not None:
         raise InputError("block_mask: cannot be combined with mod (fold the blocks into the functor's mask_mod)")
     return functor
@@ -234,8 +234,16 @@ def _launch_backward(spec, cc, problem: Problem, causal: bool, deterministic: bo
     keep: list = []   # the slopes' CuPy view, alive until the launch is queued
     extras = {**(extras or {}), **mod_launch_fields(mods, problem, alibi_slopes, keep), "bwd": bwd}
     io = LaunchInputs(qc, kc, vc, oc, lsec, extras=extras, map_arrays={"dout": doc}, map_fields={"dout": "bwd.dout"})
-    if block_mask is not None or functor is not None:
+    if block_mask is not None or (functor is not None and functor.spec.mask):
         _launch_listed(spec, cc, config, problem, io, causal, block_mask, functor)
+        prepared = None
+    elif functor is not None:   # a score_mod alone: the dense walk, the functor built in (not cached: no key)
+        io = replace(io, extras=merge_fields(io.extras, functor.kernel_fields(problem, to_cupy)))
+        try:
+            loaded = build_module(spec, config, cc)
+        except CompileError as e:
+            raise functor.compile_error(e) from None
+        prepare_launch(spec, loaded, config, problem, io)(io.q, io.k, io.v, io.out, io.lse)
         prepared = None
     else:
         prepared = prepare_launch(spec, build_module(spec, config, cc), config, problem, io,

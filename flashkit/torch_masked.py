@@ -5,8 +5,8 @@ A flashkit.BlockMask, a functor's name with its mod_args (torch tensors or scala
 Python objects, which torch.library's op schemas cannot carry, so these calls run as one torch.autograd.Function
 (eager; under torch.compile a graph break, torch.compiler.disable). Its launches are flashkit.attention's and
 attention_backward's, on torch's current stream and through torch's caching allocator, as the custom ops' are.
-A functor with a score_mod has no backward: a call that would need its gradient raises UnsupportedError before
-the forward runs (under torch.no_grad, or on tensors that need no gradient, it runs).
+A functor with a score_mod needs its derivative (score_mod_grad) for a gradient: without one, a call that would
+need its gradient raises UnsupportedError before the forward runs (under torch.no_grad it runs).
 """
 
 from __future__ import annotations
@@ -27,17 +27,17 @@ def wants_gradient(*tensors: torch.Tensor) -> bool:
 
 
 def check_score_mod_gradient(mod: Any, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
-    """UnsupportedError before the forward when a gradient would flow through a score_mod functor."""
+    """UnsupportedError before the forward when a gradient would flow through a score_mod without its derivative."""
     from .features.mod_mask import ModMask
     from .registry import discover_kernels
     name = mod.mod if type(mod) is ModMask else mod
     if type(name) is not str or not wants_gradient(q, k, v):
         return
     spec = discover_kernels().mods.get(name)
-    if spec is not None and spec.score:
-        raise UnsupportedError(f"mod: {name!r} has a score_mod, which has no backward (its gradient needs the "
-                               "function's derivative); run it under torch.no_grad() or on tensors that need no "
-                               "gradient (mask_mod functors have one)")
+    if spec is not None and spec.score and not spec.score_grad:
+        raise UnsupportedError(f"mod: {name!r} has a score_mod without score_mod_grad, its derivative, which the "
+                               "backward needs (docs/functors.md); run it under torch.no_grad() or on tensors that "
+                               "need no gradient")
 
 
 class _MaskedAttention(torch.autograd.Function):

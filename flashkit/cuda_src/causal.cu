@@ -46,5 +46,5 @@ extern "C" __global__ void __launch_bounds__(KernelTraits::kThreads)
     const int m_block = gridDim.x - 1 - blockIdx.x;   // heaviest (last) query block first
     const int head = blockIdx.y;
     const int batch = blockIdx.z;
-    flashkit::fwd_query_block<KernelTraits, FwdMask, flashkit::FwdScoreMod>(params, m_block, head, batch);
+    flashkit::fwd_query_block<KernelTraits, FwdMask, flashkit::KernelScoreMod>(params, m_block, head, batch);
 }

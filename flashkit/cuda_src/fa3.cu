@@ -65,5 +65,5 @@ extern "C" __global__ void __launch_bounds__(Traits::kThreads, 1)
                      const __grid_constant__ flashkit::hopper::TensorMap v_map,
                      const __grid_constant__ flashkit::hopper::TensorMap o_map) {
     typedef flashkit::hopper::ScheduledTiles<FwdMask, Traits::kBlockM, FLASHKIT_CAUSAL != 0, FLASHKIT_VARLEN != 0> Tiles;
-    flashkit::hopper::ws_forward_tiles<Traits, flashkit::FwdScoreMod>({q_map, k_map, v_map, o_map}, Tiles{params});
+    flashkit::hopper::ws_forward_tiles<Traits, flashkit::KernelScoreMod>({q_map, k_map, v_map, o_map}, Tiles{params});
 }

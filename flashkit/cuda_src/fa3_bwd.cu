@@ -6,7 +6,7 @@ arch: {min: "9.0", max: "9.0", targets: {"9.0": sm_90a}}
 dtypes: [float16, bfloat16]
 head_dims: {min: 8, max: 256, multiple_of: 8, classes: [64, 128, 256]}
 features: {causal: true, block_sparse: true, fp8: false, backward: true, lse: false, gqa: true,
-           window: true, softcap: true, alibi: true, mask_mod: true}
+           window: true, softcap: true, alibi: true, mask_mod: true, score_mod: true}
 requires: {backward: true}
 # Verified on the H100 (GPU tier and verify --backward, 2026-11-23). Measured in one run (BENCHMARKS.md):
 # 1.6x fa2_bwd's TFLOP/s at hd128 and 1.1x at hd64, so it outranks fa2_bwd on sm_90.
@@ -16,14 +16,17 @@ launch: {grid: [q_blocks, kv_tiles, q_blocks], block_m: 64, block_n: 128, warps:
 # hd256: key blocks of 64, the consumers split dK, dV and dQ by head-dim columns (bwd_traits.cuh).
 # Causal: key blocks heaviest first in groups of (batch, kv head) pairs the host sizes per call by simulating the
 # schedule (hopper/bwd_launch_order.cuh, runtime/bwd_order.py): hd128 GQA b8 s2048 h8/2 0.655x -> 1.00x cuDNN.
-# A modification at hd64 (window, softcap, ALiBi) needs the 240 registers of two consumers (three spill); softcap
+# A modification at hd64 (window, softcap, ALiBi, a score_mod functor) needs the 240 registers of two consumers
+# (three spill); softcap
 # with ALiBi at hd128 the column split of 64-key blocks (ALiBi undone for softcap's slope spills 32-44 B at 128).
 # A block mask (its blocks are multiples of 128 keys) or a mask_mod at hd64: key blocks of 128 on two consumers; a
-# mask_mod at hd128 the column split of 64-key blocks (the split by keys spills 16-24 B with its evaluation).
+# mask_mod at hd128 the column split of 64-key blocks (the split by keys spills 16-24 B with its evaluation); a
+# score_mod functor at hd128 too (its slope beside dS spilled 80 B on 128-key blocks).
 overrides: {"hd64": {block_n: 192, warps: 16}, "hd256": {block_n: 64}, "hd64/window": {block_n: 128, warps: 12},
             "hd64/softcap": {block_n: 128, warps: 12}, "hd64/alibi": {block_n: 128, warps: 12},
             "hd64/block_sparse": {block_n: 128, warps: 12}, "hd64/mask_mod": {block_n: 128, warps: 12},
-            "hd128/mask_mod": {block_n: 64},
+            "hd64/score_mod": {block_n: 128, warps: 12},
+            "hd128/mask_mod": {block_n: 64}, "hd128/score_mod": {block_n: 64},
             "hd128/alibi+softcap": {block_n: 64}}
 tensor_maps: {q: block_m, k: block_n, v: block_n, dout: block_m}   # box rows
 workspace: dq_accum
@@ -83,8 +86,8 @@ extern "C" __global__ void __launch_bounds__(Traits::kThreads) flashkit_fa3_bwd_
 extern "C" __global__ void __launch_bounds__(Traits::kThreads, 1) flashkit_fa3_bwd_main(FLASHKIT_FA3_BWD_ARGS) {
     const flashkit::hopper::BwdTile tile = flashkit::hopper::bwd_launch_order<FLASHKIT_HEAVIEST_FIRST && FLASHKIT_CAUSAL>(
         params.bwd.order_pairs);
-    flashkit::hopper::ws_backward<Traits, BwdMask, flashkit::BuildScoreMod>(params, {q_map, k_map, v_map, do_map},
-                                                                          tile.n_block, tile.kv_head, tile.batch);
+    flashkit::hopper::ws_backward<Traits, BwdMask, flashkit::KernelScoreMod>(params, {q_map, k_map, v_map, do_map},
+                                                                           tile.n_block, tile.kv_head, tile.batch);
 }
 
 #if FLASHKIT_BLOCK_SPARSE || FLASHKIT_MASK_MOD

@@ -4,7 +4,7 @@
     name: prefix_lm
     kind: modification
     summary: prefix-LM mask (bidirectional over the first prefix keys, causal after)
-    functions: [mask_mod]              # which of score_mod / mask_mod the file defines
+    functions: [mask_mod]              # which of score_mod / score_mod_grad / mask_mod the file defines
     mask_varies: []                    # what mask_mod reads of (batch, head); default both (tiles per (b, h))
     args:                              # passed as attention(..., mod_args={...}); slots by kind, in this order
       prefix: {kind: int}              #   -> args.ints[0]
@@ -27,7 +27,8 @@ from ..runtime.params import MOD_ARG_FLOATS, MOD_ARG_INTS, MOD_ARG_POINTERS
 from .manifest import check_identity
 
 MOD_KIND = "modification"
-FUNCTIONS = ("score_mod", "mask_mod")
+FUNCTIONS = ("score_mod", "score_mod_grad", "mask_mod")   # score_mod_grad: the backward of a score_mod
+KERNEL_FUNCTIONS = ("score_mod", "mask_mod")   # what a variant builds in (its manifest features)
 MASK_DIMS = ("batch", "head")
 ARG_KINDS = ("pointer", "int", "float")
 ARG_SLOTS = {"pointer": MOD_ARG_POINTERS, "int": MOD_ARG_INTS, "float": MOD_ARG_FLOATS}   # ModArgs' arrays
@@ -71,6 +72,22 @@ class ModSpec:
         return "mask_mod" in self.functions
 
     @property
+    def score_grad(self) -> bool:
+        """score_mod's derivative is defined: the functor has a backward."""
+        return "score_mod_grad" in self.functions
+
+    @property
+    def kernel_functions(self) -> tuple[str, ...]:
+        """The manifest features a variant needs to build this functor in."""
+        return tuple(f for f in self.functions if f in KERNEL_FUNCTIONS)
+
+    def builds_into(self, spec) -> bool:
+        """Whether variant spec builds this functor in: its functions among spec's features, and for a backward a
+        score_mod's derivative defined."""
+        return all(spec.supports(f) for f in self.kernel_functions) and (
+            not (spec.features.get("backward") and self.score) or self.score_grad)
+
+    @property
     def reference(self) -> Path | None:
         """The Python reference beside the .cu (same stem, .py), when there is one."""
         ref = self.path.with_suffix(".py")
@@ -97,6 +114,8 @@ def mod_spec_from(path: Path, data: dict) -> ModSpec:
     if (not isinstance(functions, list) or not functions or len(set(functions)) != len(functions)
             or any(f not in FUNCTIONS for f in functions)):
         raise bad("functions", f"a list of {' and/or '.join(FUNCTIONS)}")
+    if "score_mod_grad" in functions and "score_mod" not in functions:
+        raise bad("functions", "score_mod_grad only beside score_mod (it is score_mod's derivative)")
     varies = data.get("mask_varies", list(MASK_DIMS))
     if not isinstance(varies, list) or any(v not in MASK_DIMS for v in varies):
         raise bad("mask_varies", f"a list of {', '.join(MASK_DIMS)} (what mask_mod reads)")

@@ -33,13 +33,14 @@ def poison_pool(arrays) -> None:
 
 
 def judge_gradients(variant: str, label: str, inputs, grads, head_dim: int, causal: bool, dtype: str,
-                    mask=None) -> CheckResult:
+                    mask=None, score_fn=None, score_grad_fn=None) -> CheckResult:
     """The rule on each of dq, dk, dv; the result carries the gradient closest to (or furthest past) its bound.
-    mask: an explicit element mask (a block mask's, a mask_mod's) on top of causal."""
+    mask: an explicit element mask (a block mask's, a mask_mod's) on top of causal; score_fn / score_grad_fn: a
+    score_mod functor's reference and its slope."""
     q, k, v, dout = inputs
-    scale = head_dim ** -0.5
-    refs = reference_backward(q, k, v, dout, scale=scale, causal=causal, mask=mask)
-    plains = plain_backward(q, k, v, dout, scale=scale, dtype=BY_NAME[dtype], causal=causal, mask=mask)
+    kw = dict(scale=head_dim ** -0.5, causal=causal, mask=mask, score_fn=score_fn, score_grad_fn=score_grad_fn)
+    refs = reference_backward(q, k, v, dout, **kw)
+    plains = plain_backward(q, k, v, dout, dtype=BY_NAME[dtype], **kw)
     return judge_each(variant, label, grads, refs, plains, dtype, max(q.shape[1], k.shape[1]))
 
 
@@ -171,40 +172,45 @@ def masked_backward_check(spec: KernelSpec, shape: Shape, head_dim: int, dtype: 
         xp = cupy_module()
         q, k, v = random_qkv(shape, head_dim, dtype, seed)
         dout = xp.random.default_rng(seed + 1).standard_normal(q.shape, dtype=xp.float32).astype(q.dtype)
-        kw, emask = masked_call(kind, name, shape, seed, xp)
+        kw, emask, *score = masked_call(kind, name, shape, seed, xp)
         out, lse = attention(q, k, v, causal=causal, return_lse=True, **kw)
         poison_pool((q, k, v))
         grads = attention_backward(dout, q, k, v, out, lse, causal=causal, variant=spec.name,
                                    deterministic=deterministic, **kw)
-        return judge_gradients(spec.name, label, (q, k, v, dout), grads, head_dim, causal, dtype, mask=emask)
+        return judge_gradients(spec.name, label, (q, k, v, dout), grads, head_dim, causal, dtype, emask, *score)
 
     return Check(spec.name, label, run)
 
 
-def masked_call(kind: str, name: str, shape: Shape, seed: int, xp) -> tuple[dict, object]:
-    """(the attention keywords, the explicit element mask) of a block mask pattern or a mask_mod functor."""
+def masked_call(kind: str, name: str, shape: Shape, seed: int, xp) -> tuple:
+    """(the attention keywords, the explicit element mask or None, then for a functor its reference score_fn and
+    score_grad_fn, or None) of a block mask pattern or a functor (mask_mod, or score_mod with its derivative)."""
     if kind == "block":
         from .block_sparse import _patterns
         block_mask = _patterns()[name](shape, seed)
         return {"block_mask": block_mask}, block_mask.to_element_mask(shape.seqlen_q, shape.seqlen_k)
     from ..registry import discover_kernels
-    from .functors import functor_terms, load_reference, reference_args
+    from .functors import functor_slope, functor_terms, load_reference, reference_args
     mod = discover_kernels().get_mod(name)
     module = load_reference(mod)
     args = reference_args(mod, module, shape, seed, xp)
-    emask, _ = functor_terms(mod, module, shape, args, xp)
-    return {"mod": name, "mod_args": args}, emask
+    emask, score_fn = functor_terms(mod, module, shape, args, xp)
+    return {"mod": name, "mod_args": args}, emask, score_fn, functor_slope(mod, module, shape, args, xp)
 
 
-# Block masks and mask_mod functors through a backward that takes them: the patterns of every kind (banded, strided,
-# random per (batch, head) at 0.5 and 0.0, broadcast), the shipped mask_mod functors; odd shapes, GQA, q != k.
+# Block masks and functors through a backward that takes them: the patterns of every kind (banded, strided, random
+# per (batch, head) at 0.5 and 0.0, broadcast), the shipped functors (mask_mod, and a score_mod with its derivative);
+# odd shapes, GQA, q != k.
 MASKED_SHAPES = (Shape(2, 300, 700, 4, 2), Shape(1, 777, 255, 8, 1), Shape(1, 1000, 1000, 4, 4), Shape(2, 1, 129, 2, 2))
 MASKS = ("block:sliding_window(256)", "block:butterfly", "block:random(0.5)", "block:random(0.0)",
-         "block:random(0.5) broadcast", "mod:document", "mod:prefix_lm")
+         "block:random(0.5) broadcast", "mod:document", "mod:prefix_lm", "mod:relative_bias")
 
 
 def masked_backward_checks(spec: KernelSpec, dtypes, head_dims, causal_opts, quick: bool) -> list[Check]:
-    masks = [m for m in MASKS if spec.supports("block_sparse" if m.startswith("block:") else "mask_mod")]
+    from ..registry import discover_kernels
+    mods = discover_kernels().mods
+    masks = [m for m in MASKS if (spec.supports("block_sparse") if m.startswith("block:")
+                                  else mods[m.split(":", 1)[1]].builds_into(spec))]
     shapes = MASKED_SHAPES[:2] if quick else MASKED_SHAPES
     return [masked_backward_check(spec, s, d, t, c, m)
             for t, d, c, s, m in itertools.product(dtypes, head_dims, causal_opts, shapes, masks)]

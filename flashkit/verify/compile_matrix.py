@@ -90,7 +90,7 @@ def plan_compiles(variants, ccs, dtypes=None, head_dims=None):
 def functor_jobs(mods=None, variants=None, ccs=((8, 0), (9, 0)), dtypes=("bfloat16",), head_dims=(64, 128),
                  causal_opts=(False, True)) -> list:
     """(spec, config, target) jobs building each drop-in functor into each variant that builds its functions in (a
-    backward: mask_mod functors)."""
+    backward: mask_mod functors, and score_mod functors with their score_mod_grad)."""
     from ..features.functors import build_key
     cat = discover_kernels()
     mod_specs = [cat.get_mod(m) for m in mods] if mods else sorted(cat.mods.values(), key=lambda m: m.name)
@@ -100,7 +100,7 @@ def functor_jobs(mods=None, variants=None, ccs=((8, 0), (9, 0)), dtypes=("bfloat
         for spec in specs:
             if not (spec.runs_on(cc) and (spec.supports("score_mod") or spec.supports("mask_mod"))):
                 continue
-            for mod in [m for m in mod_specs if all(spec.supports(f) for f in m.functions)]:
+            for mod in [m for m in mod_specs if m.builds_into(spec)]:
                 for dt in dtypes:
                     for hd in head_dims:
                         for c in spec.causal_options(tuple(causal_opts)):

@@ -69,6 +69,16 @@ def functor_terms(spec: ModSpec, module: ModuleType, shape: Shape, args: dict, x
     return mask, score_fn
 
 
+def functor_slope(spec: ModSpec, module: ModuleType, shape: Shape, args: dict, xp):
+    """The reference's score_mod_grad(modified score, xp) over the whole (B, H, Sq, Sk) grid, or None."""
+    if not spec.score_grad:
+        return None
+    ns = SimpleNamespace(xp=xp, seqlen_q=shape.seqlen_q, seqlen_k=shape.seqlen_k, **args)
+    b, h, qi, ki = (xp.arange(n).reshape([-1 if i == j else 1 for j in range(4)])
+                    for i, n in enumerate((shape.batch, shape.heads, shape.seqlen_q, shape.seqlen_k)))
+    return lambda m, xp_: module.score_mod_grad(m, b, h, qi, ki, ns)
+
+
 def functor_check(spec: KernelSpec, mod: ModSpec, module: ModuleType, shape: Shape, head_dim: int, dtype: str,
                   causal: bool) -> Check:
     """One run of the fused kernel against the reference with the functor applied."""
@@ -93,8 +103,9 @@ def functor_check(spec: KernelSpec, mod: ModSpec, module: ModuleType, shape: Sha
 
 
 def functor_variants(specs) -> list[KernelSpec]:
-    """The variants that build functors in (their manifests declare score_mod and mask_mod)."""
-    return [s for s in specs if s.supports("score_mod") and s.supports("mask_mod")]
+    """The forward variants that build functors in (their manifests declare score_mod and mask_mod); the backward's
+    checks are verify/backward.py's."""
+    return [s for s in specs if s.supports("score_mod") and s.supports("mask_mod") and not s.supports("backward")]
 
 
 def functor_checks(mod: ModSpec, specs, dtypes=None, head_dims=None, causal=None, quick: bool = False,

@@ -12,9 +12,11 @@ from ..call.dtypes import DType
 from .reference import element_mask, expand_kv, score_mod
 
 
-def _attention_grads(q, k, v, dout, scale: float, mask, xp, round_to=None, softcap: float = 0.0, alibi_slopes=None):
+def _attention_grads(q, k, v, dout, scale: float, mask, xp, round_to=None, softcap: float = 0.0, alibi_slopes=None,
+                     score_fn=None, score_grad_fn=None):
     """(dq, dk, dv) of softmax(mod(scale q k^T)) v in q's float type; round_to rounds P and dS as a 16-bit kernel
-    does. mod: softcap c tanh(s / c) (slope 1 - tanh^2), then ALiBi's bias (slope 1), as reference.score_mod."""
+    does. mod: softcap c tanh(s / c) (slope 1 - tanh^2), then ALiBi's bias (slope 1), as reference.score_mod, then
+    score_fn(s, xp) (a functor's score_mod), whose slope score_grad_fn(modified score, xp) gives."""
     heads, kv_heads = q.shape[2], k.shape[2]
     r = round_to or (lambda x: x)
     ke, ve = expand_kv(k, heads, xp), expand_kv(v, heads, xp)
@@ -25,6 +27,10 @@ def _attention_grads(q, k, v, dout, scale: float, mask, xp, round_to=None, softc
         s = softcap * tanh
     if alibi_slopes is not None:
         s = score_mod(alibi_slopes=alibi_slopes)(s, xp)
+    functor_slope = None
+    if score_fn is not None:
+        s = score_fn(s, xp)
+        functor_slope = score_grad_fn(s, xp)
     if mask is not None:
         s = xp.where(mask, s, -xp.inf)
     m = s.max(axis=-1, keepdims=True)
@@ -37,6 +43,8 @@ def _attention_grads(q, k, v, dout, scale: float, mask, xp, round_to=None, softc
     dp = xp.einsum("bqhd,bkhd->bhqk", dout, ve)                        # dP = dO V^T
     dsum = xp.einsum("bqhd,bqhd->bhq", dout, out)[..., None]           # D = rowsum(dO O)
     ds = p * (dp - dsum)                                               # dS = P (dP - D)
+    if functor_slope is not None:                                      # chain rule: the functor's slope, then
+        ds = xp.where(p > 0, ds * functor_slope, 0)                    # softcap's (none where P is 0)
     ds = r(ds if tanh is None else ds * (1 - tanh * tanh))             # of the unmodified score
     dq = xp.einsum("bhqk,bkhd->bqhd", ds, ke) * scale
     dk = xp.einsum("bhqk,bqhd->bkhd", ds, q) * scale
@@ -48,18 +56,19 @@ def _attention_grads(q, k, v, dout, scale: float, mask, xp, round_to=None, softc
 
 
 def reference_backward(q, k, v, dout, *, scale: float, causal: bool = False, mask=None, softcap: float = 0.0,
-                       alibi_slopes=None):
+                       alibi_slopes=None, score_fn=None, score_grad_fn=None):
     """float64 (dq, dk, dv) on upcast inputs, the element mask explicit (causal and `mask`, e.g. a window's), the
     modifications (softcap, alibi_slopes (heads,) or (batch, heads)) applied as the forward's reference does."""
     xp = array_module(q)
     q64, k64, v64, do64 = (xp.asarray(x).astype(xp.float64) for x in (q, k, v, dout))
     emask = element_mask(q.shape[1], k.shape[1], causal, mask, xp)
     slopes = None if alibi_slopes is None else xp.asarray(alibi_slopes).astype(xp.float64)
-    return _attention_grads(q64, k64, v64, do64, scale, emask, xp, softcap=softcap, alibi_slopes=slopes)
+    return _attention_grads(q64, k64, v64, do64, scale, emask, xp, softcap=softcap, alibi_slopes=slopes,
+                            score_fn=score_fn, score_grad_fn=score_grad_fn)
 
 
 def plain_backward(q, k, v, dout, *, scale: float, dtype: DType, causal: bool = False, mask=None,
-                   softcap: float = 0.0, alibi_slopes=None):
+                   softcap: float = 0.0, alibi_slopes=None, score_fn=None, score_grad_fn=None):
     """The textbook backward in the input precision: fp32 products, P, O, dS and the gradients rounded to `dtype`."""
     xp = array_module(q)
     compute = np.dtype(dtype.compute)
@@ -70,4 +79,4 @@ def plain_backward(q, k, v, dout, *, scale: float, dtype: DType, causal: bool = 
     q32, k32, v32, do32 = (round_to(xp.asarray(x).astype(xp.float32)) for x in (q, k, v, dout))
     emask = element_mask(q.shape[1], k.shape[1], causal, mask, xp)
     slopes = None if alibi_slopes is None else xp.asarray(alibi_slopes).astype(xp.float32)
-    return _attention_grads(q32, k32, v32, do32, scale, emask, xp, round_to, softcap, slopes)
+    return _attention_grads(q32, k32, v32, do32, scale, emask, xp, round_to, softcap, slopes, score_fn, score_grad_fn)

@@ -60,7 +60,7 @@ def test_masked_deterministic_is_bit_identical(mask, causal):
     rs = cp.random.RandomState(5)
     q, k, v, dout = (rs.standard_normal(s, dtype=cp.float32).astype(cp.float16) for s in
                      ((2, 1000, 8, hd), (2, 1000, 2, hd), (2, 1000, 2, hd), (2, 1000, 8, hd)))
-    kw, _ = masked_call(*mask.split(":", 1), shape, 11, cp)
+    kw, *_ = masked_call(*mask.split(":", 1), shape, 11, cp)
     out, lse = flashkit.attention(q, k, v, causal=causal, return_lse=True, **kw)
     first = flashkit.attention_backward(dout, q, k, v, out, lse, causal=causal, deterministic=True, **kw)
     for _ in range(3):
@@ -90,3 +90,57 @@ def test_document_ids_rewritten_in_place_are_read_anew():
         result = judge_gradients("fa3_bwd", "document in place", (q, k, v, dout), grads, hd, True, "float16",
                                  mask=same_doc)
         assert result.passed, result.note
+
+
+CAPPED_CU = """/*---
+name: capped
+kind: modification
+summary: softcap as a functor - c tanh(score / c), with its derivative
+functions: [score_mod, score_mod_grad]
+args:
+  cap: {kind: float, default: 20.0}
+---*/
+__device__ float score_mod(float s, int b, int h, int i, int j, const flashkit::ModArgs& a) {
+    return a.floats[0] * tanhf(s / a.floats[0]);
+}
+// d/ds c tanh(s / c) = 1 - tanh^2 = 1 - (m / c)^2 at the modified score m
+__device__ float score_mod_grad(float m, int b, int h, int i, int j, const flashkit::ModArgs& a) {
+    const float t = m / a.floats[0];
+    return 1.f - t * t;
+}
+"""
+CAPPED_PY = '''
+def score_mod(score, batch, head, q_idx, kv_idx, args):
+    return args.cap * args.xp.tanh(score / args.cap)
+
+
+def score_mod_grad(modded, batch, head, q_idx, kv_idx, args):
+    return 1 - (modded / args.cap) ** 2
+
+
+def sample_args(batch, heads, seqlen_q, seqlen_k, xp, rng):
+    return {"cap": 2.0}   # tight: the slope 1 - tanh^2 departs from 1 over most scores
+'''
+
+
+@pytest.mark.parametrize("head_dim", [64, 128, 256])
+@pytest.mark.parametrize("causal", [False, True])
+def test_a_score_mod_with_a_non_unit_derivative(tmp_path, monkeypatch, head_dim, causal):
+    """A drop-in score_mod whose slope is not 1 (softcap written as a functor, its score_mod_grad from the modified
+    score) against float64 gradients with the function and its derivative applied in the reference."""
+    _require_fa3_bwd()
+    (tmp_path / "mods").mkdir()
+    (tmp_path / "mods" / "capped.cu").write_text(CAPPED_CU)
+    (tmp_path / "mods" / "capped.py").write_text(CAPPED_PY)
+    monkeypatch.setenv("FLASHKIT_KERNEL_PATH", str(tmp_path))
+    try:
+        discover_kernels(refresh=True)
+        from flashkit.cli.verify_cmd import format_result
+        for shape in (Shape(2, 300, 700, 4, 2), Shape(1, 777, 255, 8, 1)):
+            check = masked_backward_check(discover_kernels().specs["fa3_bwd"], shape, head_dim, "bfloat16", causal,
+                                          "mod:capped")
+            result = check.run(zlib.crc32(check.label.encode()))
+            assert result.passed, format_result(result)
+    finally:
+        monkeypatch.delenv("FLASHKIT_KERNEL_PATH")
+        discover_kernels(refresh=True)

@@ -1,7 +1,8 @@
 """flashkit.torch.attention with block_mask=, mod= / mod_args= (torch_masked.py): the output and the gradients are
 flashkit.attention's and attention_backward's on the same inputs, bit for bit (deterministic backward), for a
-ModMask, a functor by name with a torch tensor argument, and a block mask; a score_mod functor runs without a
-gradient and is refused, before the forward, with one; the call works inside a torch.compile'd function.
+ModMask, a functor by name with a torch tensor argument, a block mask and a score_mod with its derivative; a
+score_mod without one runs without a gradient and is refused, before the forward, with one; the call works inside a
+torch.compile'd function.
 """
 
 from __future__ import annotations
@@ -74,22 +75,44 @@ def test_masked_gradients_are_the_cupy_apis(how):
             assert _same(a, b), f"{how}, causal={causal}: {name} differs from the CuPy API's"
 
 
-def test_score_mod_functor_runs_without_a_gradient_and_is_refused_with_one():
+def test_a_score_mod_functor_has_the_cupy_apis_gradients():
+    """relative_bias (a score_mod with its score_mod_grad) differentiates through attention_backward."""
+    import cupy as cp
+    import flashkit.torch as fkt
+    _require_backward()
+    slopes = torch.linspace(0.1, 1.0, 8, device="cuda", dtype=torch.float32)
+    got, want = _torch_and_cupy(
+        lambda a, b, c: fkt.attention(a, b, c, causal=True, deterministic=True, mod="relative_bias",
+                                      mod_args={"slopes": slopes}),
+        dict(causal=True, mod="relative_bias", mod_args={"slopes": cp.from_dlpack(slopes)}), seed=3)
+    for name, a, b in zip(("out", "dq", "dk", "dv"), got, want):
+        assert _same(a, b), name
+
+
+def test_a_score_mod_without_its_derivative_is_refused_before_the_forward(tmp_path, monkeypatch):
     import cupy as cp
     import flashkit
     import flashkit.torch as fkt
     from flashkit.errors import UnsupportedError
-    q, k, v, _ = _inputs(3)
-    slopes = torch.linspace(0.1, 1.0, 8, device="cuda", dtype=torch.float32)
-    kw = {"mod": "relative_bias", "mod_args": {"slopes": slopes}}
-    with torch.no_grad():
-        out = fkt.attention(q, k, v, causal=True, **kw)
-    want = flashkit.attention(*(cp.from_dlpack(x) for x in (q, k, v)), causal=True, mod="relative_bias",
-                              mod_args={"slopes": cp.from_dlpack(slopes)})
-    assert _same(out, want)
-    leaf = q.clone().requires_grad_()
-    with pytest.raises(UnsupportedError, match="'relative_bias' has a score_mod"):
-        fkt.attention(leaf, k, v, causal=True, **kw)
+    from flashkit.registry import discover_kernels
+    (tmp_path / "mods").mkdir()
+    (tmp_path / "mods" / "doubled.cu").write_text(
+        "/*---\nname: doubled\nkind: modification\nsummary: s\nfunctions: [score_mod]\n---*/\n"
+        "__device__ float score_mod(float s, int b, int h, int i, int j, const flashkit::ModArgs& a) "
+        "{ return 2.f * s; }\n")
+    monkeypatch.setenv("FLASHKIT_KERNEL_PATH", str(tmp_path))
+    try:
+        discover_kernels(refresh=True)
+        q, k, v, _ = _inputs(3)
+        with torch.no_grad():
+            out = fkt.attention(q, k, v, causal=True, mod="doubled")
+        want = flashkit.attention(*(cp.from_dlpack(x) for x in (q, k, v)), causal=True, mod="doubled")
+        assert _same(out, want)
+        with pytest.raises(UnsupportedError, match="'doubled' has a score_mod without score_mod_grad"):
+            fkt.attention(q.clone().requires_grad_(), k, v, causal=True, mod="doubled")
+    finally:
+        monkeypatch.delenv("FLASHKIT_KERNEL_PATH")
+        discover_kernels(refresh=True)
 
 
 def test_a_masked_call_inside_a_compiled_function():

@@ -96,11 +96,23 @@ def test_geometry_broadcasts_where_the_mask_does():
     assert (geo.batch, geo.heads, geo.q_tiles, geo.k_tiles, geo.groups) == (1, 8, 3, 8, 8)
 
 
-def test_score_mod_functor_has_no_backward(no_launch):  # noqa: F811
-    from ..synth import B, H, cuda
-    with pytest.raises(UnsupportedError, match=r"^mod: 'relative_bias' has a score_mod, which has no backward"):
-        flashkit.attention_backward(**good(), mod="relative_bias", mod_args={"slopes": cuda((H,), "<f4")})
-    assert B
+def test_a_score_mod_without_its_derivative_has_no_backward(no_launch, tmp_path, monkeypatch):  # noqa: F811
+    """A score_mod functor whose file declares no score_mod_grad is refused by name before any launch (relative_bias
+    declares one: the backward takes it, tests/gpu/test_bwd_lists.py)."""
+    from flashkit.registry import discover_kernels
+    (tmp_path / "mods").mkdir()
+    (tmp_path / "mods" / "scaled.cu").write_text(
+        "/*---\nname: scaled\nkind: modification\nsummary: s\nfunctions: [score_mod]\n---*/\n"
+        "__device__ float score_mod(float s, int b, int h, int i, int j, const flashkit::ModArgs& a) "
+        "{ return 2.f * s; }\n")
+    monkeypatch.setenv("FLASHKIT_KERNEL_PATH", str(tmp_path))
+    try:
+        discover_kernels(refresh=True)
+        with pytest.raises(UnsupportedError, match=r"^mod: 'scaled' has a score_mod without score_mod_grad"):
+            flashkit.attention_backward(**good(), mod="scaled")
+    finally:
+        monkeypatch.delenv("FLASHKIT_KERNEL_PATH")
+        discover_kernels(refresh=True)
 
 
 def test_block_mask_with_a_functor_is_refused(no_launch):  # noqa: F811

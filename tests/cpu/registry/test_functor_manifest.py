@@ -75,6 +75,7 @@ BAD = [
     ("summary", dict(summary=None), "field 'summary' is missing"),
     ("functions", dict(functions=[]), "field 'functions'"),
     ("functions", dict(functions=["mask_mod", "other"]), "field 'functions'"),
+    ("grad alone", dict(functions=["mask_mod", "score_mod_grad"]), "score_mod_grad only beside score_mod"),
     ("unknown", dict(entry="x"), "unknown field"),
     ("name", dict(name="Bad-Name"), "field 'name'"),
     ("mask_varies", dict(mask_varies=["time"]), "field 'mask_varies'"),
@@ -114,3 +115,18 @@ def test_a_broken_functor_is_a_problem_not_a_crash(tmp_path, monkeypatch):
     finally:
         monkeypatch.delenv("FLASHKIT_KERNEL_PATH")
         discover_kernels(refresh=True)
+
+
+def test_a_score_mod_builds_into_a_backward_only_with_its_derivative(tmp_path):
+    """builds_into: the variant's features cover the kernel functions, and a backward needs score_mod_grad."""
+    cat = discover_kernels()
+    fa3, fa3_bwd, fa2_bwd = (cat.specs[n] for n in ("fa3", "fa3_bwd", "fa2_bwd"))
+    plain = parse_file(write_mod(tmp_path, dict(BASE, name="plain_score", functions=["score_mod"]), SCORE_BODY))
+    grad_body = ("\n__device__ float score_mod_grad(float m, int b, int h, int i, int j, const flashkit::ModArgs& a) "
+                 "{ return 1.f; }\n")
+    graded = parse_file(write_mod(tmp_path / "g", dict(BASE, name="graded", functions=["score_mod", "score_mod_grad"]),
+                                  SCORE_BODY + grad_body))
+    assert graded.score_grad and graded.kernel_functions == ("score_mod",) and not plain.score_grad
+    assert plain.builds_into(fa3) and graded.builds_into(fa3)
+    assert graded.builds_into(fa3_bwd) and not plain.builds_into(fa3_bwd)
+    assert not graded.builds_into(fa2_bwd)   # fa2_bwd builds no functor in

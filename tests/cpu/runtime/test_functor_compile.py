@@ -32,9 +32,8 @@ def test_every_shipped_functor_builds_into_every_fast_kernel(rows):
         for variant, target in (("fa2", "sm_80"), ("fa2", "sm_90"), ("causal", "sm_80"), ("causal", "sm_90"),
                                 ("fa3", "sm_90a")):
             assert (variant, target, mod) in built, (variant, target, mod)
-    for mod in ("document", "prefix_lm"):   # mask_mod functors have a backward; relative_bias's score_mod has not
+    for mod in ("document", "prefix_lm", "relative_bias"):   # relative_bias's score_mod with its score_mod_grad
         assert ("fa3_bwd", "sm_90a", mod) in built
-    assert ("fa3_bwd", "sm_90a", "relative_bias") not in built
 
 
 def test_no_compile_error_spill_or_serialized_wgmma(rows):
@@ -50,7 +49,7 @@ def test_mask_mod_builds_carry_the_classifier(rows):
         has_mask = "mask_mod" in r["config"].split()
         assert ({"flashkit_functor_classify", "flashkit_functor_compact"} <= entries) == has_mask, r["config"]
         lists = {"flashkit_bwd_list_columns", "flashkit_bwd_list_ranks"}
-        assert (lists <= entries) == (r["variant"] == "fa3_bwd"), r["config"]
+        assert (lists <= entries) == (r["variant"] == "fa3_bwd" and has_mask), r["config"]   # a score_mod: none
 
 
 def test_a_functor_that_does_not_compile_names_its_file_and_line(tmp_path, monkeypatch):

@@ -1,5 +1,7 @@
 // Drop-in functors (docs/functors.md): a mods/*.cu file defines, at global scope,
 //   __device__ float score_mod(float score, int batch, int head, int q_idx, int kv_idx, const flashkit::ModArgs& args)
+//   __device__ float score_mod_grad(float modded, int batch, int head, int q_idx, int kv_idx,
+//                                   const flashkit::ModArgs& args)   (optional: the backward of a score_mod)
 //   __device__ bool  mask_mod(int batch, int head, int q_idx, int kv_idx, const flashkit::ModArgs& args)
 // (FlexAttention's semantics: score is the SCALED score softmax_scale * q.k; mask_mod true keeps the key), and
 // flashkit builds it into a fast kernel with -DFLASHKIT_MOD_FILE="<path>" and FLASHKIT_SCORE_MOD / _MASK_MOD.
@@ -19,6 +21,9 @@
 #ifndef FLASHKIT_SCORE_MOD
 #define FLASHKIT_SCORE_MOD 0
 #endif
+#ifndef FLASHKIT_SCORE_MOD_GRAD
+#define FLASHKIT_SCORE_MOD_GRAD 0
+#endif
 #ifndef FLASHKIT_MASK_MOD
 #define FLASHKIT_MASK_MOD 0
 #endif
@@ -32,11 +37,25 @@ namespace flashkit {
 
 #if FLASHKIT_SCORE_MOD
 // S = score_mod(scale * s) on raw scores s = q.k; the softmax then takes scaled scores (log2(e) as its factor).
+// The backward (score_mod.cuh's interface) takes d score_mod / d score from the file's score_mod_grad at the
+// modified score m (FLASHKIT_SCORE_MOD_GRAD; raw_score_grad reads m back from P with Params.mods.inv_softmax_scale
+// = 1, the functor build's softmax factor being log2(e) alone).
 struct FunctorScoreMod {
     const Params& p;
     int head, batch;
+    static constexpr bool kUnitGrad = false;
     __device__ __forceinline__ FunctorScoreMod(const Params& p_, int head_, int batch_)
         : p(p_), head(head_), batch(batch_) {}
+    // The backward's form (query `row`, key `col`, any of them past the sequences: clamped).
+    __device__ __forceinline__ float score(float s, int row, int col, float) const {
+        return score<true>(s, row, col);
+    }
+#if FLASHKIT_SCORE_MOD_GRAD
+    __device__ __forceinline__ float grad(float m, int row, int col) const {
+        return ::score_mod_grad(m, batch, head, min(row, p.seqlen_q - 1), min(col, p.seqlen_k - 1), p.mods.args);
+    }
+#endif
+    __device__ __forceinline__ float unapply(float m, int, int) const { return m; }   // never composed
     // Indices clamped into the sequences (rows past seqlen_q and, on a tail tile, keys past seqlen_k are masked
     // afterwards, but a functor may index arrays with them). Off the tail tiles every key is below seqlen_k
     // (mask.cuh's unmasked visits), and the per-score clamp is skipped: it kept hd128 causal from fitting
@@ -65,7 +84,7 @@ struct ScoreFunctorOr<true, Otherwise> {
     typedef FunctorScoreMod type;
 };
 #endif
-typedef ScoreFunctorOr<FLASHKIT_SCORE_MOD != 0, BuildScoreMod>::type FwdScoreMod;
+typedef ScoreFunctorOr<FLASHKIT_SCORE_MOD != 0, BuildScoreMod>::type KernelScoreMod;
 
 // The first key an Inner mask lets row see (LocalMask's window; 0 for the others).
 template <class Inner>
