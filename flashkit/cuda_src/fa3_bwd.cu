@@ -21,12 +21,12 @@ launch: {grid: [q_blocks, kv_tiles, q_blocks], block_m: 64, block_n: 128, warps:
 # with ALiBi at hd128 the column split of 64-key blocks (ALiBi undone for softcap's slope spills 32-44 B at 128).
 # A block mask (its blocks are multiples of 128 keys) or a mask_mod at hd64: key blocks of 128 on two consumers; a
 # mask_mod at hd128 the column split of 64-key blocks (the split by keys spills 16-24 B with its evaluation); a
-# score_mod functor at hd128 too (its slope beside dS spilled 80 B on 128-key blocks).
+# score_mod functor at hd128 too, unless causal (non-causal 128-key blocks spilled 80 B; causal ones fit).
 overrides: {"hd64": {block_n: 192, warps: 16}, "hd256": {block_n: 64}, "hd64/window": {block_n: 128, warps: 12},
             "hd64/softcap": {block_n: 128, warps: 12}, "hd64/alibi": {block_n: 128, warps: 12},
             "hd64/block_sparse": {block_n: 128, warps: 12}, "hd64/mask_mod": {block_n: 128, warps: 12},
             "hd64/score_mod": {block_n: 128, warps: 12},
-            "hd128/mask_mod": {block_n: 64}, "hd128/score_mod": {block_n: 64},
+            "hd128/mask_mod": {block_n: 64}, "hd128/score_mod": {block_n: 64}, "hd128/causal/score_mod": {block_n: 128},
             "hd128/alibi+softcap": {block_n: 64}}
 tensor_maps: {q: block_m, k: block_n, v: block_n, dout: block_m}   # box rows
 workspace: dq_accum

@@ -157,7 +157,7 @@ class KernelSpec:
                       causal: bool = False, seqlen_q: int | None = None) -> dict[str, int]:
         """The launch table with overrides applied: arch key, hd key, 'arch/hd' key, 'hd/causal' for a causal call,
         then 'hd/<mod>' per modification, then each 'hd/<mod>+<mod>..' whose modifications are all among the
-        call's (hd: the head dim's class). 'hd/seqlen_q<=L' follows 'hd' and 'hd/causal/seqlen_q<=L' follows
+        call's, then for a causal call 'hd/causal/<mod>' per modification (hd: the head dim's class). 'hd/seqlen_q<=L' follows 'hd' and 'hd/causal/seqlen_q<=L' follows
         'hd/causal' for a call of at most L query rows (the smallest L last); seqlen_q None: no length key."""
         config = dict(self.launch)
         arch_key = None
@@ -171,7 +171,8 @@ class KernelSpec:
             keys += [f"hd{hd}/causal"] + self._length_keys(f"hd{hd}/causal", seqlen_q)
         combined = sorted(k for k in self.overrides if k.startswith(f"hd{hd}/") and "+" in k
                           and set(k.split("/", 1)[1].split("+")) <= set(mods))
-        for key in keys + [f"hd{hd}/{m}" for m in sorted(mods)] + combined:
+        causal_mods = [f"hd{hd}/causal/{m}" for m in sorted(mods)] if causal else []
+        for key in keys + [f"hd{hd}/{m}" for m in sorted(mods)] + combined + causal_mods:
             if key and key in self.overrides:
                 config.update(self.overrides[key])
         return config

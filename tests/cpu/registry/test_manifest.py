@@ -103,6 +103,7 @@ def test_overrides_order(tmp_path):
         "8.0": {"block_n": 32}, "8.6": {"block_n": 48}, "9.0": {"block_n": 128},
         "hd256": {"block_m": 32, "block_n": 16}, "9.0/hd256": {"block_n": 96},
         "hd256/causal": {"block_n": 80, "warps": 8}, "hd256/softcap": {"warps": 12},
+        "hd256/causal/softcap": {"block_m": 48},
         "hd128/seqlen_q<=1024": {"warps": 6}, "hd128/seqlen_q<=512": {"warps": 2},
         "hd128/causal/seqlen_q<=256": {"block_m": 16}})
     base = {"block_m": 64, "block_n": 64, "warps": 4}
@@ -115,6 +116,8 @@ def test_overrides_order(tmp_path):
     assert spec.launch_config((9, 0), 256) == {"block_m": 32, "block_n": 96, "warps": 4}   # combined last
     assert spec.launch_config((9, 0), 256, causal=True) == {"block_m": 32, "block_n": 80, "warps": 8}   # causal after
     assert spec.launch_config((9, 0), 256, ("softcap",), causal=True)["warps"] == 12   # a modification after causal
+    assert spec.launch_config((9, 0), 256, ("softcap",), causal=True)["block_m"] == 48  # then causal with it, last
+    assert spec.launch_config((9, 0), 256, ("softcap",))["block_m"] == 32               # for causal calls only
     assert spec.launch_config((9, 0), 128, causal=True)["block_n"] == 128              # no hd128/causal key
     assert spec.launch_config((9, 0), 128, seqlen_q=1025)["warps"] == 4                # length keys: up to L rows,
     assert spec.launch_config((9, 0), 128, seqlen_q=1024)["warps"] == 6                # the tightest bound last
