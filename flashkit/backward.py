@@ -39,8 +39,8 @@ def attention_backward(dout: Any, q: Any, k: Any, v: Any, out: Any, lse: Any, *,
     modifications take the forward's values (flashkit.features.mods); the slopes get no gradient.
     block_mask (a flashkit.BlockMask) and a drop-in functor's mask_mod (mod, mod_args: docs/functors.md; or mod a
     flashkit.ModMask, whose lists are built once and kept) are walked as the forward walked them: only the tiles
-    they keep are visited (features/bwd_lists.py). A score_mod
-    functor has no backward (its gradient needs the function's derivative): UnsupportedError.
+    they keep are visited (features/bwd_lists.py). A score_mod functor needs its derivative, score_mod_grad, in
+    its file (else UnsupportedError).
     Returns CuPy arrays shaped like q, k, v.
     """
     causal, deterministic = check_flag(causal, "causal"), check_flag(deterministic, "deterministic")
@@ -239,11 +239,7 @@ def _launch_backward(spec, cc, problem: Problem, causal: bool, deterministic: bo
         prepared = None
     elif functor is not None:   # a score_mod alone: the dense walk, the functor built in (not cached: no key)
         io = replace(io, extras=merge_fields(io.extras, functor.kernel_fields(problem, to_cupy)))
-        try:
-            loaded = build_module(spec, config, cc)
-        except CompileError as e:
-            raise functor.compile_error(e) from None
-        prepare_launch(spec, loaded, config, problem, io)(io.q, io.k, io.v, io.out, io.lse)
+        prepare_launch(spec, _build(spec, config, cc, functor), config, problem, io)(io.q, io.k, io.v, io.out, io.lse)
         prepared = None
     else:
         prepared = prepare_launch(spec, build_module(spec, config, cc), config, problem, io,
@@ -268,15 +264,20 @@ def _order_pairs(launch: dict[str, int], problem: Problem, causal: bool, mods: M
                        problem.seqlen_k, launch["block_m"], launch["block_n"], causal, window, device_info().sm_count)
 
 
+def _build(spec, config, cc, functor: Any):
+    """The build of config; a functor's compile error names its file and line (features/functors.py)."""
+    try:
+        return build_module(spec, config, cc)
+    except CompileError as e:
+        raise (functor.compile_error(e) if functor else e) from None
+
+
 def _launch_listed(spec, cc, config, problem: Problem, io: LaunchInputs, causal: bool, block_mask: Any,
                    functor: Any) -> None:
     """A backward over visit lists (features/bwd_lists.py): the tile states (a block mask's, or a mask_mod's by
     its classifier), the lists and ranks, then the variant's entries, all on the current stream."""
     from .features.bwd_lists import VisitLists, geometry
-    try:
-        loaded = build_module(spec, config, cc)
-    except CompileError as e:
-        raise (functor.compile_error(e) if functor else e) from None
+    loaded = _build(spec, config, cc, functor)
     cupy = cupy_module()
     launch_cfg = config.launch_dict
     batch, heads = functor.mask_rows(problem) if functor is not None else block_mask.shape[:2]
