@@ -28,7 +28,7 @@ from .backward import cached_backward
 from .backward import attention_varlen_backward as _attention_varlen_backward
 from .backward import head_dim_v_unsupported
 from .torch_views import (_VIEWED_DTYPES, _as_torch, _on_torch_stream_and_allocator,  # noqa: F401
-                          cupy_views)  # (re-exported: the compat layer and tests import them from here)
+                          cupy_views, tensor_view)  # (re-exported: the compat layer and tests import them from here)
 from .varlen import attention_varlen as _attention_varlen
 
 
@@ -37,8 +37,8 @@ def _mods_kw(window_left: int, window_right: int, softcap: float, alibi_slopes: 
     """The ops' modification arguments as flashkit's keywords (window (-1, -1): none; the slopes as a CuPy view,
     so call it on torch's stream and allocator)."""
     window = None if (window_left, window_right) == (-1, -1) else (window_left, window_right)
-    slopes = None if alibi_slopes is None else cupy_views((alibi_slopes.detach(),))[0]
-    return dict(window_size=window, softcap=softcap, alibi_slopes=slopes, attention_chunk=attention_chunk)
+    return dict(window_size=window, softcap=softcap, alibi_slopes=tensor_view(alibi_slopes),
+                attention_chunk=attention_chunk)
 
 
 # The modifications (window_size as window_left / window_right, softcap, alibi_slopes, attention_chunk) ride along

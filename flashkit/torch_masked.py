@@ -18,7 +18,7 @@ import torch
 from .api import attention as _attention
 from .backward import attention_backward as _attention_backward
 from .errors import UnsupportedError
-from .torch_views import _as_torch, _on_torch_stream_and_allocator, cupy_views
+from .torch_views import _as_torch, _on_torch_stream_and_allocator, cupy_views, tensor_view
 
 
 def wants_gradient(*tensors: torch.Tensor) -> bool:
@@ -72,12 +72,9 @@ class _MaskedAttention(torch.autograd.Function):
 
 def _device_keywords(call: dict) -> dict:
     """call with torch tensors (the slopes, mod_args' arrays) as CuPy views (under torch's stream and allocator)."""
-    kw = dict(call)
-    if isinstance(kw.get("alibi_slopes"), torch.Tensor):
-        kw["alibi_slopes"] = cupy_views((kw["alibi_slopes"].detach(),))[0]
+    kw = dict(call, alibi_slopes=tensor_view(call.get("alibi_slopes")))
     if isinstance(kw.get("mod_args"), dict):
-        kw["mod_args"] = {name: cupy_views((value.detach(),))[0] if isinstance(value, torch.Tensor) else value
-                          for name, value in kw["mod_args"].items()}
+        kw["mod_args"] = {name: tensor_view(value) for name, value in kw["mod_args"].items()}
     return kw
 
 

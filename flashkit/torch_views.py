@@ -107,3 +107,9 @@ def cupy_views(arrays: tuple) -> tuple:
                 pass
         views.append(a)
     return tuple(views)
+
+
+def tensor_view(x):
+    """One argument as cupy_views views it (a torch tensor detached first: DLPack refuses tensors that require
+    grad); anything else (None, a scalar) as given."""
+    return cupy_views((x.detach(),))[0] if isinstance(x, torch.Tensor) else x

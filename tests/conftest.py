@@ -79,3 +79,33 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     skip = pytest.mark.skip(reason=reason)
     for item in gpu_items:
         item.add_marker(skip)
+
+
+# A score_mod-only functor file: its manifest and one line of CUDA (`expr` of the scaled score s).
+SCORE_ONLY_FUNCTOR = ("/*---\nname: {name}\nkind: modification\nsummary: a test functor\nfunctions: [score_mod]\n"
+                      "---*/\n__device__ float score_mod(float s, int b, int h, int i, int j, "
+                      "const flashkit::ModArgs& a) {{ return {expr}; }}\n")
+
+
+@pytest.fixture
+def drop_in_functor(tmp_path, monkeypatch):
+    """Write drop-in functors into a fresh FLASHKIT_KERNEL_PATH directory and rediscover the kernels:
+    drop_in_functor(name, source=None, reference=None, score_expr=None) -> the .cu path (source None: a score_mod
+    returning score_expr; reference: the text of the Python reference beside it). Afterwards the kernels are
+    rediscovered without them."""
+    from flashkit.registry import discover_kernels
+    mods = tmp_path / "functor_path" / "mods"
+
+    def write(name: str, source: str | None = None, reference: str | None = None, score_expr: str | None = None):
+        mods.mkdir(parents=True, exist_ok=True)
+        path = mods / f"{name}.cu"
+        path.write_text(source if source is not None else SCORE_ONLY_FUNCTOR.format(name=name, expr=score_expr))
+        if reference is not None:
+            path.with_suffix(".py").write_text(reference)
+        monkeypatch.setenv("FLASHKIT_KERNEL_PATH", str(mods.parent))
+        discover_kernels(refresh=True)
+        return path
+
+    yield write
+    monkeypatch.delenv("FLASHKIT_KERNEL_PATH", raising=False)
+    discover_kernels(refresh=True)

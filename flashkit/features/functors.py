@@ -46,7 +46,7 @@ class BoundFunctor:
     mods: Mods = Mods()                           # the call's built-in modifications (they shape the tiles)
     snapshot: Any = None                          # a features/mod_mask.ModMask keeping classified tiles, or None
     keep: list = field(default_factory=list)      # device arrays alive until the launch is queued
-    tiles: tuple = ()                             # tile_fields' (key, buffers, held by the snapshot)
+    tiles: tuple = ()                             # tile_fields' (buffers, held by the snapshot)
     launch: "FunctorLaunch | None" = None         # set by api.run once built: what a cached call redoes
 
     @property
@@ -110,7 +110,7 @@ class BoundFunctor:
         geo = self.tile_geometry(problem, launch)
         held = self.snapshot.held(key) if self.snapshot is not None else None
         buffers = tile_buffers(geo, cupy) if held is None else held
-        self.tiles = (key, buffers, held is not None)
+        self.tiles = (buffers, held is not None)
         self.keep += buffers
         return {**geo, **{name: b.data.ptr for name, b in zip(TILE_FIELDS, buffers)}}
 
@@ -119,12 +119,9 @@ class BoundFunctor:
         snapshot keeps the new ones."""
         if not self.spec.mask:
             return
-        key, buffers, held = self.tiles
-        if held:
-            return
-        self.launch.classify(params)
-        if self.snapshot is not None:
-            self.snapshot.hold(key, buffers)
+        buffers, held = self.tiles
+        if not held:
+            self.launch.classify(params, snapshot=self.snapshot, buffers=buffers)
 
     def launcher(self, loaded, problem: Problem, launch: dict[str, int], key: tuple) -> "FunctorLaunch":
         """What a call of this functor redoes per call, on the build `loaded` (its classify / compact entries)."""
@@ -172,16 +169,14 @@ class FunctorLaunch:
         buffers = tile_buffers(self.geometry, cupy)
         keep += buffers
         ptrs += tuple(b.data.ptr for b in buffers)
-        self.classify(params, extra + ptrs)
-        if snapshot is not None:
-            snapshot.hold(self.key, buffers)
+        self.classify(params, extra + ptrs, snapshot, buffers)
         return ptrs
 
-    def classify(self, params, extra: tuple[int, ...] = ()) -> None:
+    def classify(self, params, extra: tuple[int, ...] = (), snapshot: Any = None, buffers: tuple = ()) -> None:
         """Launch the tile classifier and the compaction (functor.cuh) on the current stream, before the attention;
         params: the launch's ParamTemplate, extra: the call's values of its variable fields (none: the template's
         own). The classifier reads the arguments and writes the tiles, never an array of the attention: those
-        addresses go in as 0, on either path."""
+        addresses go in as 0, on either path. A snapshot (a ModMask) keeps the tile buffers classified."""
         if not self.spec.mask:
             return
         params_block = params.fill(*(0,) * len(POINTER_FIELDS), *extra)
@@ -191,6 +186,8 @@ class FunctorLaunch:
         aux = self.loaded.aux
         launch_classifier(aux, params_block, groups, geo["q_tiles"], geo["k_tiles"])
         aux["flashkit_functor_compact"]((-(-rows // COMPACT_THREADS), 1, 1), (COMPACT_THREADS, 1, 1), (params_block,))
+        if snapshot is not None:
+            snapshot.hold(self.key, buffers)
 
 
 def launch_classifier(aux: dict, params_block, groups: int, q_tiles: int, k_tiles: int) -> None:

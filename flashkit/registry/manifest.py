@@ -157,8 +157,9 @@ class KernelSpec:
                       causal: bool = False, seqlen_q: int | None = None) -> dict[str, int]:
         """The launch table with overrides applied: arch key, hd key, 'arch/hd' key, 'hd/causal' for a causal call,
         then 'hd/<mod>' per modification, then each 'hd/<mod>+<mod>..' whose modifications are all among the
-        call's, then for a causal call 'hd/causal/<mod>' per modification (hd: the head dim's class). 'hd/seqlen_q<=L' follows 'hd' and 'hd/causal/seqlen_q<=L' follows
-        'hd/causal' for a call of at most L query rows (the smallest L last); seqlen_q None: no length key."""
+        call's, then for a causal call 'hd/causal/<mod>' per modification (hd: the head dim's class).
+        'hd/seqlen_q<=L' follows 'hd' and 'hd/causal/seqlen_q<=L' follows 'hd/causal' for a call of at most L query
+        rows (the smallest L last); seqlen_q None: no length key."""
         config = dict(self.launch)
         arch_key = None
         if cc is not None:

@@ -172,23 +172,24 @@ def masked_backward_check(spec: KernelSpec, shape: Shape, head_dim: int, dtype: 
         xp = cupy_module()
         q, k, v = random_qkv(shape, head_dim, dtype, seed)
         dout = xp.random.default_rng(seed + 1).standard_normal(q.shape, dtype=xp.float32).astype(q.dtype)
-        kw, emask, *score = masked_call(kind, name, shape, seed, xp)
+        kw, emask, score_fn, score_grad_fn = masked_call(kind, name, shape, seed, xp)
         out, lse = attention(q, k, v, causal=causal, return_lse=True, **kw)
         poison_pool((q, k, v))
         grads = attention_backward(dout, q, k, v, out, lse, causal=causal, variant=spec.name,
                                    deterministic=deterministic, **kw)
-        return judge_gradients(spec.name, label, (q, k, v, dout), grads, head_dim, causal, dtype, emask, *score)
+        return judge_gradients(spec.name, label, (q, k, v, dout), grads, head_dim, causal, dtype, emask, score_fn,
+                               score_grad_fn)
 
     return Check(spec.name, label, run)
 
 
 def masked_call(kind: str, name: str, shape: Shape, seed: int, xp) -> tuple:
-    """(the attention keywords, the explicit element mask or None, then for a functor its reference score_fn and
-    score_grad_fn, or None) of a block mask pattern or a functor (mask_mod, or score_mod with its derivative)."""
+    """(the attention keywords, the explicit element mask or None, the reference score_fn and score_grad_fn of a
+    functor's score_mod or None) of a block mask pattern or a functor (mask_mod, or score_mod with its derivative)."""
     if kind == "block":
         from .block_sparse import _patterns
         block_mask = _patterns()[name](shape, seed)
-        return {"block_mask": block_mask}, block_mask.to_element_mask(shape.seqlen_q, shape.seqlen_k)
+        return {"block_mask": block_mask}, block_mask.to_element_mask(shape.seqlen_q, shape.seqlen_k), None, None
     from ..registry import discover_kernels
     from .functors import functor_slope, functor_terms, load_reference, reference_args
     mod = discover_kernels().get_mod(name)

@@ -56,16 +56,23 @@ def reference_args(spec: ModSpec, module: ModuleType, shape: Shape, seed: int, x
     return {a.name: drawn.get(a.name, a.default) for a in spec.args if a.name in drawn or a.default is not None}
 
 
-def functor_terms(spec: ModSpec, module: ModuleType, shape: Shape, args: dict, xp):
-    """(element mask (B, H, Sq, Sk) or None, score_fn or None) of the reference."""
+def _reference_grid(shape: Shape, args: dict, xp) -> tuple:
+    """What a reference function takes beside the scores: the (B,1,1,1), (1,H,1,1), (1,1,Sq,1), (1,1,1,Sk) index
+    arrays and the namespace of xp, the lengths and the arguments."""
     ns = SimpleNamespace(xp=xp, seqlen_q=shape.seqlen_q, seqlen_k=shape.seqlen_k, **args)
     b = xp.arange(shape.batch)[:, None, None, None]
     h = xp.arange(shape.heads)[None, :, None, None]
     qi = xp.arange(shape.seqlen_q)[None, None, :, None]
     ki = xp.arange(shape.seqlen_k)[None, None, None, :]
+    return b, h, qi, ki, ns
+
+
+def functor_terms(spec: ModSpec, module: ModuleType, shape: Shape, args: dict, xp):
+    """(element mask (B, H, Sq, Sk) or None, score_fn or None) of the reference."""
+    grid = _reference_grid(shape, args, xp)
     full = (shape.batch, shape.heads, shape.seqlen_q, shape.seqlen_k)
-    mask = xp.broadcast_to(xp.asarray(module.mask_mod(b, h, qi, ki, ns), dtype=bool), full) if spec.mask else None
-    score_fn = (lambda s, xp_: module.score_mod(s, b, h, qi, ki, ns)) if spec.score else None
+    mask = xp.broadcast_to(xp.asarray(module.mask_mod(*grid), dtype=bool), full) if spec.mask else None
+    score_fn = (lambda s, xp_: module.score_mod(s, *grid)) if spec.score else None
     return mask, score_fn
 
 
@@ -73,10 +80,8 @@ def functor_slope(spec: ModSpec, module: ModuleType, shape: Shape, args: dict, x
     """The reference's score_mod_grad(modified score, xp) over the whole (B, H, Sq, Sk) grid, or None."""
     if not spec.score_grad:
         return None
-    ns = SimpleNamespace(xp=xp, seqlen_q=shape.seqlen_q, seqlen_k=shape.seqlen_k, **args)
-    b, h, qi, ki = (xp.arange(n).reshape([-1 if i == j else 1 for j in range(4)])
-                    for i, n in enumerate((shape.batch, shape.heads, shape.seqlen_q, shape.seqlen_k)))
-    return lambda m, xp_: module.score_mod_grad(m, b, h, qi, ki, ns)
+    grid = _reference_grid(shape, args, xp)
+    return lambda m, xp_: module.score_mod_grad(m, *grid)
 
 
 def functor_check(spec: KernelSpec, mod: ModSpec, module: ModuleType, shape: Shape, head_dim: int, dtype: str,

@@ -125,22 +125,14 @@ def sample_args(batch, heads, seqlen_q, seqlen_k, xp, rng):
 
 @pytest.mark.parametrize("head_dim", [64, 128, 256])
 @pytest.mark.parametrize("causal", [False, True])
-def test_a_score_mod_with_a_non_unit_derivative(tmp_path, monkeypatch, head_dim, causal):
+def test_a_score_mod_with_a_non_unit_derivative(drop_in_functor, head_dim, causal):
     """A drop-in score_mod whose slope is not 1 (softcap written as a functor, its score_mod_grad from the modified
     score) against float64 gradients with the function and its derivative applied in the reference."""
+    from flashkit.cli.verify_cmd import format_result
     _require_fa3_bwd()
-    (tmp_path / "mods").mkdir()
-    (tmp_path / "mods" / "capped.cu").write_text(CAPPED_CU)
-    (tmp_path / "mods" / "capped.py").write_text(CAPPED_PY)
-    monkeypatch.setenv("FLASHKIT_KERNEL_PATH", str(tmp_path))
-    try:
-        discover_kernels(refresh=True)
-        from flashkit.cli.verify_cmd import format_result
-        for shape in (Shape(2, 300, 700, 4, 2), Shape(1, 777, 255, 8, 1)):
-            check = masked_backward_check(discover_kernels().specs["fa3_bwd"], shape, head_dim, "bfloat16", causal,
-                                          "mod:capped")
-            result = check.run(zlib.crc32(check.label.encode()))
-            assert result.passed, format_result(result)
-    finally:
-        monkeypatch.delenv("FLASHKIT_KERNEL_PATH")
-        discover_kernels(refresh=True)
+    drop_in_functor("capped", CAPPED_CU, CAPPED_PY)
+    for shape in (Shape(2, 300, 700, 4, 2), Shape(1, 777, 255, 8, 1)):
+        check = masked_backward_check(discover_kernels().specs["fa3_bwd"], shape, head_dim, "bfloat16", causal,
+                                      "mod:capped")
+        result = check.run(zlib.crc32(check.label.encode()))
+        assert result.passed, format_result(result)

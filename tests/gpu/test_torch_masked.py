@@ -89,30 +89,19 @@ def test_a_score_mod_functor_has_the_cupy_apis_gradients():
         assert _same(a, b), name
 
 
-def test_a_score_mod_without_its_derivative_is_refused_before_the_forward(tmp_path, monkeypatch):
+def test_a_score_mod_without_its_derivative_is_refused_before_the_forward(drop_in_functor):
     import cupy as cp
     import flashkit
     import flashkit.torch as fkt
     from flashkit.errors import UnsupportedError
-    from flashkit.registry import discover_kernels
-    (tmp_path / "mods").mkdir()
-    (tmp_path / "mods" / "doubled.cu").write_text(
-        "/*---\nname: doubled\nkind: modification\nsummary: s\nfunctions: [score_mod]\n---*/\n"
-        "__device__ float score_mod(float s, int b, int h, int i, int j, const flashkit::ModArgs& a) "
-        "{ return 2.f * s; }\n")
-    monkeypatch.setenv("FLASHKIT_KERNEL_PATH", str(tmp_path))
-    try:
-        discover_kernels(refresh=True)
-        q, k, v, _ = _inputs(3)
-        with torch.no_grad():
-            out = fkt.attention(q, k, v, causal=True, mod="doubled")
-        want = flashkit.attention(*(cp.from_dlpack(x) for x in (q, k, v)), causal=True, mod="doubled")
-        assert _same(out, want)
-        with pytest.raises(UnsupportedError, match="'doubled' has a score_mod without score_mod_grad"):
-            fkt.attention(q.clone().requires_grad_(), k, v, causal=True, mod="doubled")
-    finally:
-        monkeypatch.delenv("FLASHKIT_KERNEL_PATH")
-        discover_kernels(refresh=True)
+    drop_in_functor("doubled", score_expr="2.f * s")
+    q, k, v, _ = _inputs(3)
+    with torch.no_grad():
+        out = fkt.attention(q, k, v, causal=True, mod="doubled")
+    want = flashkit.attention(*(cp.from_dlpack(x) for x in (q, k, v)), causal=True, mod="doubled")
+    assert _same(out, want)
+    with pytest.raises(UnsupportedError, match="'doubled' has a score_mod without score_mod_grad"):
+        fkt.attention(q.clone().requires_grad_(), k, v, causal=True, mod="doubled")
 
 
 def test_a_masked_call_inside_a_compiled_function():

@@ -96,23 +96,12 @@ def test_geometry_broadcasts_where_the_mask_does():
     assert (geo.batch, geo.heads, geo.q_tiles, geo.k_tiles, geo.groups) == (1, 8, 3, 8, 8)
 
 
-def test_a_score_mod_without_its_derivative_has_no_backward(no_launch, tmp_path, monkeypatch):  # noqa: F811
+def test_a_score_mod_without_its_derivative_has_no_backward(no_launch, drop_in_functor):  # noqa: F811
     """A score_mod functor whose file declares no score_mod_grad is refused by name before any launch (relative_bias
     declares one: the backward takes it, tests/gpu/test_bwd_lists.py)."""
-    from flashkit.registry import discover_kernels
-    (tmp_path / "mods").mkdir()
-    (tmp_path / "mods" / "scaled.cu").write_text(
-        "/*---\nname: scaled\nkind: modification\nsummary: s\nfunctions: [score_mod]\n---*/\n"
-        "__device__ float score_mod(float s, int b, int h, int i, int j, const flashkit::ModArgs& a) "
-        "{ return 2.f * s; }\n")
-    monkeypatch.setenv("FLASHKIT_KERNEL_PATH", str(tmp_path))
-    try:
-        discover_kernels(refresh=True)
-        with pytest.raises(UnsupportedError, match=r"^mod: 'scaled' has a score_mod without score_mod_grad"):
-            flashkit.attention_backward(**good(), mod="scaled")
-    finally:
-        monkeypatch.delenv("FLASHKIT_KERNEL_PATH")
-        discover_kernels(refresh=True)
+    drop_in_functor("scaled", score_expr="2.f * s")
+    with pytest.raises(UnsupportedError, match=r"^mod: 'scaled' has a score_mod without score_mod_grad"):
+        flashkit.attention_backward(**good(), mod="scaled")
 
 
 def test_block_mask_with_a_functor_is_refused(no_launch):  # noqa: F811
