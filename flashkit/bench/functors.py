@@ -7,7 +7,7 @@ the same score_mod (compiled); document and prefix_lm masks against flex with th
 built once, outside the timing; flashkit classifies its tiles inside every call by name, once with a
 flashkit.ModMask), and the document mask's backward (attention_backward over its lists, by name and with the
 ModMask) against the dense causal backward and flex's; relative_bias's backward (its score_mod_grad) against the
-built-in ALiBi's and flex's. TFLOP/s count every (query, key)
+built-in ALiBi's and flex's, causal and not. TFLOP/s count every (query, key)
 pair of the dense problem (halved when causal), so that the rows compare times. The first call of a new functor
 (a fresh cubin cache: NVRTC compile, load, launch) and the next call are timed on the host.
 """
@@ -92,14 +92,18 @@ def main(argv: list[str] | None = None) -> dict:
                                                                            causal=True)),
         ("flex", flex.get("causal document backward"))], flop_factor=BACKWARD_FLOPS)
     # A score_mod's backward (relative_bias, its score_mod_grad 1) against the built-in ALiBi's and flex's.
-    rb_kw, alibi_kw = dict(causal=True, mod="relative_bias", mod_args={"slopes": slopes}), dict(causal=True,
-                                                                                              alibi_slopes=slopes)
-    out_rb, lse_rb = flashkit.attention(q0, k0, v0, return_lse=True, **rb_kw)
-    out_al, lse_al = flashkit.attention(q0, k0, v0, return_lse=True, **alibi_kw)
-    interleaved("causal alibi backward", True, [
-        ("relative_bias", lambda i: flashkit.attention_backward(dout, q0, k0, v0, out_rb, lse_rb, **rb_kw)),
-        ("built-in", lambda i: flashkit.attention_backward(dout, q0, k0, v0, out_al, lse_al, **alibi_kw)),
-        ("flex", flex.get("causal alibi backward"))], flop_factor=BACKWARD_FLOPS)
+    for causal in (False, True):
+        tag = "causal " if causal else ""
+        rb_kw = dict(causal=causal, mod="relative_bias", mod_args={"slopes": slopes})
+        alibi_kw = dict(causal=causal, alibi_slopes=slopes)
+        out_rb, lse_rb = flashkit.attention(q0, k0, v0, return_lse=True, **rb_kw)
+        out_al, lse_al = flashkit.attention(q0, k0, v0, return_lse=True, **alibi_kw)
+        interleaved(f"{tag}alibi backward", causal, [
+            ("relative_bias", lambda i, o=out_rb, lse=lse_rb, kw=rb_kw: flashkit.attention_backward(
+                dout, q0, k0, v0, o, lse, **kw)),
+            ("built-in", lambda i, o=out_al, lse=lse_al, kw=alibi_kw: flashkit.attention_backward(
+                dout, q0, k0, v0, o, lse, **kw)),
+            ("flex", flex.get(f"{tag}alibi backward"))], flop_factor=BACKWARD_FLOPS)
     for name, kw in (("causal document", dict(causal=True, mod="document", mod_args={"doc_ids": doc})),
                      ("causal document ModMask", dict(causal=True, mod=doc_mask)),
                      ("causal relative_bias", dict(causal=True, mod="relative_bias", mod_args={"slopes": slopes})),
@@ -153,6 +157,8 @@ def flex_calls(tv, slopes_t, doc_t, prefix, s) -> dict[str, Callable[[int], Any]
         calls["causal document backward"] = lambda i: torch.autograd.grad(out, leaves, grad_out, retain_graph=True)
         out_alibi = flex(*leaves, score_mod=alibi, block_mask=bm_causal)
         calls["causal alibi backward"] = lambda i: torch.autograd.grad(out_alibi, leaves, grad_out, retain_graph=True)
+        out_alibi_full = flex(*leaves, score_mod=alibi)
+        calls["alibi backward"] = lambda i: torch.autograd.grad(out_alibi_full, leaves, grad_out, retain_graph=True)
         for fn in calls.values():   # compiled here, not inside a timed warm-up
             fn(0)
         torch.cuda.synchronize()

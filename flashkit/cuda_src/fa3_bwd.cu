@@ -16,18 +16,16 @@ launch: {grid: [q_blocks, kv_tiles, q_blocks], block_m: 64, block_n: 128, warps:
 # hd256: key blocks of 64, the consumers split dK, dV and dQ by head-dim columns (bwd_traits.cuh).
 # Causal: key blocks heaviest first in groups of (batch, kv head) pairs the host sizes per call by simulating the
 # schedule (hopper/bwd_launch_order.cuh, runtime/bwd_order.py): hd128 GQA b8 s2048 h8/2 0.655x -> 1.00x cuDNN.
-# A modification at hd64 (window, softcap, ALiBi, a score_mod functor) needs the 240 registers of two consumers
-# (three spill); softcap
-# with ALiBi at hd128 the column split of 64-key blocks (ALiBi undone for softcap's slope spills 32-44 B at 128).
-# A block mask (its blocks are multiples of 128 keys) or a mask_mod at hd64: key blocks of 128 on two consumers; a
-# mask_mod at hd128 the column split of 64-key blocks (the split by keys spills 16-24 B with its evaluation); a
-# score_mod functor at hd128 too, unless causal (non-causal 128-key blocks spilled 80 B; causal ones fit).
-overrides: {"hd64": {block_n: 192, warps: 16}, "hd256": {block_n: 64}, "hd64/window": {block_n: 128, warps: 12},
-            "hd64/softcap": {block_n: 128, warps: 12}, "hd64/alibi": {block_n: 128, warps: 12},
+# A modification at hd64 needs the 240 registers of two consumers where it adds per-element indices (ALiBi, a
+# score_mod functor: three consumers spill 8-136 B); softcap and the window fit three. A block mask (its blocks are
+# multiples of 128 keys) or a mask_mod at hd64: key blocks of 128 on two consumers. At hd128 every modification
+# runs 128-key blocks, except a non-causal mask_mod (its evaluation spills 32-48 B there: the column split of
+# 64-key blocks); the score indices come from a fresh %tid.x (bwd_consumer_base.cuh), without which a score_mod
+# functor and softcap with ALiBi spilled 80-112 B on non-causal 128-key blocks.
+overrides: {"hd64": {block_n: 192, warps: 16}, "hd256": {block_n: 64}, "hd64/alibi": {block_n: 128, warps: 12},
             "hd64/block_sparse": {block_n: 128, warps: 12}, "hd64/mask_mod": {block_n: 128, warps: 12},
             "hd64/score_mod": {block_n: 128, warps: 12},
-            "hd128/mask_mod": {block_n: 64}, "hd128/score_mod": {block_n: 64}, "hd128/causal/score_mod": {block_n: 128},
-            "hd128/alibi+softcap": {block_n: 64}}
+            "hd128/mask_mod": {block_n: 64}, "hd128/causal/mask_mod": {block_n: 128}}
 tensor_maps: {q: block_m, k: block_n, v: block_n, dout: block_m}   # box rows
 workspace: dq_accum
 ---*/

@@ -360,19 +360,24 @@ def test_a_chunked_backward_past_fa2_bwd_head_dims_is_refused_by_name():
                       discover_kernels().specs)
 
 
-@pytest.mark.parametrize("mods,block_n,warps", [((), 192, 16), (("window",), 128, 12), (("softcap", "alibi"), 128, 12)])
-def test_fa3_bwd_modified_hd64_runs_two_consumers(mods, block_n, warps):
-    """hd64 with a modification: two consumers of 240 registers (three at 160 spill)."""
+@pytest.mark.parametrize("mods,block_n,warps", [((), 192, 16), (("window",), 192, 16), (("softcap",), 192, 16),
+                                                (("window", "softcap"), 192, 16), (("alibi",), 128, 12),
+                                                (("softcap", "alibi"), 128, 12), (("score_mod",), 128, 12)])
+def test_fa3_bwd_hd64_consumers_by_modification(mods, block_n, warps):
+    """hd64: three consumers of 160 registers, with a window or softcap too; two of 240 with ALiBi or a score_mod
+    functor (their per-element indices spill on three)."""
     launch = discover_kernels().get("fa3_bwd").launch_config((9, 0), 64, mods)
     assert (launch["block_n"], launch["warps"]) == (block_n, warps)
 
 
-def test_fa3_bwd_softcap_with_alibi_at_hd128_splits_columns():
-    """The combined key 'hd128/alibi+softcap' applies when both are among the call's, with or without a window."""
+@pytest.mark.parametrize("causal", [False, True])
+def test_fa3_bwd_hd128_modifications_run_128_key_blocks(causal):
+    """hd128: every modification on 128-key blocks; a mask_mod too when causal, the column split of 64-key blocks
+    when not (its evaluation spills there)."""
     spec = discover_kernels().get("fa3_bwd")
-    assert spec.launch_config((9, 0), 128, ("softcap",))["block_n"] == 128
-    assert spec.launch_config((9, 0), 128, ("alibi", "softcap"))["block_n"] == 64
-    assert spec.launch_config((9, 0), 128, ("window", "softcap", "alibi"))["block_n"] == 64
+    for mods in (("softcap",), ("alibi", "softcap"), ("window", "softcap", "alibi"), ("score_mod",)):
+        assert spec.launch_config((9, 0), 128, mods, causal=causal)["block_n"] == 128
+    assert spec.launch_config((9, 0), 128, ("mask_mod",), causal=causal)["block_n"] == (128 if causal else 64)
 
 
 def test_varlen_compile_matrix_includes_the_backward_varlen_builds():

@@ -110,11 +110,14 @@ struct BwdConsumerBase {
         return key_minus_query(m0) - shift;
     }
 
-    // S^T = mod(S^T) (the visit's head's modification), every visit.
+    // S^T = mod(S^T) (the visit's head's modification), every visit, at the thread's fresh place (FreshPlace).
     template <class Mod>
     __device__ __forceinline__ void modify_scores(const Mod& mod, float (&s)[Kt::kQTiles][4], int m0) const {
-        apply_score_mod_transposed(mod, s, key0 + warp_row, m0 + s_query0() + col2);
+        const FreshPlace at;
+        apply_score_mod_transposed(mod, s, key0 + at.row, m0 + s_query0() + at.col2);
     }
+    // Nothing to do (not even the fresh read: the unmodified builds' code stays as it was).
+    __device__ __forceinline__ void modify_scores(const NoScoreMod&, float (&)[Kt::kQTiles][4], int) const {}
 
     // A mask_mod's element mask of a visit (FLASHKIT_MASK_MOD), as bits: bit kKeepRowBits h + 2 ni + c keeps key row
     // warp_row + 8 h, query s_query0() + 8 ni + col2 + c of the visit at m0; all ones on full visits. Evaluated
@@ -183,8 +186,9 @@ struct BwdConsumerBase {
         float ds0 = p0 * (dp0 - dsum.x), ds1 = p1 * (dp1 - dsum.y);
         if constexpr (!Mod::kUnitGrad) {
             const float2 l = query_pair(ws.lse2 + ws_row + s_query0(), ni);
-            const int query = m0 + s_query0() + col2 + ni * kMmaN;
-            const int key = key0 + warp_row + h * kFragRowHalf;
+            const FreshPlace at;
+            const int query = m0 + s_query0() + at.col2 + ni * kMmaN;
+            const int key = key0 + at.row + h * kFragRowHalf;
             ds0 = raw_score_grad(mod, p, ds0, p0, l.x, query, key);
             ds1 = raw_score_grad(mod, p, ds1, p1, l.y, query + 1, key);
         }
@@ -205,6 +209,19 @@ struct BwdConsumerBase {
         return static_cast<int>(thread);
     }
     __device__ __forceinline__ static int fresh_tid() { return fresh_thread() % gmma::kWarpgroupThreads; }
+    // warp_row and col2 formed again from fresh_tid, where per-element indices feed a score modification. From the
+    // members, ptxas formed the elements' indices (a functor's 16 clamped queries, ALiBi's distances undone for
+    // softcap's slope) before the S^T wait and held them over it: relative_bias and softcap with ALiBi spilled
+    // 80-112 B on hd128's non-causal 128-key blocks; 0 from the fresh place. (The members stay formed from
+    // threadIdx.x: formed from a FreshPlace too, they were one value to ptxas again, and 120-128 B spilled.)
+    struct FreshPlace {
+        int row, col2;
+        __device__ __forceinline__ FreshPlace() {
+            const int thread = fresh_tid(), lane = thread % kWarpSize;
+            row = thread / kWarpSize * kMmaM + lane / kQuadLanes;
+            col2 = kFragCols * (lane % kQuadLanes);
+        }
+    };
     __device__ __forceinline__ static int fresh_consumer() {   // consumer warpgroups follow the producer's
         return fresh_thread() / gmma::kWarpgroupThreads - 1;
     }
