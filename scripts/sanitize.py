@@ -17,6 +17,7 @@ from flashkit.runtime.device import device_info
 
 SHAPE = (2, 77, 4, 2)   # batch, seqlen (odd, crosses no tile evenly), heads, kv heads (GQA 2:1)
 DECODE_ROWS = 3         # query rows for the variants that only serve decode-sized calls
+PREFIX = 20             # prefix_lm's bidirectional prefix: tiles of every state at SHAPE's lengths
 
 
 def inputs(head_dim: int, dtype: str, seed: int, rows: int = SHAPE[1]):
@@ -59,6 +60,10 @@ def main(names: list[str]) -> None:
                 q, k, v = inputs(head_dim, spec.dtypes[0], 1)
                 out, lse = attention(q, k, v, causal=causal, return_lse=True)
                 attention_backward(cp.ones_like(out), q, k, v, out, lse, causal=causal, variant=spec.name)
+                if spec.supports("mask_mod"):   # partial visits: the producer warpgroup's keep bits (bwd_keep.cuh)
+                    kw = dict(causal=causal, mod="prefix_lm", mod_args={"prefix": PREFIX})
+                    out, lse = attention(q, k, v, return_lse=True, **kw)
+                    attention_backward(cp.ones_like(out), q, k, v, out, lse, variant=spec.name, **kw)
             else:
                 forward(spec, head_dim, causal)
             cp.cuda.runtime.deviceSynchronize()

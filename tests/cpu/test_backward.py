@@ -372,12 +372,13 @@ def test_fa3_bwd_hd64_consumers_by_modification(mods, block_n, warps):
 
 @pytest.mark.parametrize("causal", [False, True])
 def test_fa3_bwd_hd128_modifications_run_128_key_blocks(causal):
-    """hd128: every modification on 128-key blocks; a mask_mod too when causal, the column split of 64-key blocks
-    when not (its evaluation spills there)."""
+    """hd128: every modification and a mask_mod on the dense tiles (128-key blocks, two consumers); at hd64 a
+    mask_mod on three consumers too (its element mask comes from the producer warpgroup's warps)."""
     spec = discover_kernels().get("fa3_bwd")
-    for mods in (("softcap",), ("alibi", "softcap"), ("window", "softcap", "alibi"), ("score_mod",)):
+    for mods in (("softcap",), ("alibi", "softcap"), ("window", "softcap", "alibi"), ("score_mod",), ("mask_mod",)):
         assert spec.launch_config((9, 0), 128, mods, causal=causal)["block_n"] == 128
-    assert spec.launch_config((9, 0), 128, ("mask_mod",), causal=causal)["block_n"] == (128 if causal else 64)
+    launch = spec.launch_config((9, 0), 64, ("mask_mod",), causal=causal)
+    assert (launch["block_n"], launch["warps"]) == (192, 16)
 
 
 def test_varlen_compile_matrix_includes_the_backward_varlen_builds():

@@ -55,8 +55,7 @@ def test_mask_mod_backward_classifies_lists_then_runs_the_passes(monkeypatch):
                                   mod_args=lambda fake: {"doc_ids": fake((b, sk), np.int32)})
     names = [name for name, *_ in launches]
     assert names == ["flashkit_functor_classify", "flashkit_bwd_list_columns", "flashkit_bwd_list_ranks"] + PASSES
-    # hd128 with a causal mask_mod: key tiles of 128 (the manifest's hd128/causal/mask_mod); the document mask varies
-    # by batch only
+    # hd128 with a mask_mod: key tiles of 128, as the dense backward; the document mask varies by batch only
     q_tiles, k_tiles, groups = -(-sq // 64), -(-sk // 128), b
     grids = [grid for _, grid, *_ in launches]
     assert grids[0] == (k_tiles, q_tiles, groups)

@@ -53,7 +53,6 @@ struct BwdColumnConsumer : BwdConsumerBase<Kt, Mask> {
     __device__ __forceinline__ void visit(const BwdCta<Kt>& cta, int slot, const BwdVisit& at) {
         const int head = at.head, m_block = at.m_block;
         const int m0 = m_block * Kt::kBlockM;
-        this->stage_keep(cta, at.partial, head, m0);   // a mask_mod's element mask on a partial visit
         const int q0 = this->s_query0();   // this consumer's queries of the block (S^T, dP^T columns)
         const index_t ws_row = ws.row0(p, batch, head) + m0;
         const u32 k_tile = cta.smem + Kt::kKOffset;
@@ -71,7 +70,7 @@ struct BwdColumnConsumer : BwdConsumerBase<Kt, Mask> {
         gmma::fence_accumulators(s);
         const Mod mod(p, head, batch);
         this->modify_scores(mod, s, m0);
-        const u32 keep = this->staged_keep(cta);
+        const u32 keep = this->staged_keep(cta, slot, at.partial);   // a mask_mod's element mask
         const int over = this->causal_over(m0);
         const int diff = this->key_minus_query(m0);
         u32 pt[Kt::kQTiles][2];   // P^T in 16 bits: pt[ni][h] = row warp_row + 8 h, column tile ni

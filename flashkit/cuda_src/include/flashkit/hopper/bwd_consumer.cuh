@@ -66,7 +66,6 @@ struct BwdConsumer : BwdConsumerBase<Kt, Mask> {
     __device__ __forceinline__ void visit(const BwdCta<Kt>& cta, int slot, const BwdVisit& at) {
         const int head = at.head, m_block = at.m_block;
         const int m0 = m_block * Kt::kBlockM;
-        this->stage_keep(cta, at.partial, head, m0);   // a mask_mod's element mask on a partial visit
         const index_t ws_row = ws.row0(p, batch, head) + m0;
         const u32 k_tile = cta.smem + Kt::kKOffset;
         const u32 q_tile = cta.q_tile(slot);
@@ -83,7 +82,7 @@ struct BwdConsumer : BwdConsumerBase<Kt, Mask> {
         gmma::fence_accumulators(s);
         const Mod mod(p, head, batch);
         this->modify_scores(mod, s, m0);
-        const u32 keep = this->staged_keep(cta);
+        const u32 keep = this->staged_keep(cta, slot, at.partial);   // a mask_mod's element mask
         const int over = this->causal_over(m0);
         const int diff = this->key_minus_query(m0);
 #pragma unroll

@@ -119,48 +119,20 @@ struct BwdConsumerBase {
     // Nothing to do (not even the fresh read: the unmodified builds' code stays as it was).
     __device__ __forceinline__ void modify_scores(const NoScoreMod&, float (&)[Kt::kQTiles][4], int) const {}
 
-    // A mask_mod's element mask of a visit (FLASHKIT_MASK_MOD), as bits: bit kKeepRowBits h + 2 ni + c keeps key row
-    // warp_row + 8 h, query s_query0() + 8 ni + col2 + c of the visit at m0; all ones on full visits. Evaluated
-    // before the visit's products (no wgmma in flight, so the branch costs ptxas nothing) into the thread's word of
-    // shared memory (held in a register over the products, the hd128 build spilled 16-24 B), read back for the
-    // select that applies it (keeps). Indices clamped into the sequences (functor.cuh's contract).
-    static constexpr int kKeepRowBits = 2 * Kt::kQTiles;
-    static_assert(2 * kKeepRowBits <= 32, "a thread's keep bits fit one word");
-    __device__ __forceinline__ void stage_keep(const BwdCta<Kt>& cta, bool partial, int head, int m0) const {
+    // A mask_mod's element mask of visit `slot` (FLASHKIT_MASK_MOD): the thread's word of keep bits, which the
+    // producer warpgroup's mask threads wrote into Q's stage (hopper/bwd_keep.cuh; Q has landed: issue_scores waited);
+    // all ones on full visits and without a mask_mod.
+    __device__ __forceinline__ static u32 staged_keep(const BwdCta<Kt>& cta, int slot, bool partial) {
 #if FLASHKIT_MASK_MOD
-        u32 bits = ~0u;
-        if (partial) {
-            bits = 0;
-#pragma unroll 1
-            for (int h = 0; h < 2; ++h) {
-                const int key = min(key0 + warp_row + h * kFragRowHalf, p.seqlen_k - 1);
-#pragma unroll kMaskModUnroll
-                for (int c = 0; c < kKeepRowBits; ++c) {
-                    const int query = min(m0 + s_query0() + (c >> 1) * kMmaN + col2 + (c & 1), p.seqlen_q - 1);
-                    bits |= static_cast<u32>(::mask_mod(batch, head, query, key, p.mods.args))
-                            << (h * kKeepRowBits + c);
-                }
-            }
-        }
-        st_shared_b32(keep_word(cta), bits);
+        return partial ? cta.load_keep(slot, fresh_thread() - gmma::kWarpgroupThreads) : ~0u;
 #else
-        (void)cta, (void)partial, (void)head, (void)m0;
-#endif
-    }
-    __device__ __forceinline__ u32 staged_keep(const BwdCta<Kt>& cta) const {
-#if FLASHKIT_MASK_MOD
-        return ld_shared_b32(keep_word(cta));
-#else
-        (void)cta;
+        (void)cta, (void)slot, (void)partial;
         return ~0u;
 #endif
     }
-    __device__ __forceinline__ static u32 keep_word(const BwdCta<Kt>& cta) {
-        return cta.smem + Kt::kKeepOffset + (fresh_thread() - gmma::kWarpgroupThreads) * 4;
-    }
     // x where keep_bits keeps element e of column tile ni (the C fragment's order), else 0.
     __device__ __forceinline__ static float keeps(u32 bits, int ni, int e, float x) {
-        return (bits >> ((e / 2) * kKeepRowBits + 2 * ni + e % 2)) & 1u ? x : 0.f;
+        return (bits >> ((e / 2) * Kt::kKeepRowBits + 2 * ni + e % 2)) & 1u ? x : 0.f;
     }
 
     // P^T of the element at offset `at` from the thread's first (over, diff: causal_over and key_minus_query of the

@@ -2,7 +2,8 @@
 // tensor maps, and the sequence of visits (query head, query block) that the producer and every consumer
 // walk in the same order.
 //   kv_full   K and V of the key block landed (one phase: loaded once)
-//   q_ring    Q of visit i in stage i % kStages (full: landed; empty: every consumer thread is done with it)
+//   q_ring    Q of visit i in stage i % kStages (full: landed, and a mask_mod's keep bits of the visit written;
+//             empty: every consumer thread is done with it)
 //   do_ring   dO of visit i, likewise (a ring of its own, so that S^T = K Q^T starts before dO lands)
 #pragma once
 
@@ -102,7 +103,7 @@ struct BwdCta : WsRoles {   // smem: the layout in bwd_traits.cuh
           do_ring(smem_ + Kt::kDoRingOffset), kv_full(smem_ + Kt::kKvBarOffset) {
         if (tid == 0) {
             mbarrier_init(kv_full, 1);
-            q_ring.init(Kt::kConsumerThreads);
+            q_ring.init(Kt::kConsumerThreads, Kt::kMaskThreads);   // a mask_mod's keep bits complete Q's stage
             do_ring.init(Kt::kConsumerThreads);
             fence_barrier_init();
         }
@@ -114,6 +115,21 @@ struct BwdCta : WsRoles {   // smem: the layout in bwd_traits.cuh
     __device__ __forceinline__ u32 do_tile(int visit) const {
         return smem + Kt::kDoOffset + Ring::stage(visit) * Kt::kQStageBytes;
     }
+    // A mask_mod's keep bits of consumer thread `thread` (0 .. kConsumerThreads - 1) for visit i, in Q's stage
+    // (Kt::kKeepWordBytes each).
+    __device__ __forceinline__ u32 keep_word(int visit, int thread) const {
+        return smem + Kt::kKeepOffset + Ring::stage(visit) * Kt::kKeepStageBytes + thread * Kt::kKeepWordBytes;
+    }
+    __device__ __forceinline__ void store_keep(int visit, int thread, u32 bits) const {
+        if constexpr (Kt::kKeepWordBytes == 2) st_shared_b16(keep_word(visit, thread), bits);
+        else st_shared_b32(keep_word(visit, thread), bits);
+    }
+    __device__ __forceinline__ u32 load_keep(int visit, int thread) const {
+        if constexpr (Kt::kKeepWordBytes == 2) return ld_shared_b16(keep_word(visit, thread));
+        else return ld_shared_b32(keep_word(visit, thread));
+    }
+    // The producer warpgroup's threads that write those bits (every warp but the loading thread's).
+    __device__ __forceinline__ bool mask_thread() const { return Kt::kMaskWarps > 0 && producer() && tid >= kWarpSize; }
     __device__ __forceinline__ u32 ds_tile(int visit) const {   // dS^T, by visit parity
         return smem + Kt::kDsOffset + (visit % Kt::kDsBuffers) * Kt::kDsBufferBytes;
     }

@@ -19,7 +19,7 @@
 //   [ K: kBlockN rows | V: kBlockN rows | Q: kStages x kBlockM rows | dO: kStages x kBlockM rows |
 //     dS^T: 2 x (kBlockN rows of kBlockM 16-bit queries) | P^T: the same, split by columns only |
 //     dQ: one fp32 panel (64 x 64, DqLayout's order) a consumer, split by keys only |
-//     mbarriers: kv_full, the Q ring, the dO ring ]
+//     mbarriers: kv_full, the Q ring, the dO ring | a mask_mod's keep bits: kStages x a word a consumer thread ]
 // dS^T (and P^T) are double-buffered by visit parity, so one named barrier a visit orders their writes and
 // reads (see bwd_consumer.cuh): over every consumer where they exchange it, over the consumer's own warpgroup
 // where each reads only its own rows (kDqSplitKeys).
@@ -66,8 +66,8 @@ struct BwdWsTraits {
     static constexpr int kThreads = kConsumerThreads + gmma::kWarpgroupThreads;   // + the producer warpgroup
     static constexpr int kWarps = kThreads / kWarpSize;
     // setmaxnreg budgets (multiples of 8), as the forward's: 24 + 2 x 240 or 24 + 3 x 160 of 512 a lane.
-    static constexpr int kProducerRegs = 24;
-    static constexpr int kConsumerRegs = kConsumers == 2 ? 240 : 160;
+    static constexpr int kProducerRegs = FLASHKIT_MASK_MOD ? 32 : 24;
+    static constexpr int kConsumerRegs = kConsumers == 2 ? (FLASHKIT_MASK_MOD ? 232 : 240) : 160;
     // The consumer index as a warp-uniform value (a shuffle from lane 0), so that ptxas keeps what derives
     // from it (the consumer's K and V rows, its descriptors) in uniform registers: three consumers at 160
     // registers spill 20-68 B without it. At two consumers (240) it measured no faster and made hd128 causal
@@ -122,9 +122,16 @@ struct BwdWsTraits {
     static constexpr int kKvBarOffset = kDqOffset + kDqBuffers * kDqBufferBytes;   // kv_full
     static constexpr int kQRingOffset = kKvBarOffset + kBarrierBytes;
     static constexpr int kDoRingOffset = kQRingOffset + Ring::kBytes;
-    // A mask_mod's keep bits, one word a consumer thread (bwd_consumer_base.cuh: held in shared memory, not in a
-    // register over the visit's products, where the hd128 build spilled 16-24 B).
-    static constexpr int kKeepBytes = FLASHKIT_MASK_MOD ? kConsumerThreads * 4 : 0;
+    // A mask_mod's keep bits (hopper/bwd_keep.cuh): one word a consumer thread a Q stage (a half word where 16 bits
+    // hold them: hd256's two stages of 32-bit words overran its shared memory by 72 B), written by the producer
+    // warpgroup's kMaskWarps warps besides its loading thread (their arrivals complete the Q stage with its bytes).
+    static constexpr int kMaskWarps = FLASHKIT_MASK_MOD ? gmma::kWarpgroupThreads / kWarpSize - 1 : 0;
+    static constexpr int kMaskThreads = kMaskWarps * kWarpSize;
+    static constexpr int kKeepRowBits = 2 * kQTiles;   // a key row's bits in a word: its S^T fragment's queries
+    static_assert(2 * kKeepRowBits <= 32, "a consumer thread's keep bits fit one word");
+    static constexpr int kKeepWordBytes = 2 * kKeepRowBits <= 16 ? 2 : 4;   // half words at hd256 (16 bits)
+    static constexpr int kKeepStageBytes = kConsumerThreads * kKeepWordBytes;
+    static constexpr int kKeepBytes = FLASHKIT_MASK_MOD ? kStages * kKeepStageBytes : 0;
     static constexpr int kKeepOffset = kDoRingOffset + Ring::kBytes;
     static constexpr int kSmemBytes = kKeepOffset + kKeepBytes + gmma::kTileAlign;   // + alignment slack
 

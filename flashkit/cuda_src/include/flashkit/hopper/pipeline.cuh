@@ -2,7 +2,8 @@
 //
 // Tile i of a stream lives in stage i % kStages; its round is i / kStages. Each stage has two
 // mbarriers: "full" (1 arrival: the producer's arrive.expect_tx, plus the tile's bytes landing
-// through TMA) and "empty" (one arrival per consumer thread: every consumer is done reading it).
+// through TMA; plus one a side thread where other threads write part of the stage) and "empty" (one
+// arrival per consumer thread: every consumer is done reading it).
 //   producer, tile i:  wait empty(stage) for parity (round & 1) ^ 1   (round 0 passes at once)
 //                      arrive.expect_tx(full(stage), bytes); TMA loads complete on full(stage)
 //   consumer, tile i:  wait full(stage) for parity round & 1; read; arrive empty(stage)
@@ -27,21 +28,25 @@ struct StageRing {
     __device__ __forceinline__ u32 full(int i) const { return base + stage(i) * kBarrierBytes; }
     __device__ __forceinline__ u32 empty(int i) const { return base + (kStages + stage(i)) * kBarrierBytes; }
 
-    // One thread, before the CTA-wide barrier that publishes the ring.
-    __device__ __forceinline__ void init(int consumer_threads) const {
+    // One thread, before the CTA-wide barrier that publishes the ring. side_threads: threads besides the producer
+    // that fill part of each stage (a plain arrive on full once their part is written: co_fill).
+    __device__ __forceinline__ void init(int consumer_threads, int side_threads = 0) const {
 #pragma unroll
         for (int s = 0; s < kStages; ++s) {
-            mbarrier_init(full(s), 1);
+            mbarrier_init(full(s), 1 + side_threads);
             mbarrier_init(empty(s), consumer_threads);
         }
     }
 
     // Producer: wait until tile i's stage is free, then announce its bytes.
     __device__ __forceinline__ u32 acquire(int i, u32 bytes) const {
-        mbarrier_wait(empty(i), parity(i) ^ 1u);
+        wait_empty(i);
         mbarrier_arrive_expect_tx(full(i), bytes);
         return full(i);
     }
+    // A side thread (init's side_threads): wait until tile i's stage is free, write its part, then co_fill.
+    __device__ __forceinline__ void wait_empty(int i) const { mbarrier_wait(empty(i), parity(i) ^ 1u); }
+    __device__ __forceinline__ void co_fill(int i) const { mbarrier_arrive(full(i)); }
     // Consumer: wait until tile i has landed; hand its stage back once read.
     __device__ __forceinline__ void wait_full(int i) const { mbarrier_wait(full(i), parity(i)); }
     __device__ __forceinline__ void release(int i) const { mbarrier_arrive(empty(i)); }

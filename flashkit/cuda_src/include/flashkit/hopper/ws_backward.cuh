@@ -1,6 +1,7 @@
 // The warp-specialized Hopper backward of one key block (FlashAttention-3's backward): the roles of a CTA.
 //   warpgroup 0 (producer)     gives registers back (setmaxnreg.dec); thread 0 loads K, V once and Q, dO
-//                              per visit through the stage rings (bwd_producer.cuh)
+//                              per visit through the stage rings (bwd_producer.cuh); with a mask_mod, its
+//                              other warps write the partial visits' keep bits into Q's stages (bwd_keep.cuh)
 //   warpgroups 1.. (consumers) take registers (setmaxnreg.inc); each runs its share of the products for
 //                              every visit (split by keys: bwd_consumer.cuh; by head-dim columns:
 //                              bwd_column_consumer.cuh), then stores its part of dK and dV
@@ -10,6 +11,7 @@
 
 #include "flashkit/hopper/bwd_column_consumer.cuh"
 #include "flashkit/hopper/bwd_consumer.cuh"
+#include "flashkit/hopper/bwd_keep.cuh"
 #include "flashkit/hopper/bwd_producer.cuh"
 #include "flashkit/hopper/ws_forward.cuh"   // ws_smem_base
 
@@ -35,6 +37,7 @@ __device__ __forceinline__ void ws_backward(const Params& p, const BackwardMaps&
     if (cta.producer()) {
         release_registers<Kt::kProducerRegs>();
         if (cta.issuer()) bwd_produce<Kt>(cta, maps, visits, n_block, kv_head, batch);
+        else if (cta.mask_thread()) bwd_stage_keeps<Kt>(p, cta, visits, n_block, batch);
         return;
     }
     claim_registers<Kt::kConsumerRegs>();
