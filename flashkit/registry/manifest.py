@@ -26,8 +26,9 @@ FEATURES = ("causal", "block_sparse", "fp8", "backward", "lse", "gqa", "window",
 # kernel as FLASHKIT_<NAME> defines. persistent: the `tiles` grid runs one CTA an SM over every tile;
 # defer_pv_wait: a Hopper consumer waits for its P V at the top of its next visit (hopper/ws_mainloop.cuh);
 # heaviest_first: a causal backward's CTAs take key blocks heaviest first in groups the host sizes per call
-# (Params.bwd.order_pairs: hopper/bwd_launch_order.cuh, runtime/bwd_order.py).
-LAUNCH_FLAGS = ("persistent", "defer_pv_wait", "heaviest_first")
+# (Params.bwd.order_pairs: hopper/bwd_launch_order.cuh, runtime/bwd_order.py); mask_warps: a Hopper backward's
+# mask_mod element mask is evaluated by the producer warpgroup's other warps, not by the consumers (hopper/bwd_keep.cuh).
+LAUNCH_FLAGS = ("persistent", "defer_pv_wait", "heaviest_first", "mask_warps")
 GRID_KINDS = ("q_blocks", "tiles", "heads", "score_tiles", "row_groups", "kv_tiles", "kv_splits", "split_combine")
 WORKSPACE_KINDS = ("none", "scores", "running_state", "v_transposed", "dq_accum", "split_partials")
 REQUIRED = ("name", "summary", "entry", "arch", "dtypes", "head_dims", "features", "launch")

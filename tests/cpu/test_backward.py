@@ -372,13 +372,15 @@ def test_fa3_bwd_hd64_consumers_by_modification(mods, block_n, warps):
 
 @pytest.mark.parametrize("causal", [False, True])
 def test_fa3_bwd_hd128_modifications_run_128_key_blocks(causal):
-    """hd128: every modification and a mask_mod on the dense tiles (128-key blocks, two consumers); at hd64 a
-    mask_mod on three consumers too (its element mask comes from the producer warpgroup's warps)."""
+    """hd128: every modification and a mask_mod on the dense tiles (128-key blocks, two consumers); a non-causal
+    mask_mod's element mask from the producer warpgroup's warps (mask_warps), a causal one's from the consumers."""
     spec = discover_kernels().get("fa3_bwd")
     for mods in (("softcap",), ("alibi", "softcap"), ("window", "softcap", "alibi"), ("score_mod",), ("mask_mod",)):
         assert spec.launch_config((9, 0), 128, mods, causal=causal)["block_n"] == 128
-    launch = spec.launch_config((9, 0), 64, ("mask_mod",), causal=causal)
-    assert (launch["block_n"], launch["warps"]) == (192, 16)
+    assert spec.launch_config((9, 0), 128, ("mask_mod",), causal=causal)["mask_warps"] == (0 if causal else 1)
+    assert spec.launch_config((9, 0), 128, ("block_sparse",), causal=causal).get("mask_warps", 0) == 0
+    for hd in (64, 256):
+        assert spec.launch_config((9, 0), hd, ("mask_mod",), causal=causal).get("mask_warps", 0) == 0
 
 
 def test_varlen_compile_matrix_includes_the_backward_varlen_builds():

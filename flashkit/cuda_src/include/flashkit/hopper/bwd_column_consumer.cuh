@@ -53,6 +53,7 @@ struct BwdColumnConsumer : BwdConsumerBase<Kt, Mask> {
     __device__ __forceinline__ void visit(const BwdCta<Kt>& cta, int slot, const BwdVisit& at) {
         const int head = at.head, m_block = at.m_block;
         const int m0 = m_block * Kt::kBlockM;
+        this->stage_keep(cta, slot, at.partial, head, m0);   // a mask_mod's element mask on a partial visit
         const int q0 = this->s_query0();   // this consumer's queries of the block (S^T, dP^T columns)
         const index_t ws_row = ws.row0(p, batch, head) + m0;
         const u32 k_tile = cta.smem + Kt::kKOffset;

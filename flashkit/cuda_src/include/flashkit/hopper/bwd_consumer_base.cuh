@@ -9,6 +9,7 @@
 #include "flashkit/functor.cuh"
 #include "flashkit/fragment.cuh"
 #include "flashkit/hopper/bwd_cta.cuh"
+#include "flashkit/hopper/bwd_keep.cuh"
 #include "flashkit/reduce.cuh"
 
 namespace flashkit {
@@ -119,9 +120,23 @@ struct BwdConsumerBase {
     // Nothing to do (not even the fresh read: the unmodified builds' code stays as it was).
     __device__ __forceinline__ void modify_scores(const NoScoreMod&, float (&)[Kt::kQTiles][4], int) const {}
 
-    // A mask_mod's element mask of visit `slot` (FLASHKIT_MASK_MOD): the thread's word of keep bits, which the
-    // producer warpgroup's mask threads wrote into Q's stage (hopper/bwd_keep.cuh; Q has landed: issue_scores waited);
-    // all ones on full visits and without a mask_mod.
+    // A mask_mod's element mask of a partial visit (FLASHKIT_MASK_MOD), as bits: bit kKeepRowBits h + 2 ni + c keeps
+    // key row warp_row + 8 h, query s_query0() + 8 ni + col2 + c of the visit at m0. Without mask warps
+    // (Kt::kMaskWarps: then hopper/bwd_keep.cuh writes them) the consumer thread evaluates them before the visit's
+    // products (no wgmma in flight, so the branch costs ptxas nothing) into its word of Q's stage (held in a register
+    // over the products, the hd128 build spilled 16-24 B). Indices clamped into the sequences (functor.cuh's
+    // contract).
+    __device__ __forceinline__ void stage_keep(const BwdCta<Kt>& cta, int slot, bool partial, int head, int m0) const {
+#if FLASHKIT_MASK_MOD
+        if (Kt::kMaskWarps > 0 || !partial) return;
+        cta.store_keep(slot, fresh_thread() - gmma::kWarpgroupThreads,
+                       keep_bits<Kt, kMaskModUnroll>(p, batch, head, key0 + warp_row, m0 + s_query0() + col2));
+#else
+        (void)cta, (void)slot, (void)partial, (void)head, (void)m0;
+#endif
+    }
+    // The thread's word of keep bits for visit `slot` (Q has landed: issue_scores waited for it); all ones on full
+    // visits and without a mask_mod.
     __device__ __forceinline__ static u32 staged_keep(const BwdCta<Kt>& cta, int slot, bool partial) {
 #if FLASHKIT_MASK_MOD
         return partial ? cta.load_keep(slot, fresh_thread() - gmma::kWarpgroupThreads) : ~0u;

@@ -35,6 +35,9 @@
 #ifndef FLASHKIT_MASK_MOD
 #define FLASHKIT_MASK_MOD 0   // functor.cuh's default: no mask_mod
 #endif
+#ifndef FLASHKIT_MASK_WARPS
+#define FLASHKIT_MASK_WARPS 0   // a mask_mod's element mask from the producer warpgroup's warps (bwd_keep.cuh)
+#endif
 
 namespace flashkit {
 namespace hopper {
@@ -66,8 +69,10 @@ struct BwdWsTraits {
     static constexpr int kThreads = kConsumerThreads + gmma::kWarpgroupThreads;   // + the producer warpgroup
     static constexpr int kWarps = kThreads / kWarpSize;
     // setmaxnreg budgets (multiples of 8), as the forward's: 24 + 2 x 240 or 24 + 3 x 160 of 512 a lane.
-    static constexpr int kProducerRegs = FLASHKIT_MASK_MOD ? 32 : 24;
-    static constexpr int kConsumerRegs = kConsumers == 2 ? (FLASHKIT_MASK_MOD ? 232 : 240) : 160;
+    // With mask warps (kMaskWarps below) 32 + 2 x 232: at 24 their evaluation loop spilled 44-104 B.
+    static constexpr bool kMaskWarpsOn = FLASHKIT_MASK_MOD && FLASHKIT_MASK_WARPS;
+    static constexpr int kProducerRegs = kMaskWarpsOn ? 32 : 24;
+    static constexpr int kConsumerRegs = kConsumers == 2 ? (kMaskWarpsOn ? 232 : 240) : 160;
     // The consumer index as a warp-uniform value (a shuffle from lane 0), so that ptxas keeps what derives
     // from it (the consumer's K and V rows, its descriptors) in uniform registers: three consumers at 160
     // registers spill 20-68 B without it. At two consumers (240) it measured no faster and made hd128 causal
@@ -122,10 +127,11 @@ struct BwdWsTraits {
     static constexpr int kKvBarOffset = kDqOffset + kDqBuffers * kDqBufferBytes;   // kv_full
     static constexpr int kQRingOffset = kKvBarOffset + kBarrierBytes;
     static constexpr int kDoRingOffset = kQRingOffset + Ring::kBytes;
-    // A mask_mod's keep bits (hopper/bwd_keep.cuh): one word a consumer thread a Q stage (a half word where 16 bits
-    // hold them: hd256's two stages of 32-bit words overran its shared memory by 72 B), written by the producer
-    // warpgroup's kMaskWarps warps besides its loading thread (their arrivals complete the Q stage with its bytes).
-    static constexpr int kMaskWarps = FLASHKIT_MASK_MOD ? gmma::kWarpgroupThreads / kWarpSize - 1 : 0;
+    // A mask_mod's keep bits: one word a consumer thread a Q stage (a half word where 16 bits hold them: hd256's two
+    // stages of 32-bit words overran its shared memory by 72 B), written by the consumer thread itself before the
+    // visit's products (bwd_consumer_base.cuh's stage_keep) or, with FLASHKIT_MASK_WARPS, by the producer warpgroup's
+    // kMaskWarps warps besides its loading thread (hopper/bwd_keep.cuh: their arrivals complete the Q stage).
+    static constexpr int kMaskWarps = kMaskWarpsOn ? gmma::kWarpgroupThreads / kWarpSize - 1 : 0;
     static constexpr int kMaskThreads = kMaskWarps * kWarpSize;
     static constexpr int kKeepRowBits = 2 * kQTiles;   // a key row's bits in a word: its S^T fragment's queries
     static_assert(2 * kKeepRowBits <= 32, "a consumer thread's keep bits fit one word");
