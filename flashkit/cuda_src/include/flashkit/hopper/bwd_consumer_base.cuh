@@ -128,24 +128,40 @@ struct BwdConsumerBase {
     // contract).
     __device__ __forceinline__ void stage_keep(const BwdCta<Kt>& cta, int slot, bool partial, int head, int m0) const {
 #if FLASHKIT_MASK_MOD
-        if (Kt::kMaskWarps > 0 || !partial) return;
-        cta.store_keep(slot, fresh_thread() - gmma::kWarpgroupThreads,
-                       keep_bits<Kt, kMaskModUnroll>(p, batch, head, key0 + warp_row, m0 + s_query0() + col2));
+        if constexpr (Kt::kMaskWarps == 0) {   // written out here: through a helper shared with bwd_keep.cuh's
+            u32 bits = ~0u;                     // word_bits (the same sums), ptxas made the hd64 build 56
+                                                // instructions longer
+            if (partial) {
+                bits = 0;
+#pragma unroll 1
+                for (int h = 0; h < 2; ++h) {
+                    const int key = min(key0 + warp_row + h * kFragRowHalf, p.seqlen_k - 1);
+#pragma unroll kMaskModUnroll
+                    for (int c = 0; c < Kt::kKeepRowBits; ++c) {
+                        const int query = min(m0 + s_query0() + (c >> 1) * kMmaN + col2 + (c & 1), p.seqlen_q - 1);
+                        bits |= static_cast<u32>(::mask_mod(batch, head, query, key, p.mods.args))
+                                << (h * Kt::kKeepRowBits + c);
+                    }
+                }
+            }
+            cta.store_keep(slot, fresh_thread() - gmma::kWarpgroupThreads, bits);
+        }
 #else
         (void)cta, (void)slot, (void)partial, (void)head, (void)m0;
 #endif
     }
     // The thread's word of keep bits for visit `slot` (Q has landed: issue_scores waited for it); all ones on full
-    // visits and without a mask_mod.
+    // visits (the mask warps write none there) and without a mask_mod.
     __device__ __forceinline__ static u32 staged_keep(const BwdCta<Kt>& cta, int slot, bool partial) {
 #if FLASHKIT_MASK_MOD
-        return partial ? cta.load_keep(slot, fresh_thread() - gmma::kWarpgroupThreads) : ~0u;
+        const u32 word = cta.load_keep(slot, fresh_thread() - gmma::kWarpgroupThreads);
+        return Kt::kMaskWarps == 0 || partial ? word : ~0u;
 #else
         (void)cta, (void)slot, (void)partial;
         return ~0u;
 #endif
     }
-    // x where keep_bits keeps element e of column tile ni (the C fragment's order), else 0.
+    // x where the keep bits keep element e of column tile ni (the C fragment's order), else 0.
     __device__ __forceinline__ static float keeps(u32 bits, int ni, int e, float x) {
         return (bits >> ((e / 2) * Kt::kKeepRowBits + 2 * ni + e % 2)) & 1u ? x : 0.f;
     }

@@ -115,10 +115,11 @@ struct BwdCta : WsRoles {   // smem: the layout in bwd_traits.cuh
     __device__ __forceinline__ u32 do_tile(int visit) const {
         return smem + Kt::kDoOffset + Ring::stage(visit) * Kt::kQStageBytes;
     }
-    // A mask_mod's keep bits of consumer thread `thread` (0 .. kConsumerThreads - 1) for visit i, in Q's stage
-    // (Kt::kKeepWordBytes each).
+    // A mask_mod's keep bits of consumer thread `thread` (0 .. kConsumerThreads - 1) for visit i: in Q's stage with
+    // mask warps, else the thread's one word (Kt::kKeepSets; Kt::kKeepWordBytes each).
     __device__ __forceinline__ u32 keep_word(int visit, int thread) const {
-        return smem + Kt::kKeepOffset + Ring::stage(visit) * Kt::kKeepStageBytes + thread * Kt::kKeepWordBytes;
+        const int set = Kt::kKeepSets > 1 ? Ring::stage(visit) : 0;
+        return smem + Kt::kKeepOffset + set * Kt::kKeepStageBytes + thread * Kt::kKeepWordBytes;
     }
     __device__ __forceinline__ void store_keep(int visit, int thread, u32 bits) const {
         if constexpr (Kt::kKeepWordBytes == 2) st_shared_b16(keep_word(visit, thread), bits);

@@ -1,7 +1,6 @@
 // A mask_mod's element mask on the backward's partial visits (FLASHKIT_MASK_MOD), as a word of keep bits per consumer
 // thread and visit in Q's stage (BwdCta::keep_word). Who evaluates it is the build's choice (launch flag mask_warps):
-//   the consumer thread itself, at the top of the visit (BwdConsumerBase::stage_keep: keep_bits unrolled by
-//     kMaskModUnroll), or
+//   the consumer thread itself, at the top of the visit (BwdConsumerBase::stage_keep), or
 //   with FLASHKIT_MASK_WARPS, the producer warpgroup's warps besides the loading thread's (Kt::kMaskThreads threads,
 //     idle otherwise; bwd_stage_keeps): for visit i they write every consumer thread's word into Q stage i % kStages,
 //     then arrive on that stage's full barrier, which completes with Q's bytes.
@@ -21,34 +20,28 @@ namespace flashkit {
 namespace hopper {
 
 #if FLASHKIT_MASK_MOD
-// The keep bits of a consumer thread whose first key row is `key` and first query `query` (its place; the other
-// row is key + 8, the other queries query + 8 ni + c) on a visit of `head`, evaluated kUnroll at a time.
-template <class Kt, int kUnroll>
-__device__ __forceinline__ u32 keep_bits(const Params& p, int batch, int head, int key, int query) {
-    u32 bits = 0;
-#pragma unroll 1
-    for (int h = 0; h < 2; ++h) {
-        const int row_key = min(key + h * kFragRowHalf, p.seqlen_k - 1);
-#pragma unroll kUnroll
-        for (int c = 0; c < Kt::kKeepRowBits; ++c) {
-            const int q = min(query + (c >> 1) * kMmaN + (c & 1), p.seqlen_q - 1);
-            bits |= static_cast<u32>(::mask_mod(batch, head, q, row_key, p.mods.args)) << (h * Kt::kKeepRowBits + c);
-        }
-    }
-    return bits;
-}
-
-// Those of consumer thread `word` (0 .. kConsumerThreads - 1) on the visit of query block m0 of `head`, for a mask
-// thread: one at a time (unrolled, the evaluation spilled at the producer warpgroup's 32 registers).
+// The keep bits of consumer thread `word` (0 .. kConsumerThreads - 1) on the visit of query block m0 of `head`, for a
+// mask thread: the consumer's place (bwd_consumer_base.cuh: key rows key0 + warp_row (+ 8), queries s_query0() +
+// col2 + 8 ni + c), evaluated one at a time (unrolled, the evaluation spilled at the producer warpgroup's 32
+// registers). The consumers' own evaluation (stage_keep) is the same loop, unrolled by kMaskModUnroll.
 template <class Kt>
 __device__ __forceinline__ u32 word_bits(const Params& p, int batch, int head, int n_block, int m0, int word) {
     const int consumer = word / gmma::kWarpgroupThreads, tid = word % gmma::kWarpgroupThreads;
     const int lane = tid % kWarpSize;
-    // the consumer's place (bwd_consumer_base.cuh): key0 + warp_row, and its first query s_query0() + col2
-    const int key = n_block * Kt::kBlockN + (Kt::kSplitColumns ? 0 : consumer * Kt::kConsumerKeys) +
-                    tid / kWarpSize * kMmaM + lane / kQuadLanes;
-    const int query = m0 + (Kt::kSplitColumns ? consumer * Kt::kSQueries : 0) + kFragCols * (lane % kQuadLanes);
-    return keep_bits<Kt, 1>(p, batch, head, key, query);
+    const int key0 = n_block * Kt::kBlockN + (Kt::kSplitColumns ? 0 : consumer * Kt::kConsumerKeys) +
+                     tid / kWarpSize * kMmaM + lane / kQuadLanes;
+    const int query0 = m0 + (Kt::kSplitColumns ? consumer * Kt::kSQueries : 0) + kFragCols * (lane % kQuadLanes);
+    u32 bits = 0;
+#pragma unroll 1
+    for (int h = 0; h < 2; ++h) {
+        const int key = min(key0 + h * kFragRowHalf, p.seqlen_k - 1);
+#pragma unroll 1
+        for (int c = 0; c < Kt::kKeepRowBits; ++c) {
+            const int query = min(query0 + (c >> 1) * kMmaN + (c & 1), p.seqlen_q - 1);
+            bits |= static_cast<u32>(::mask_mod(batch, head, query, key, p.mods.args)) << (h * Kt::kKeepRowBits + c);
+        }
+    }
+    return bits;
 }
 
 // A mask thread's run: every visit of the CTA in the producer's order; the partial ones' words, kMaskThreads apart.

@@ -127,17 +127,19 @@ struct BwdWsTraits {
     static constexpr int kKvBarOffset = kDqOffset + kDqBuffers * kDqBufferBytes;   // kv_full
     static constexpr int kQRingOffset = kKvBarOffset + kBarrierBytes;
     static constexpr int kDoRingOffset = kQRingOffset + Ring::kBytes;
-    // A mask_mod's keep bits: one word a consumer thread a Q stage (a half word where 16 bits hold them: hd256's two
-    // stages of 32-bit words overran its shared memory by 72 B), written by the consumer thread itself before the
-    // visit's products (bwd_consumer_base.cuh's stage_keep) or, with FLASHKIT_MASK_WARPS, by the producer warpgroup's
-    // kMaskWarps warps besides its loading thread (hopper/bwd_keep.cuh: their arrivals complete the Q stage).
+    // A mask_mod's keep bits: one word a consumer thread, written by the consumer thread itself before the visit's
+    // products (bwd_consumer_base.cuh's stage_keep) or, with FLASHKIT_MASK_WARPS, by the producer warpgroup's
+    // kMaskWarps warps besides its loading thread, into Q's stage (hopper/bwd_keep.cuh: their arrivals complete it).
     static constexpr int kMaskWarps = kMaskWarpsOn ? gmma::kWarpgroupThreads / kWarpSize - 1 : 0;
     static constexpr int kMaskThreads = kMaskWarps * kWarpSize;
     static constexpr int kKeepRowBits = 2 * kQTiles;   // a key row's bits in a word: its S^T fragment's queries
     static_assert(2 * kKeepRowBits <= 32, "a consumer thread's keep bits fit one word");
-    static constexpr int kKeepWordBytes = 2 * kKeepRowBits <= 16 ? 2 : 4;   // half words at hd256 (16 bits)
+    // With mask warps a set of words a Q stage (half words where 16 bits hold them: hd256's two stages of 32-bit
+    // words overran its shared memory by 72 B); a consumer writing its own reuses one word.
+    static constexpr int kKeepSets = kMaskWarps > 0 ? kStages : 1;
+    static constexpr int kKeepWordBytes = kMaskWarps > 0 && 2 * kKeepRowBits <= 16 ? 2 : 4;
     static constexpr int kKeepStageBytes = kConsumerThreads * kKeepWordBytes;
-    static constexpr int kKeepBytes = FLASHKIT_MASK_MOD ? kStages * kKeepStageBytes : 0;
+    static constexpr int kKeepBytes = FLASHKIT_MASK_MOD ? kKeepSets * kKeepStageBytes : 0;
     static constexpr int kKeepOffset = kDoRingOffset + Ring::kBytes;
     static constexpr int kSmemBytes = kKeepOffset + kKeepBytes + gmma::kTileAlign;   // + alignment slack
 
