@@ -41,9 +41,9 @@ struct BwdConsumerBase {
           consumer(Kt::kUniformConsumer ? __shfl_sync(kFullWarp, consumer_, 0) : consumer_) {
         key0 = n_block * Kt::kBlockN + (Kt::kSplitColumns ? 0 : consumer * Kt::kConsumerKeys);
         tid = threadIdx.x % gmma::kWarpgroupThreads;
-        const int lane = tid % kWarpSize;
-        warp_row = tid / kWarpSize * kMmaM + lane / kQuadLanes;
-        col2 = kFragCols * (lane % kQuadLanes);
+        const ConsumerPlace at(tid);
+        warp_row = at.row;
+        col2 = at.col2;
 #pragma unroll
         for (int nd = 0; nd < Kt::kDTiles; ++nd)
 #pragma unroll
@@ -144,7 +144,7 @@ struct BwdConsumerBase {
                     }
                 }
             }
-            cta.store_keep(slot, fresh_thread() - gmma::kWarpgroupThreads, bits);
+            st_shared_b32(cta.keep_word(slot, fresh_thread() - gmma::kWarpgroupThreads), bits);
         }
 #else
         (void)cta, (void)slot, (void)partial, (void)head, (void)m0;
@@ -154,7 +154,7 @@ struct BwdConsumerBase {
     // visits (the mask warps write none there) and without a mask_mod.
     __device__ __forceinline__ static u32 staged_keep(const BwdCta<Kt>& cta, int slot, bool partial) {
 #if FLASHKIT_MASK_MOD
-        const u32 word = cta.load_keep(slot, fresh_thread() - gmma::kWarpgroupThreads);
+        const u32 word = ld_shared_b32(cta.keep_word(slot, fresh_thread() - gmma::kWarpgroupThreads));
         return Kt::kMaskWarps == 0 || partial ? word : ~0u;
 #else
         (void)cta, (void)slot, (void)partial;
@@ -217,13 +217,8 @@ struct BwdConsumerBase {
     // softcap's slope) before the S^T wait and held them over it: relative_bias and softcap with ALiBi spilled
     // 80-112 B on hd128's non-causal 128-key blocks; 0 from the fresh place. (The members stay formed from
     // threadIdx.x: formed from a FreshPlace too, they were one value to ptxas again, and 120-128 B spilled.)
-    struct FreshPlace {
-        int row, col2;
-        __device__ __forceinline__ FreshPlace() {
-            const int thread = fresh_tid(), lane = thread % kWarpSize;
-            row = thread / kWarpSize * kMmaM + lane / kQuadLanes;
-            col2 = kFragCols * (lane % kQuadLanes);
-        }
+    struct FreshPlace : ConsumerPlace {
+        __device__ __forceinline__ FreshPlace() : ConsumerPlace(fresh_tid()) {}
     };
     __device__ __forceinline__ static int fresh_consumer() {   // consumer warpgroups follow the producer's
         return fresh_thread() / gmma::kWarpgroupThreads - 1;

@@ -91,6 +91,17 @@ struct BwdVisits<kBlockM, kBlockN, Mask, true> {
     }
 };
 
+// Where thread `tid` (0 .. 127) of a consumer warpgroup sits in the wgmma accumulator layout (fragment.cuh's m16n8
+// conventions): its first row, 16 warp + g (a key of S^T), and its first column within an 8-wide tile, 2 t.
+struct ConsumerPlace {
+    int row, col2;
+    __device__ __forceinline__ explicit ConsumerPlace(int tid) {
+        const int lane = tid % kWarpSize;
+        row = tid / kWarpSize * kMmaM + lane / kQuadLanes;
+        col2 = kFragCols * (lane % kQuadLanes);
+    }
+};
+
 template <class Kt>
 struct BwdCta : WsRoles {   // smem: the layout in bwd_traits.cuh
     typedef typename Kt::Ring Ring;
@@ -115,19 +126,11 @@ struct BwdCta : WsRoles {   // smem: the layout in bwd_traits.cuh
     __device__ __forceinline__ u32 do_tile(int visit) const {
         return smem + Kt::kDoOffset + Ring::stage(visit) * Kt::kQStageBytes;
     }
-    // A mask_mod's keep bits of consumer thread `thread` (0 .. kConsumerThreads - 1) for visit i: in Q's stage with
-    // mask warps, else the thread's one word (Kt::kKeepSets; Kt::kKeepWordBytes each).
+    // The address of a mask_mod's keep bits of consumer thread `thread` (0 .. kConsumerThreads - 1) for visit i: in
+    // Q's stage with mask warps, else the thread's one word (Kt::kKeepSets).
     __device__ __forceinline__ u32 keep_word(int visit, int thread) const {
         const int set = Kt::kKeepSets > 1 ? Ring::stage(visit) : 0;
-        return smem + Kt::kKeepOffset + set * Kt::kKeepStageBytes + thread * Kt::kKeepWordBytes;
-    }
-    __device__ __forceinline__ void store_keep(int visit, int thread, u32 bits) const {
-        if constexpr (Kt::kKeepWordBytes == 2) st_shared_b16(keep_word(visit, thread), bits);
-        else st_shared_b32(keep_word(visit, thread), bits);
-    }
-    __device__ __forceinline__ u32 load_keep(int visit, int thread) const {
-        if constexpr (Kt::kKeepWordBytes == 2) return ld_shared_b16(keep_word(visit, thread));
-        else return ld_shared_b32(keep_word(visit, thread));
+        return smem + Kt::kKeepOffset + set * Kt::kKeepStageBytes + thread * 4;
     }
     // The producer warpgroup's threads that write those bits (every warp but the loading thread's).
     __device__ __forceinline__ bool mask_thread() const { return Kt::kMaskWarps > 0 && producer() && tid >= kWarpSize; }

@@ -26,11 +26,10 @@ namespace hopper {
 // registers). The consumers' own evaluation (stage_keep) is the same loop, unrolled by kMaskModUnroll.
 template <class Kt>
 __device__ __forceinline__ u32 word_bits(const Params& p, int batch, int head, int n_block, int m0, int word) {
-    const int consumer = word / gmma::kWarpgroupThreads, tid = word % gmma::kWarpgroupThreads;
-    const int lane = tid % kWarpSize;
-    const int key0 = n_block * Kt::kBlockN + (Kt::kSplitColumns ? 0 : consumer * Kt::kConsumerKeys) +
-                     tid / kWarpSize * kMmaM + lane / kQuadLanes;
-    const int query0 = m0 + (Kt::kSplitColumns ? consumer * Kt::kSQueries : 0) + kFragCols * (lane % kQuadLanes);
+    const int consumer = word / gmma::kWarpgroupThreads;
+    const ConsumerPlace at(word % gmma::kWarpgroupThreads);
+    const int key0 = n_block * Kt::kBlockN + (Kt::kSplitColumns ? 0 : consumer * Kt::kConsumerKeys) + at.row;
+    const int query0 = m0 + (Kt::kSplitColumns ? consumer * Kt::kSQueries : 0) + at.col2;
     u32 bits = 0;
 #pragma unroll 1
     for (int h = 0; h < 2; ++h) {
@@ -53,7 +52,8 @@ __device__ __forceinline__ void bwd_stage_keeps(const Params& p, const BwdCta<Kt
         cta.q_ring.wait_empty(i);   // every consumer is done with the stage's previous visit (and its words)
         if (at.partial) {
             for (int word = cta.tid - kWarpSize; word < Kt::kConsumerThreads; word += Kt::kMaskThreads)
-                cta.store_keep(i, word, word_bits<Kt>(p, batch, at.head, n_block, at.m_block * Kt::kBlockM, word));
+                st_shared_b32(cta.keep_word(i, word),
+                              word_bits<Kt>(p, batch, at.head, n_block, at.m_block * Kt::kBlockM, word));
         }
         cta.q_ring.co_fill(i);   // release: the words before the stage completes
     }

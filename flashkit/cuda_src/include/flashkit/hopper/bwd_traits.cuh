@@ -68,11 +68,15 @@ struct BwdWsTraits {
     static constexpr int kConsumerThreads = kConsumers * gmma::kWarpgroupThreads;
     static constexpr int kThreads = kConsumerThreads + gmma::kWarpgroupThreads;   // + the producer warpgroup
     static constexpr int kWarps = kThreads / kWarpSize;
-    // setmaxnreg budgets (multiples of 8), as the forward's: 24 + 2 x 240 or 24 + 3 x 160 of 512 a lane.
-    // With mask warps (kMaskWarps below) 32 + 2 x 232: at 24 their evaluation loop spilled 44-104 B.
-    static constexpr bool kMaskWarpsOn = FLASHKIT_MASK_MOD && FLASHKIT_MASK_WARPS;
-    static constexpr int kProducerRegs = kMaskWarpsOn ? 32 : 24;
-    static constexpr int kConsumerRegs = kConsumers == 2 ? (kMaskWarpsOn ? 232 : 240) : 160;
+    // A mask_mod's element mask evaluated by the producer warpgroup's warps besides its loading thread's
+    // (FLASHKIT_MASK_WARPS, hopper/bwd_keep.cuh), or by the consumers themselves (0).
+    static constexpr int kMaskWarps =
+        FLASHKIT_MASK_MOD && FLASHKIT_MASK_WARPS ? gmma::kWarpgroupThreads / kWarpSize - 1 : 0;
+    static constexpr int kMaskThreads = kMaskWarps * kWarpSize;
+    // setmaxnreg budgets (multiples of 8), as the forward's: 24 + 2 x 240 or 24 + 3 x 160 of 512 a lane; with mask
+    // warps 32 + 2 x 232 (at 24 their evaluation loop spilled 44-104 B).
+    static constexpr int kProducerRegs = kMaskWarps > 0 ? 32 : 24;
+    static constexpr int kConsumerRegs = kConsumers == 2 ? (kMaskWarps > 0 ? 232 : 240) : 160;
     // The consumer index as a warp-uniform value (a shuffle from lane 0), so that ptxas keeps what derives
     // from it (the consumer's K and V rows, its descriptors) in uniform registers: three consumers at 160
     // registers spill 20-68 B without it. At two consumers (240) it measured no faster and made hd128 causal
@@ -128,17 +132,12 @@ struct BwdWsTraits {
     static constexpr int kQRingOffset = kKvBarOffset + kBarrierBytes;
     static constexpr int kDoRingOffset = kQRingOffset + Ring::kBytes;
     // A mask_mod's keep bits: one word a consumer thread, written by the consumer thread itself before the visit's
-    // products (bwd_consumer_base.cuh's stage_keep) or, with FLASHKIT_MASK_WARPS, by the producer warpgroup's
-    // kMaskWarps warps besides its loading thread, into Q's stage (hopper/bwd_keep.cuh: their arrivals complete it).
-    static constexpr int kMaskWarps = kMaskWarpsOn ? gmma::kWarpgroupThreads / kWarpSize - 1 : 0;
-    static constexpr int kMaskThreads = kMaskWarps * kWarpSize;
+    // products (bwd_consumer_base.cuh's stage_keep), or one a Q stage written by the mask warps (hopper/bwd_keep.cuh:
+    // their arrivals complete the stage).
     static constexpr int kKeepRowBits = 2 * kQTiles;   // a key row's bits in a word: its S^T fragment's queries
     static_assert(2 * kKeepRowBits <= 32, "a consumer thread's keep bits fit one word");
-    // With mask warps a set of words a Q stage (half words where 16 bits hold them: hd256's two stages of 32-bit
-    // words overran its shared memory by 72 B); a consumer writing its own reuses one word.
     static constexpr int kKeepSets = kMaskWarps > 0 ? kStages : 1;
-    static constexpr int kKeepWordBytes = kMaskWarps > 0 && 2 * kKeepRowBits <= 16 ? 2 : 4;
-    static constexpr int kKeepStageBytes = kConsumerThreads * kKeepWordBytes;
+    static constexpr int kKeepStageBytes = kConsumerThreads * 4;   // (at hd256 two stages overrun shared memory)
     static constexpr int kKeepBytes = FLASHKIT_MASK_MOD ? kKeepSets * kKeepStageBytes : 0;
     static constexpr int kKeepOffset = kDoRingOffset + Ring::kBytes;
     static constexpr int kSmemBytes = kKeepOffset + kKeepBytes + gmma::kTileAlign;   // + alignment slack

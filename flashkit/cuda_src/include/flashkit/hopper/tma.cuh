@@ -61,15 +61,6 @@ __device__ __forceinline__ u32 ld_shared_b32(u32 addr) {
     asm volatile("ld.shared.b32 %0, [%1];\n" : "=r"(v) : "r"(addr) : "memory");
     return v;
 }
-// The low 16 bits of v, and a half word read back (zero-extended).
-__device__ __forceinline__ void st_shared_b16(u32 addr, u32 v) {
-    asm volatile("st.shared.b16 [%0], %1;\n" ::"r"(addr), "h"(static_cast<unsigned short>(v)) : "memory");
-}
-__device__ __forceinline__ u32 ld_shared_b16(u32 addr) {
-    unsigned short v;
-    asm volatile("ld.shared.b16 %0, [%1];\n" : "=h"(v) : "r"(addr) : "memory");
-    return v;
-}
 __device__ __forceinline__ void st_shared_v4(u32 addr, const float (&v)[4]) {
     asm volatile("st.shared.v4.f32 [%0], {%1, %2, %3, %4};\n" ::"r"(addr), "f"(v[0]), "f"(v[1]), "f"(v[2]), "f"(v[3])
                  : "memory");
