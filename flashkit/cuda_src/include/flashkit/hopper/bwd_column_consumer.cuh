@@ -54,7 +54,6 @@ struct BwdColumnConsumer : BwdConsumerBase<Kt, Mask> {
         const int head = at.head, m_block = at.m_block;
         const int m0 = m_block * Kt::kBlockM;
         this->stage_keep(cta, slot, at.partial, head, m0);   // a mask_mod's element mask on a partial visit
-        const int q0 = this->s_query0();   // this consumer's queries of the block (S^T, dP^T columns)
         const index_t ws_row = ws.row0(p, batch, head) + m0;
         const u32 k_tile = cta.smem + Kt::kKOffset;
         const u32 q_tile = cta.q_tile(slot);
@@ -62,10 +61,12 @@ struct BwdColumnConsumer : BwdConsumerBase<Kt, Mask> {
         const u32 ds_tile = cta.ds_tile(slot);
         const u32 pt_tile = cta.pt_tile(slot);
 
-        float2 lse2[Kt::kQTiles];
-        float s[Kt::kQTiles][4];    // S^T: rows warp_row (+ 8), queries q0 + 8 ni + col2 (+ 1)
+        float2 lse2[Kt::kQTiles];   // from the workspace (Kt::kStagedRows: no shared memory here), under the products
+#pragma unroll
+        for (int ni = 0; ni < Kt::kQTiles; ++ni) lse2[ni] = this->query_pair(ws.lse2 + ws_row, ni);
+        float s[Kt::kQTiles][4];    // S^T: rows warp_row (+ 8), queries s_query0() + 8 ni + col2 (+ 1)
         float dp[Kt::kQTiles][4];   // dP^T
-        this->issue_scores(cta, slot, ws_row, lse2, s, dp);
+        this->issue_scores(cta, slot, s, dp);
 
         gmma::wait<1>();   // S^T landed; dP^T still running
         gmma::fence_accumulators(s);
@@ -91,7 +92,7 @@ struct BwdColumnConsumer : BwdConsumerBase<Kt, Mask> {
 
         gmma::wait<0>();   // dP^T landed
         gmma::fence_accumulators(dp);
-        const float* dsum = ws.dsum + ws_row + q0;
+        const float* dsum = ws.dsum + ws_row;
 #pragma unroll
         for (int ni = 0; ni < Kt::kQTiles; ++ni) {
             const float2 d = this->query_pair(dsum, ni);

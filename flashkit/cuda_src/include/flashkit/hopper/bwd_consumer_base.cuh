@@ -50,9 +50,14 @@ struct BwdConsumerBase {
             for (int e = 0; e < 4; ++e) acc_dk[nd][e] = acc_dv[nd][e] = 0.f;
     }
 
-    // This thread's two values of a per-query row vector (lse2, dsum) in column tile ni, from global memory.
-    __device__ __forceinline__ float2 query_pair(const float* row_vec, int ni) const {
-        return *reinterpret_cast<const float2*>(row_vec + ni * kMmaN + col2);
+    // This thread's two values of a visit's per-query row (lse2, dsum: a stage's row in shared memory, BwdCta's
+    // lse2_row / dsum_row) in column tile ni of the consumer's queries.
+    __device__ __forceinline__ float2 query_pair(u32 row, int ni) const {
+        return ld_shared_f2(row + (s_query0() + ni * kMmaN + col2) * static_cast<int>(sizeof(float)));
+    }
+    // The same from a row of the workspace in global memory.
+    __device__ __forceinline__ float2 query_pair(const float* row, int ni) const {
+        return *reinterpret_cast<const float2*>(row + s_query0() + ni * kMmaN + col2);
     }
 
     // Address of this thread's 16-bit pair (two queries) in a shared [key][query] tile (dS^T, P^T: Kt::DsTile) at
@@ -69,16 +74,12 @@ struct BwdConsumerBase {
     __device__ __forceinline__ int s_key_row0() const { return Kt::kSplitColumns ? 0 : consumer * Kt::kConsumerKeys; }
     __device__ __forceinline__ int s_query0() const { return Kt::kSplitColumns ? consumer * Kt::kSQueries : 0; }
 
-    // lse2 of the consumer's queries (read under the products), then S^T = K Q^T and dP^T = V dO^T over the
-    // head dim, issued as two groups, each once its stage has landed.
-    __device__ __forceinline__ void issue_scores(const BwdCta<Kt>& cta, int slot, index_t ws_row,
-                                                 float2 (&lse2)[Kt::kQTiles], float (&s)[Kt::kQTiles][4],
+    // S^T = K Q^T and dP^T = V dO^T over the head dim, issued as two groups, each once its stage has landed.
+    __device__ __forceinline__ void issue_scores(const BwdCta<Kt>& cta, int slot, float (&s)[Kt::kQTiles][4],
                                                  float (&dp)[Kt::kQTiles][4]) const {
         const int k_row0 = s_key_row0(), q0 = s_query0();
         const u32 k_tile = cta.smem + Kt::kKOffset;
         const u32 v_tile = cta.smem + Kt::kVOffset;
-#pragma unroll
-        for (int ni = 0; ni < Kt::kQTiles; ++ni) lse2[ni] = query_pair(ws.lse2 + ws_row + q0, ni);
         cta.q_ring.wait_full(slot);
         gmma::fence();
 #pragma unroll
@@ -188,7 +189,7 @@ struct BwdConsumerBase {
         unpack_float2<Element>(pt_pair, p0, p1);
         float ds0 = p0 * (dp0 - dsum.x), ds1 = p1 * (dp1 - dsum.y);
         if constexpr (!Mod::kUnitGrad) {
-            const float2 l = query_pair(ws.lse2 + ws_row + s_query0(), ni);
+            const float2 l = query_pair(ws.lse2 + ws_row, ni);
             const FreshPlace at;
             const int query = m0 + s_query0() + at.col2 + ni * kMmaN;
             const int key = key0 + at.row + h * kFragRowHalf;

@@ -61,6 +61,14 @@ __device__ __forceinline__ u32 ld_shared_b32(u32 addr) {
     asm volatile("ld.shared.b32 %0, [%1];\n" : "=r"(v) : "r"(addr) : "memory");
     return v;
 }
+// Two floats that a TMA or bulk copy wrote (addr 8 B aligned; read after the mbarrier wait that completes the copy).
+// A plain load of the dynamic shared memory, not an asm statement: ordered after the wait (whose asm clobbers
+// memory) and otherwise scheduled freely (as a volatile asm, ptxas's schedule of the dS^T step spilled 20 B in
+// fp16 hd128 causal relative_bias).
+__device__ __forceinline__ float2 ld_shared_f2(u32 addr) {
+    extern __shared__ __align__(1024) unsigned char smem_raw[];
+    return *reinterpret_cast<const float2*>(smem_raw + (addr - static_cast<u32>(__cvta_generic_to_shared(smem_raw))));
+}
 __device__ __forceinline__ void st_shared_v4(u32 addr, const float (&v)[4]) {
     asm volatile("st.shared.v4.f32 [%0], {%1, %2, %3, %4};\n" ::"r"(addr), "f"(v[0]), "f"(v[1]), "f"(v[2]), "f"(v[3])
                  : "memory");
@@ -70,6 +78,14 @@ __device__ __forceinline__ void st_shared_v4(u32 addr, const float (&v)[4]) {
 // operations): orders this thread's accesses of one proxy before its later accesses of the other.
 __device__ __forceinline__ void fence_proxy_async_global() {
     asm volatile("fence.proxy.async.global;\n" ::: "memory");
+}
+
+// shared[dst .. dst + bytes) = global[src .. src + bytes), completing `bytes` on the mbarrier at bar (a plain bulk
+// copy, no tensor map: both 16 B aligned, bytes a multiple of 16).
+__device__ __forceinline__ void bulk_load(u32 dst, const float* src, u32 bytes, u32 bar) {
+    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(dst),
+                 "l"(src), "r"(bytes), "r"(bar)
+                 : "memory");
 }
 
 // global[dst .. dst + bytes) += shared[src .. src + bytes), elementwise fp32 (the adds are atomic at L2); both

@@ -36,7 +36,7 @@ __device__ __forceinline__ void ws_backward(const Params& p, const BackwardMaps&
     const BwdVisits<Kt::kBlockM, Kt::kBlockN, Mask> visits(p, n_block, kv_head, batch);
     if (cta.producer()) {
         release_registers<Kt::kProducerRegs>();
-        if (cta.issuer()) bwd_produce<Kt>(cta, maps, visits, n_block, kv_head, batch);
+        if (cta.issuer()) bwd_produce<Kt>(p, cta, maps, visits, n_block, kv_head, batch);
         else if (cta.mask_thread()) bwd_stage_keeps<Kt>(p, cta, visits, n_block, batch);
         return;
     }
