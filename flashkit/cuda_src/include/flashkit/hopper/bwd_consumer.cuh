@@ -74,18 +74,23 @@ struct BwdConsumer : BwdConsumerBase<Kt, Mask> {
         const u32 ds_tile = cta.ds_tile(slot);
         const int k_row0 = this->s_key_row0();   // the consumer's rows of the K and V tiles
 
-        // lse2 and dsum: the stage's rows (Kt::kStagedRows), read where used; a modification with a slope on dS
-        // (softcap, a functor's score_mod_grad) reads the workspace's rows as before, lse2 under the products (with
-        // the staged rows ptxas spilled 20 B in fp16 hd128 relative_bias, padded causal among them).
+        // lse2 and dsum: the stage's rows (Kt::kStagedRows), lse2 read once Q and dO have landed, under the products
+        // (read at the exponentials instead, hd64 causal ran 3-7% slower); a modification with a slope on dS (softcap,
+        // a functor's score_mod_grad) reads the workspace's rows as before (with the staged rows ptxas spilled 20 B
+        // in fp16 hd128 relative_bias).
         constexpr bool kStaged = Mod::kUnitGrad;
-        float2 lse2_early[Kt::kQTiles];
+        float2 lse2[Kt::kQTiles];
         if constexpr (!kStaged) {
 #pragma unroll
-            for (int ni = 0; ni < Kt::kQTiles; ++ni) lse2_early[ni] = this->query_pair(ws.lse2 + ws_row, ni);
+            for (int ni = 0; ni < Kt::kQTiles; ++ni) lse2[ni] = this->query_pair(ws.lse2 + ws_row, ni);
         }
         float s[Kt::kQTiles][4];    // S^T, then P^T: rows warp_row (+ 8), queries 8 ni + col2 (+ 1)
         float dp[Kt::kQTiles][4];   // dP^T
         this->issue_scores(cta, slot, s, dp);
+        if constexpr (kStaged) {
+#pragma unroll
+            for (int ni = 0; ni < Kt::kQTiles; ++ni) lse2[ni] = this->query_pair(cta.lse2_row(slot), ni);
+        }
 
         gmma::wait<1>();   // S^T landed; dP^T still running
         gmma::fence_accumulators(s);
@@ -94,16 +99,13 @@ struct BwdConsumer : BwdConsumerBase<Kt, Mask> {
         const u32 keep = this->staged_keep(cta, slot, at.partial);   // a mask_mod's element mask
         const int over = this->causal_over(m0);
         const int diff = this->key_minus_query(m0);
-        const u32 lse2_row = cta.lse2_row(slot);
 #pragma unroll
-        for (int ni = 0; ni < Kt::kQTiles; ++ni) {
-            const float2 lse2 = kStaged ? this->query_pair(lse2_row, ni) : lse2_early[ni];
+        for (int ni = 0; ni < Kt::kQTiles; ++ni)
 #pragma unroll
             for (int e = 0; e < 4; ++e)   // P^T, 0 above the causal diagonal, outside the window and the mask_mod
                 s[ni][e] = this->keeps(keep, ni, e,
-                                       this->visible_prob(s[ni][e], e % 2 ? lse2.y : lse2.x, over, diff,
+                                       this->visible_prob(s[ni][e], e % 2 ? lse2[ni].y : lse2[ni].x, over, diff,
                                                           (e / 2) * kFragRowHalf - (ni * kMmaN + e % 2)));
-        }
         u32 pt[Kt::kQSteps][4];   // P^T as 16-bit A fragments: pt[kk][2 j + h] = rows + 8 h, column tile 2 kk + j
 #pragma unroll
         for (int kk = 0; kk < Kt::kQSteps; ++kk) pack_a_fragment<Element>(pt[kk], s, kk);
