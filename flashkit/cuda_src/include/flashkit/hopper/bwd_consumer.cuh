@@ -74,23 +74,20 @@ struct BwdConsumer : BwdConsumerBase<Kt, Mask> {
         const u32 ds_tile = cta.ds_tile(slot);
         const int k_row0 = this->s_key_row0();   // the consumer's rows of the K and V tiles
 
-        // lse2 and dsum: the stage's rows (Kt::kStagedRows), lse2 read once Q and dO have landed, under the products
-        // (read at the exponentials instead, hd64 causal ran 3-7% slower); a modification with a slope on dS (softcap,
-        // a functor's score_mod_grad) reads the workspace's rows as before (with the staged rows ptxas spilled 20 B
-        // in fp16 hd128 relative_bias).
+        // lse2: the stage's row (Kt::kStagedRows), read at the exponentials (read under the products, or dsum staged
+        // too, NVRTC 13.0 spilled 20 B in hd64 causal builds); a modification with a slope on dS (softcap, a functor's
+        // score_mod_grad) reads the workspace's row under the products, as before (with the staged row ptxas spilled
+        // 20 B in fp16 hd128 relative_bias). dsum: from the workspace (its loads issue under the products; staged
+        // it measured 2-5% slower).
         constexpr bool kStaged = Mod::kUnitGrad;
-        float2 lse2[Kt::kQTiles];
+        float2 lse2_early[Kt::kQTiles];
         if constexpr (!kStaged) {
 #pragma unroll
-            for (int ni = 0; ni < Kt::kQTiles; ++ni) lse2[ni] = this->query_pair(ws.lse2 + ws_row, ni);
+            for (int ni = 0; ni < Kt::kQTiles; ++ni) lse2_early[ni] = this->query_pair(ws.lse2 + ws_row, ni);
         }
         float s[Kt::kQTiles][4];    // S^T, then P^T: rows warp_row (+ 8), queries 8 ni + col2 (+ 1)
         float dp[Kt::kQTiles][4];   // dP^T
         this->issue_scores(cta, slot, s, dp);
-        if constexpr (kStaged) {
-#pragma unroll
-            for (int ni = 0; ni < Kt::kQTiles; ++ni) lse2[ni] = this->query_pair(cta.lse2_row(slot), ni);
-        }
 
         gmma::wait<1>();   // S^T landed; dP^T still running
         gmma::fence_accumulators(s);
@@ -99,13 +96,16 @@ struct BwdConsumer : BwdConsumerBase<Kt, Mask> {
         const u32 keep = this->staged_keep(cta, slot, at.partial);   // a mask_mod's element mask
         const int over = this->causal_over(m0);
         const int diff = this->key_minus_query(m0);
+        const u32 lse2_row = cta.lse2_row(slot);
 #pragma unroll
-        for (int ni = 0; ni < Kt::kQTiles; ++ni)
+        for (int ni = 0; ni < Kt::kQTiles; ++ni) {
+            const float2 lse2 = kStaged ? this->query_pair(lse2_row, ni) : lse2_early[ni];
 #pragma unroll
             for (int e = 0; e < 4; ++e)   // P^T, 0 above the causal diagonal, outside the window and the mask_mod
                 s[ni][e] = this->keeps(keep, ni, e,
-                                       this->visible_prob(s[ni][e], e % 2 ? lse2[ni].y : lse2[ni].x, over, diff,
+                                       this->visible_prob(s[ni][e], e % 2 ? lse2.y : lse2.x, over, diff,
                                                           (e / 2) * kFragRowHalf - (ni * kMmaN + e % 2)));
+        }
         u32 pt[Kt::kQSteps][4];   // P^T as 16-bit A fragments: pt[kk][2 j + h] = rows + 8 h, column tile 2 kk + j
 #pragma unroll
         for (int kk = 0; kk < Kt::kQSteps; ++kk) pack_a_fragment<Element>(pt[kk], s, kk);
@@ -117,13 +117,13 @@ struct BwdConsumer : BwdConsumerBase<Kt, Mask> {
 
         gmma::wait<1>();   // dP^T landed; dV still running
         gmma::fence_accumulators(dp);
-        const u32 dsum = cta.dsum_row(slot);
+        const float* dsum = ws.dsum + ws_row;
 #pragma unroll
         for (int kk = 0; kk < Kt::kQSteps; ++kk)
 #pragma unroll
             for (int j = 0; j < 2; ++j) {
                 const int ni = 2 * kk + j;
-                const float2 d = kStaged ? this->query_pair(dsum, ni) : this->query_pair(ws.dsum + ws_row, ni);
+                const float2 d = this->query_pair(dsum, ni);
 #pragma unroll
                 for (int h = 0; h < 2; ++h)   // dS^T = P^T (dP^T - dsum), to the shared dS^T tile
                     st_shared_b32(this->pair_address(ds_tile, k_row0 + warp_row, ni, h),

@@ -50,12 +50,12 @@ struct BwdConsumerBase {
             for (int e = 0; e < 4; ++e) acc_dk[nd][e] = acc_dv[nd][e] = 0.f;
     }
 
-    // This thread's two values of a visit's per-query row (lse2, dsum: a stage's row in shared memory, BwdCta's
-    // lse2_row / dsum_row) in column tile ni of the consumer's queries.
+    // This thread's two values of a visit's per-query row in column tile ni of the consumer's queries: lse2 from
+    // its stage's row in shared memory (BwdCta's lse2_row),
     __device__ __forceinline__ float2 query_pair(u32 row, int ni) const {
         return ld_shared_f2(row + (s_query0() + ni * kMmaN + col2) * static_cast<int>(sizeof(float)));
     }
-    // The same from a row of the workspace in global memory.
+    // or lse2 or dsum from the workspace's row in global memory.
     __device__ __forceinline__ float2 query_pair(const float* row, int ni) const {
         return *reinterpret_cast<const float2*>(row + s_query0() + ni * kMmaN + col2);
     }

@@ -4,8 +4,7 @@
 //   kv_full   K and V of the key block landed (one phase: loaded once)
 //   q_ring    Q and the lse2 row of visit i in stage i % kStages (full: landed, and a mask_mod's keep bits of the
 //             visit written; empty: every consumer thread is done with it)
-//   do_ring   dO and the dsum row of visit i, likewise (a ring of its own, so that S^T = K Q^T starts before dO
-//             lands)
+//   do_ring   dO of visit i, likewise (a ring of its own, so that S^T = K Q^T starts before dO lands)
 #pragma once
 
 #include "flashkit/bwd_lists.cuh"
@@ -135,13 +134,10 @@ struct BwdCta : WsRoles {   // smem: the layout in bwd_traits.cuh
     }
     // The producer warpgroup's threads that write those bits (every warp but the loading thread's).
     __device__ __forceinline__ bool mask_thread() const { return Kt::kMaskWarps > 0 && producer() && tid >= kWarpSize; }
-    // The visit's lse2 and dsum rows (kBlockM floats), landed with Q and with dO (their stages' full barriers).
+    // The visit's lse2 row (kBlockM floats), landed with Q (its stage's full barrier).
     __device__ __forceinline__ u32 lse2_row(int visit) const {
-        static_assert(Kt::kStagedRows, "lse2 and dsum are staged only when the consumers split the keys");
+        static_assert(Kt::kStagedRows, "lse2 is staged only when the consumers split the keys");
         return smem + Kt::kLse2Offset + Ring::stage(visit) * Kt::kRowVecBytes;
-    }
-    __device__ __forceinline__ u32 dsum_row(int visit) const {
-        return smem + Kt::kDsumOffset + Ring::stage(visit) * Kt::kRowVecBytes;
     }
     __device__ __forceinline__ u32 ds_tile(int visit) const {   // dS^T, by visit parity
         return smem + Kt::kDsOffset + (visit % Kt::kDsBuffers) * Kt::kDsBufferBytes;

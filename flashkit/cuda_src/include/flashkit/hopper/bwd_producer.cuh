@@ -3,10 +3,9 @@
 // visits.at(i)'s (head, m_block) into stage i % kStages of their rings as soon as every consumer has
 // handed that stage back. Rows past seqlen_q or seqlen_k read as zeros (TMA's out-of-bounds fill): with the
 // pre-pass's lse2 = +inf there, P = 0 on those rows and no element mask is needed for ragged tails.
-// Split by keys (Kt::kStagedRows), the visit's rows of lse2 and dsum (the pre-pass's, kBlockM floats of the padded
-// workspace each) come with Q and dO by bulk copies on the same barriers, so the consumers read them from shared
-// memory (from global memory, their L2 latency under the dQ reductions stalled the exponentials: 9-13% of the
-// samples, hd128).
+// Split by keys (Kt::kStagedRows), the visit's row of lse2 (the pre-pass's, kBlockM floats of the padded workspace)
+// comes with Q by a bulk copy on the same barrier, so the consumers read it from shared memory (from global memory,
+// its L2 latency under the dQ reductions stalled the first exponential: 9% of the samples, hd128).
 #pragma once
 
 #include "flashkit/hopper/bwd_cta.cuh"
@@ -30,17 +29,15 @@ __device__ __forceinline__ void bwd_produce(const Params& p, const BwdCta<Kt>& c
     load_tile<Kt, KTile>(cta.smem + Kt::kKOffset, maps.k, cta.kv_full, kv_at);
     load_tile<Kt, KTile>(cta.smem + Kt::kVOffset, maps.v, cta.kv_full, kv_at);
     const BwdWorkspace<Kt::kBlockM, Kt::kHeadDim> ws(p);
-    constexpr u32 kStageBytes = QTile::kBytes + (Kt::kStagedRows ? Kt::kRowVecBytes : 0);   // a tile and its row
+    constexpr u32 kQStageBytes = QTile::kBytes + (Kt::kStagedRows ? Kt::kRowVecBytes : 0);   // Q and its lse2 row
     for (int i = 0; i < visits.total; ++i) {
         const BwdVisit visit = visits.at(i);
         const TileCoords q_at{visit.m_block * Kt::kBlockM, visit.head, batch};
         const index_t ws_row = ws.row0(p, batch, visit.head) + q_at.row;
-        const u32 q_full = cta.q_ring.acquire(i, kStageBytes);
+        const u32 q_full = cta.q_ring.acquire(i, kQStageBytes);
         load_tile<Kt, QTile>(cta.q_tile(i), maps.q, q_full, q_at);
         if constexpr (Kt::kStagedRows) bulk_load(cta.lse2_row(i), ws.lse2 + ws_row, Kt::kRowVecBytes, q_full);
-        const u32 do_full = cta.do_ring.acquire(i, kStageBytes);
-        load_tile<Kt, QTile>(cta.do_tile(i), maps.dout, do_full, q_at);
-        if constexpr (Kt::kStagedRows) bulk_load(cta.dsum_row(i), ws.dsum + ws_row, Kt::kRowVecBytes, do_full);
+        load_tile<Kt, QTile>(cta.do_tile(i), maps.dout, cta.do_ring.acquire(i, QTile::kBytes), q_at);
     }
 }
 

@@ -19,7 +19,7 @@
 //   [ K: kBlockN rows | V: kBlockN rows | Q: kStages x kBlockM rows | dO: kStages x kBlockM rows |
 //     dS^T: 2 x (kBlockN rows of kBlockM 16-bit queries) | P^T: the same, split by columns only |
 //     dQ: one fp32 panel (64 x 64, DqLayout's order) a consumer, split by keys only |
-//     lse2: kStages x kBlockM floats | dsum: the same (bulk copies beside the Q and dO tiles), split by keys only |
+//     lse2: kStages x kBlockM floats (bulk copies beside the Q tiles), split by keys only |
 //     mbarriers: kv_full, the Q ring, the dO ring | a mask_mod's keep bits: kStages x a word a consumer thread ]
 // dS^T (and P^T) are double-buffered by visit parity, so one named barrier a visit orders their writes and
 // reads (see bwd_consumer.cuh): over every consumer where they exchange it, over the consumer's own warpgroup
@@ -129,14 +129,13 @@ struct BwdWsTraits {
     static constexpr int kDqBuffers = kDqBulk ? kConsumers : 0;
     static constexpr int kDqBufferBytes = DqLayout::kPanelBytes;
     static constexpr int kDqOffset = kPtOffset + kPtBuffers * kDsBufferBytes;
-    // A visit's lse2 and dsum rows (kBlockM floats each), loaded with Q and dO into their stages' rows where the
-    // consumers split the keys; split by columns (hd256) the consumers read them from the workspace: with a mask_mod's
-    // keep bits the rows overran shared memory by 72 B, and staged they measured no faster there.
+    // A visit's lse2 row (kBlockM floats), loaded with Q into its stage's row where the consumers split the keys;
+    // split by columns (hd256) the consumers read it from the workspace: beside a mask_mod's keep bits the rows
+    // overran shared memory, and staged they measured no faster there.
     static constexpr bool kStagedRows = !kSplitColumns;
     static constexpr int kRowVecBytes = kBlockM * static_cast<int>(sizeof(float));
     static constexpr int kLse2Offset = kDqOffset + kDqBuffers * kDqBufferBytes;
-    static constexpr int kDsumOffset = kLse2Offset + (kStagedRows ? kStages * kRowVecBytes : 0);
-    static constexpr int kKvBarOffset = kDsumOffset + (kStagedRows ? kStages * kRowVecBytes : 0);   // kv_full
+    static constexpr int kKvBarOffset = kLse2Offset + (kStagedRows ? kStages * kRowVecBytes : 0);   // kv_full
     static constexpr int kQRingOffset = kKvBarOffset + kBarrierBytes;
     static constexpr int kDoRingOffset = kQRingOffset + Ring::kBytes;
     // A mask_mod's keep bits: one word a consumer thread, written by the consumer thread itself before the visit's
