@@ -74,12 +74,12 @@ struct BwdConsumer : BwdConsumerBase<Kt, Mask> {
         const u32 ds_tile = cta.ds_tile(slot);
         const int k_row0 = this->s_key_row0();   // the consumer's rows of the K and V tiles
 
-        // lse2: the stage's row (Kt::kStagedRows), read at the exponentials (read under the products, or dsum staged
-        // too, NVRTC 13.0 spilled 20 B in hd64 causal builds); a modification with a slope on dS (softcap, a functor's
-        // score_mod_grad) reads the workspace's row under the products, as before (with the staged row ptxas spilled
-        // 20 B in fp16 hd128 relative_bias). dsum: from the workspace (its loads issue under the products; staged
-        // it measured 2-5% slower).
-        constexpr bool kStaged = Mod::kUnitGrad;
+        // lse2: the stage's row where Kt::kStagedRows (hd128), read at the exponentials (read under the products, or
+        // dsum staged too, NVRTC 13.0 spilled 20 B in hd96 causal builds); a modification with a slope on dS (softcap,
+        // a functor's score_mod_grad) and the unstaged builds read the workspace's row under the products, as before
+        // (with the staged row ptxas spilled 20 B in fp16 hd128 relative_bias). dsum: from the workspace (its loads
+        // issue under the products; staged it measured 2-5% slower).
+        constexpr bool kStaged = Kt::kStagedRows && Mod::kUnitGrad;
         float2 lse2_early[Kt::kQTiles];
         if constexpr (!kStaged) {
 #pragma unroll

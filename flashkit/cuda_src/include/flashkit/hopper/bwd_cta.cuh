@@ -134,9 +134,8 @@ struct BwdCta : WsRoles {   // smem: the layout in bwd_traits.cuh
     }
     // The producer warpgroup's threads that write those bits (every warp but the loading thread's).
     __device__ __forceinline__ bool mask_thread() const { return Kt::kMaskWarps > 0 && producer() && tid >= kWarpSize; }
-    // The visit's lse2 row (kBlockM floats), landed with Q (its stage's full barrier).
+    // The visit's lse2 row (kBlockM floats), landed with Q (its stage's full barrier); only where Kt::kStagedRows.
     __device__ __forceinline__ u32 lse2_row(int visit) const {
-        static_assert(Kt::kStagedRows, "lse2 is staged only when the consumers split the keys");
         return smem + Kt::kLse2Offset + Ring::stage(visit) * Kt::kRowVecBytes;
     }
     __device__ __forceinline__ u32 ds_tile(int visit) const {   // dS^T, by visit parity

@@ -129,10 +129,11 @@ struct BwdWsTraits {
     static constexpr int kDqBuffers = kDqBulk ? kConsumers : 0;
     static constexpr int kDqBufferBytes = DqLayout::kPanelBytes;
     static constexpr int kDqOffset = kPtOffset + kPtBuffers * kDsBufferBytes;
-    // A visit's lse2 row (kBlockM floats), loaded with Q into its stage's row where the consumers split the keys;
-    // split by columns (hd256) the consumers read it from the workspace: beside a mask_mod's keep bits the rows
-    // overran shared memory, and staged they measured no faster there.
-    static constexpr bool kStagedRows = !kSplitColumns;
+    // A visit's lse2 row (kBlockM floats), loaded with Q into its stage's row where two consumers split the keys
+    // (hd128). Elsewhere the consumers read it from the workspace: split by columns (hd256) the rows overran shared
+    // memory beside a mask_mod's keep bits, and staged they measured no faster; three consumers of 160 registers
+    // (hd64) spilled 20 B in one build or another under NVRTC 13.0 or 13.5 in every form tried, staged.
+    static constexpr bool kStagedRows = !kSplitColumns && kConsumers == 2;
     static constexpr int kRowVecBytes = kBlockM * static_cast<int>(sizeof(float));
     static constexpr int kLse2Offset = kDqOffset + kDqBuffers * kDqBufferBytes;
     static constexpr int kKvBarOffset = kLse2Offset + (kStagedRows ? kStages * kRowVecBytes : 0);   // kv_full
