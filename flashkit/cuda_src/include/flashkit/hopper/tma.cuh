@@ -63,11 +63,12 @@ __device__ __forceinline__ u32 ld_shared_b32(u32 addr) {
 }
 // Two floats that a TMA or bulk copy wrote (addr 8 B aligned; read after the mbarrier wait that completes the copy).
 // A plain load of the dynamic shared memory, not an asm statement: ordered after the wait (whose asm clobbers
-// memory) and otherwise scheduled freely (as a volatile asm, ptxas's schedule of the dS^T step spilled 20 B in
-// fp16 hd128 causal relative_bias).
+// memory) and otherwise scheduled freely (a volatile asm load, with dsum staged too, made fp16 hd128 causal
+// relative_bias spill 20 B).
 __device__ __forceinline__ float2 ld_shared_f2(u32 addr) {
     extern __shared__ __align__(1024) unsigned char smem_raw[];
-    return *reinterpret_cast<const float2*>(smem_raw + (addr - static_cast<u32>(__cvta_generic_to_shared(smem_raw))));
+    const u32 base = static_cast<u32>(__cvta_generic_to_shared(smem_raw));
+    return *reinterpret_cast<const float2*>(smem_raw + (addr - base));
 }
 __device__ __forceinline__ void st_shared_v4(u32 addr, const float (&v)[4]) {
     asm volatile("st.shared.v4.f32 [%0], {%1, %2, %3, %4};\n" ::"r"(addr), "f"(v[0]), "f"(v[1]), "f"(v[2]), "f"(v[3])
