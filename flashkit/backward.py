@@ -138,16 +138,14 @@ def _bind_backward_functor(mod: Any, mod_args: Any, problem: Problem, mods: Mods
     score_mod has no backward, and a block mask and a functor are not combined (the forward has no such kernel)."""
     if mod is None and mod_args is None:
         return None
-    from .features.functors import bind_functor
+    from .features.functors import bind_functor, check_gradient
     from .features.mod_mask import unwrap_mod
     if mod is None:
         raise InputError("mod_args: given without mod (the functor they belong to)")
     mod, mod_args, snapshot = unwrap_mod(mod, mod_args)
     functor = bind_functor(mod, mod_args, problem, mods, device)
     functor.snapshot = snapshot
-    if functor.spec.score and not functor.spec.score_grad:
-        raise UnsupportedError(f"mod: {mod!r} has a score_mod without score_mod_grad, its derivative, which the "
-                               "backward needs (docs/functors.md); mask_mod functors need none")
+    check_gradient(functor.spec, "; mask_mod functors need none")
     if block_mask is not None:
         raise InputError("block_mask: cannot be combined with mod (fold the blocks into the functor's mask_mod)")
     return functor

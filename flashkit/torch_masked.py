@@ -17,7 +17,6 @@ import torch
 
 from .api import attention as _attention
 from .backward import attention_backward as _attention_backward
-from .errors import UnsupportedError
 from .torch_views import _as_torch, _on_torch_stream_and_allocator, cupy_views, tensor_view
 
 
@@ -33,11 +32,10 @@ def check_score_mod_gradient(mod: Any, q: torch.Tensor, k: torch.Tensor, v: torc
     name = mod.mod if type(mod) is ModMask else mod
     if type(name) is not str or not wants_gradient(q, k, v):
         return
+    from .features.functors import check_gradient
     spec = discover_kernels().mods.get(name)
-    if spec is not None and spec.score and not spec.score_grad:
-        raise UnsupportedError(f"mod: {name!r} has a score_mod without score_mod_grad, its derivative, which the "
-                               "backward needs (docs/functors.md); run it under torch.no_grad() or on tensors that "
-                               "need no gradient")
+    if spec is not None:
+        check_gradient(spec, "; run it under torch.no_grad() or on tensors that need no gradient")
 
 
 class _MaskedAttention(torch.autograd.Function):

@@ -21,7 +21,7 @@ import numpy as np
 
 from ..call.arrays import describe
 from ..call.validate import Problem, check_device, check_on_gpu
-from ..errors import CompileError, InputError
+from ..errors import CompileError, InputError, UnsupportedError
 from ..registry.functor_manifest import ARG_SLOTS, INT32_MAX, INT32_MIN, ModArg, ModSpec
 from ..runtime.call_cache import arrays_signature, current_device
 from ..runtime.launch import POINTER_FIELDS
@@ -281,6 +281,13 @@ def bind_functor(mod: Any, mod_args: Any, problem: Problem, mods: Mods, device: 
             continue
         values[arg.name] = check_arg(arg, mod_args[arg.name], problem, device)
     return BoundFunctor(spec, values, build_key(spec), mods)
+
+
+def check_gradient(spec: ModSpec, hint: str = "") -> None:
+    """UnsupportedError where a backward would need spec's score_mod derivative and the file lacks it."""
+    if spec.lacks_gradient:
+        raise UnsupportedError(f"mod: {spec.name!r} has a score_mod without score_mod_grad, its derivative, which "
+                               f"the backward needs (docs/functors.md){hint}")
 
 
 def _kind_words(arg: ModArg) -> str:

@@ -77,6 +77,11 @@ class ModSpec:
         return "score_mod_grad" in self.functions
 
     @property
+    def lacks_gradient(self) -> bool:
+        """A score_mod without its derivative: no backward can take it."""
+        return self.score and not self.score_grad
+
+    @property
     def kernel_functions(self) -> tuple[str, ...]:
         """The manifest features a variant needs to build this functor in."""
         return tuple(f for f in self.functions if f in KERNEL_FUNCTIONS)
@@ -84,8 +89,8 @@ class ModSpec:
     def builds_into(self, spec) -> bool:
         """Whether variant spec builds this functor in: its functions among spec's features, and for a backward a
         score_mod's derivative defined."""
-        return all(spec.supports(f) for f in self.kernel_functions) and (
-            not (spec.features.get("backward") and self.score) or self.score_grad)
+        return all(spec.supports(f) for f in self.kernel_functions) and not (
+            spec.features.get("backward") and self.lacks_gradient)
 
     @property
     def reference(self) -> Path | None:

@@ -11,6 +11,7 @@
 #pragma once
 
 #include "flashkit/numeric.cuh"
+#include "flashkit/tile.cuh"   // smem_u32
 
 namespace flashkit {
 namespace hopper {
@@ -61,14 +62,18 @@ __device__ __forceinline__ u32 ld_shared_b32(u32 addr) {
     asm volatile("ld.shared.b32 %0, [%1];\n" : "=r"(v) : "r"(addr) : "memory");
     return v;
 }
+// The kernel's dynamic shared memory (the warp-specialized kernels' tiles and barriers; ws_smem_base aligns it).
+__device__ __forceinline__ unsigned char* dynamic_smem() {
+    extern __shared__ __align__(1024) unsigned char smem_raw[];
+    return smem_raw;
+}
 // Two floats that a TMA or bulk copy wrote (addr 8 B aligned; read after the mbarrier wait that completes the copy).
 // A plain load of the dynamic shared memory, not an asm statement: ordered after the wait (whose asm clobbers
 // memory) and otherwise scheduled freely (a volatile asm load, with dsum staged too, made fp16 hd128 causal
 // relative_bias spill 20 B).
 __device__ __forceinline__ float2 ld_shared_f2(u32 addr) {
-    extern __shared__ __align__(1024) unsigned char smem_raw[];
-    const u32 base = static_cast<u32>(__cvta_generic_to_shared(smem_raw));
-    return *reinterpret_cast<const float2*>(smem_raw + (addr - base));
+    unsigned char* smem = dynamic_smem();
+    return *reinterpret_cast<const float2*>(smem + (addr - smem_u32(smem)));
 }
 __device__ __forceinline__ void st_shared_v4(u32 addr, const float (&v)[4]) {
     asm volatile("st.shared.v4.f32 [%0], {%1, %2, %3, %4};\n" ::"r"(addr), "f"(v[0]), "f"(v[1]), "f"(v[2]), "f"(v[3])

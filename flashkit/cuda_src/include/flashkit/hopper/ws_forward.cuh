@@ -23,8 +23,7 @@ namespace hopper {
 
 // The 1024 B aligned base of the dynamic shared memory (the layout in ws_traits.cuh).
 __device__ __forceinline__ u32 ws_smem_base() {
-    extern __shared__ __align__(1024) unsigned char smem_raw[];
-    return (smem_u32(smem_raw) + gmma::kTileAlign - 1) & ~static_cast<u32>(gmma::kTileAlign - 1);
+    return (smem_u32(dynamic_smem()) + gmma::kTileAlign - 1) & ~static_cast<u32>(gmma::kTileAlign - 1);
 }
 
 // Query block m_block of (head, batch): `mask` (mask.cuh's interface) says which K/V tiles the block
