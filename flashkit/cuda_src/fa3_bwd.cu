@@ -39,7 +39,8 @@ workspace: dq_accum
 //              streams Q and dO by TMA, the consumer warpgroups keep dK, dV in registers over every query
 //              head of the group and every visible query block (64 keys each: three at hd64, two at hd128;
 //              at hd256 two, the block's 64 keys, half the head-dim columns each), dQ added to dq_accum in fragment
-//              order (dq_layout.cuh) by one bulk reduction a visit (hd256: 16-byte reductions)
+//              order (dq_layout.cuh) by one bulk reduction a visit, issued by a writer warp a consumer at hd128
+//              (hd256: 16-byte reductions)
 //              (hopper/ws_backward.cuh)
 //   convert_dq grid (ceil(seqlen_q / block_m), heads, batch): dQ = scale dq_accum in the input dtype
 // Causal (FLASHKIT_CAUSAL) skips the query blocks above the diagonal and masks the tiles crossing it; a window

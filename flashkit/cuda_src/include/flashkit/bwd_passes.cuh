@@ -60,6 +60,8 @@ struct BwdWorkspace {
     __device__ __forceinline__ int* semaphore(const Params& p, int batch, int head, int m_block) const {
         return sema + (static_cast<index_t>(batch) * p.heads + head) * m_blocks + m_block;
     }
+    // The same, of the query block starting at padded row ws_row (row0 + m_block kBlockM).
+    __device__ __forceinline__ int* semaphore(index_t ws_row) const { return sema + ws_row / kBlockM; }
 };
 
 // Causal, bottom-right aligned: key j is visible to query i iff j <= i + seqlen_k - seqlen_q.

@@ -50,6 +50,7 @@ __device__ __forceinline__ void mbarrier_wait(u32 bar, u32 parity) {
 
 // Named barriers (ids 1..15; 0 is __syncthreads): `threads` arrivals complete one use. bar.sync
 // waits for completion, bar.arrive only counts (the producer half of an ordering handshake).
+constexpr int kNamedBarriers = 16;
 __device__ __forceinline__ void named_sync(int id, int threads) {
     asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
 }

@@ -11,7 +11,7 @@
 //   dQ[:, cols_c] = dS K[:, cols_c]          ss, both read MN-major (MmaTT), one N = 64 product a panel
 //   dV[:, cols_c] += P^T dO[:, cols_c]       ss, P^T tile K-major, dO read MN-major (MmaBT)
 //   dK[:, cols_c] += dS^T Q[:, cols_c]       the same, dS^T and Q
-//   dq_accum += scale dQ                     under dV and dK (bwd_consumer_base.cuh's add_dq)
+//   dq_accum += scale dQ                     under dV and dK (bwd_consumer_base.cuh's publish_dq)
 // Ordering of the P^T and dS^T buffers: as bwd_consumer.cuh's dS^T (a consumer's visit ends with wgmma wait 0,
 // before its next barrier arrival).
 #pragma once
@@ -131,7 +131,7 @@ struct BwdColumnConsumer : BwdConsumerBase<Kt, Mask> {
         float(&dq_tiles)[Kt::kDqTiles][4] = reinterpret_cast<float(&)[Kt::kDqTiles][4]>(dq);
         gmma::wait<1>();   // dQ landed; dV, dK still running
         gmma::fence_accumulators(dq_tiles);
-        this->add_dq(cta, dq_tiles, head, m_block, ws_row);
+        this->publish_dq(cta, dq_tiles, head, m_block, ws_row);
         gmma::wait<0>();   // dV, dK done: Q_i and dO_i are free, both buffers read
         gmma::fence_accumulators(acc_dv);
         gmma::fence_accumulators(acc_dk);

@@ -20,7 +20,9 @@
 //                                           MN-major; issued after dQ, so that
 //   dq_accum += dQ                          runs under it: the consumer's dQ to its shared fp32 panel in
 //                                           dq_accum's order (Kt::DqLayout), then one bulk reduction
-//                                           (cp.reduce.async.bulk) issued by its thread 0; in key-block
+//                                           (cp.reduce.async.bulk) issued by the consumer's dQ writer warp
+//                                           (hd128: Kt::kDqWriter, bwd_dq_writer.cuh; the consumer arrives
+//                                           after dK's wait) or by its thread 0 (hd64); in key-block
 //                                           order when p.bwd.deterministic (bwd_passes.cuh's semaphores)
 // dK from shared memory rather than from dS^T fragments in registers: measured as fast within 1-3% (and
 // faster at hd128 causal 8k), and 16 registers fewer at the visit's peak, where hd128 causal spilled.
@@ -28,9 +30,9 @@
 // Ordering of the dS^T buffers: a consumer writes buffer i % 2 in visit i after visit i - 1's barrier,
 // which every consumer that reads its rows (itself at hd64, the other at hd128) passed only after its
 // visit i - 2 products (the last reads of that buffer) completed (wgmma wait 0 precedes its next barrier
-// arrival). Of the dQ panel: thread 0 waits until the
-// previous visit's bulk reduction has read it (dq_panel_free) before the dS^T barrier, after which the
-// consumer's threads write it again.
+// arrival). Of the dQ panel: with a writer, the consumer waits on its dq_empty barrier before it writes the
+// panel again (stage_dq); without, thread 0 waits until the previous visit's bulk reduction has read it
+// (dq_panel_free) before the dS^T barrier, after which the consumer's threads write it again.
 #pragma once
 
 #include "flashkit/hopper/bwd_consumer_base.cuh"
@@ -157,12 +159,16 @@ struct BwdConsumer : BwdConsumerBase<Kt, Mask> {
         gmma::commit();
         gmma::wait<1>();   // dV, dQ done; dK still running
         gmma::fence_accumulators(dq);
-        this->add_dq(cta, dq, head, m_block, ws_row);
+        this->stage_dq(cta, dq, slot);
+        if constexpr (!Kt::kDqWriter) this->publish_dq(cta, dq, head, m_block, ws_row);
         gmma::wait<0>();   // dK done: Q_i and dO_i are free, the dS^T buffer read
         gmma::fence_accumulators(acc_dv);
         gmma::fence_accumulators(acc_dk);
         cta.q_ring.release(slot);
         cta.do_ring.release(slot);
+        // To the dQ writer after dK's wait, so that the panel's stores drain under dK before the fence (1-2% faster
+        // at hd128 than before the wait)
+        if constexpr (Kt::kDqWriter) this->publish_dq(cta, dq, head, m_block, ws_row);
     }
 
     // Byte offset of this consumer's first dQ column in the K tile: panel `consumer` when the consumers split

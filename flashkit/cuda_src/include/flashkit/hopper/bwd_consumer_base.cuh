@@ -9,6 +9,7 @@
 #include "flashkit/functor.cuh"
 #include "flashkit/fragment.cuh"
 #include "flashkit/hopper/bwd_cta.cuh"
+#include "flashkit/hopper/bwd_dq_writer.cuh"
 #include "flashkit/hopper/bwd_keep.cuh"
 #include "flashkit/reduce.cuh"
 
@@ -201,7 +202,7 @@ struct BwdConsumerBase {
 
     // This consumer's first dK, dV column, and its first dQ column.
     __device__ __forceinline__ int own_col0() const { return Kt::kSplitColumns ? consumer * Kt::kOwnCols : 0; }
-    __device__ __forceinline__ int dq_col0() const { return Kt::kDqSplitKeys ? 0 : consumer * Kt::kDqCols; }
+    __device__ __forceinline__ int dq_col0() const { return Kt::dq_col0(consumer); }
 
     // The thread's index in its warpgroup (tid) and its consumer index, from a volatile read of %tid.x where
     // the dQ staging uses them. ptxas otherwise kept `consumer` (for the panel's address) over the whole visit
@@ -231,21 +232,48 @@ struct BwdConsumerBase {
         return Kt::DqLayout::fragment(i, thread / kWarpSize, thread % kWarpSize);
     }
 
-    // The visit's query block of dq_accum (Kt::DqLayout), at this consumer's first dQ column.
-    __device__ __forceinline__ float* dq_block(index_t ws_row) const {
-        return ws.dq_accum + ws_row * kD + Kt::DqLayout::template offset<kD>(0, dq_col0());
+    // dq_accum of the visit += dQ (this consumer's columns, unscaled), in two steps so that a kernel may issue work
+    // between them: stage_dq, then publish_dq. Split by keys (kDqBulk): the partial goes to the consumer's shared
+    // panel in dq_accum's own order, and the whole panel is added by one bulk reduction, issued by the dQ writer warp
+    // (Kt::kDqWriter: bwd_dq_writer.cuh; the consumer only arrives) or by the consumer's thread 0; split by columns:
+    // one 16-byte reduction a tile a thread, straight from the registers.
+    // Deterministic (p.bwd.deterministic), without the writer: in key-block order. Key block j waits until the
+    // semaphore of (batch, head, m_block) reads the key blocks before j that visit m_block (Mask::dq_turn), adds,
+    // waits for its adds to complete, and increments it; at hd64 every consumer adds to each element: their panels
+    // in consumer order.
+    __device__ __forceinline__ void stage_dq(const BwdCta<Kt>& cta, const float (&dq)[Kt::kDqTiles][4], int slot) const {
+        if constexpr (Kt::kDqBulk) {
+            const int thread = fresh_tid(), me = fresh_consumer();
+            const u32 panel = cta.dq_panel(me);
+            // the writer's reductions of the previous visit have read the panel (see bwd_dq_writer.cuh)
+            if (Kt::kDqWriter && slot > 0) named_sync(kBwdDqEmptyBarrier + me, Kt::kDqHandshake);
+#pragma unroll
+            for (int i = 0; i < Kt::kDqTiles; ++i)
+                st_shared_v4(panel + dq_fragment(i, thread) * sizeof(float), dq[i]);
+        } else {
+            (void)cta, (void)dq, (void)slot;
+        }
     }
-
-    // dq_accum of the visit += dQ (this consumer's columns, unscaled). Split by keys (kDqBulk): the partial goes
-    // to the consumer's shared panel in dq_accum's own order, then thread 0 adds the whole panel with one bulk
-    // reduction; split by columns: one 16-byte reduction a tile a thread, straight from the registers.
-    // Deterministic (p.bwd.deterministic): in key-block order. Key block j waits until the semaphore of
-    // (batch, head, m_block) reads the key blocks before j that visit m_block (Mask::dq_turn), adds, waits
-    // for its adds to complete, and increments it; at hd64 every consumer adds to each element: their panels in
-    // consumer order.
-    __device__ __forceinline__ void add_dq(const BwdCta<Kt>& cta, const float (&dq)[Kt::kDqTiles][4], int head,
-                                           int m_block, index_t ws_row) const {
+    __device__ __forceinline__ void publish_dq(const BwdCta<Kt>& cta, const float (&dq)[Kt::kDqTiles][4], int head,
+                                               int m_block, index_t ws_row) const {
         const bool ordered = p.bwd.deterministic != 0;
+        if constexpr (Kt::kDqWriter) {
+            const int me = fresh_consumer();
+            if (fresh_tid() == 0) {   // the panel's ticket (bwd_dq_writer.cuh)
+                const u32 ticket = cta.dq_ticket(me);
+                st_shared_b64(ticket + kTicketBlock, reinterpret_cast<unsigned long long>(dq_block<Kt>(ws, ws_row, me)));
+                if (ordered) {   // the panels of the key blocks before this one, and of the consumers before it
+                    st_shared_b64(ticket + kTicketSema, reinterpret_cast<unsigned long long>(ws.semaphore(ws_row)));
+                    st_shared_b32(ticket + kTicketTurn,
+                                  dq_turn<Kt::kBlockM, Kt::kBlockN>(mask, m_block, n_block, head, batch) *
+                                          Kt::kConsumers + me);
+                }
+            }
+            gmma::fence_proxy_async();   // the panel's stores (generic proxy), before the bulk reduction reads it
+            named_arrive(kBwdDqFullBarrier + me, Kt::kDqHandshake);
+            (void)dq;
+            return;
+        }
         const bool leader = fresh_thread() == gmma::kWarpgroupThreads;   // consumer 0's thread 0 (see fresh_thread)
         if (ordered) {
             if (leader) {
@@ -258,22 +286,19 @@ struct BwdConsumerBase {
         if constexpr (Kt::kDqBulk) {
             const int thread = fresh_tid(), me = fresh_consumer();
             const u32 panel = cta.dq_panel(me);
-#pragma unroll
-            for (int i = 0; i < Kt::kDqTiles; ++i)
-                st_shared_v4(panel + dq_fragment(i, thread) * sizeof(float), dq[i]);
             gmma::fence_proxy_async();   // the panel's stores (generic proxy), before the bulk reduction reads it
             named_sync(kBwdConsumerBarrier + me, gmma::kWarpgroupThreads);
             if (ordered && Kt::kDqSplitKeys) {   // every consumer adds to each element: in consumer order
 #pragma unroll 1
                 for (int c = 0; c < Kt::kConsumers; ++c) {
-                    if (c == me && thread == 0) reduce_panel(dq_block(ws_row), panel, true);
+                    if (c == me && thread == 0) reduce_panel(dq_block<Kt>(ws, ws_row, me), panel, true);
                     named_sync(kBwdDqOrderBarrier, Kt::kConsumerThreads);
                 }
             } else if (thread == 0) {
-                reduce_panel(dq_block(ws_row), panel, ordered);
+                reduce_panel(dq_block<Kt>(ws, ws_row, me), panel, ordered);
             }
         } else {
-            float* block = dq_block(ws_row);
+            float* block = dq_block<Kt>(ws, ws_row, consumer);
 #pragma unroll
             for (int i = 0; i < Kt::kDqTiles; ++i) {
                 float* at = block + dq_fragment(i, tid);
@@ -302,11 +327,11 @@ struct BwdConsumerBase {
     // Before a visit's dQ is staged: thread 0 waits until the previous visit's bulk reduction has read the
     // panel; the named barrier that every consumer thread passes next (dS^T ready) publishes it.
     __device__ __forceinline__ void dq_panel_free() const {
-        if (Kt::kDqBulk && fresh_tid() == 0) bulk_wait_read();
+        if (Kt::kDqBulk && !Kt::kDqWriter && fresh_tid() == 0) bulk_wait_read();
     }
     // After the last visit: the last reduction complete before the CTA (and its shared memory) ends.
     __device__ __forceinline__ void dq_drain() const {
-        if (Kt::kDqBulk && tid == 0) bulk_wait();
+        if (Kt::kDqBulk && !Kt::kDqWriter && tid == 0) bulk_wait();
     }
 
     // dK = scale dK, dV of the consumer's keys < seqlen_k and its columns < head_dim, 16-bit, straight from

@@ -47,6 +47,13 @@ struct BwdVisits {
         total = group * n_m;
     }
     __device__ __forceinline__ BwdVisit at(int i) const { return {head0 + i / n_m, m_begin + i % n_m, false}; }
+    // v = at(next), from v = at(next - 1), with no division (the loading thread's 24 registers).
+    __device__ __forceinline__ void advance(BwdVisit& v, int /*next*/) const {
+        if (++v.m_block == m_begin + n_m) {
+            v.m_block = m_begin;
+            ++v.head;
+        }
+    }
 };
 
 // With lists (a block mask or a mask_mod, bwd_lists.cuh): each head of the group visits its row's list of key
@@ -89,7 +96,17 @@ struct BwdVisits<kBlockM, kBlockN, Mask, true> {
         return {head, p.bwd_lists.list[static_cast<index_t>(r) * p.bwd_lists.q_tiles + i],
                 i < p.bwd_lists.count[2 * r]};
     }
+    __device__ __forceinline__ void advance(BwdVisit& v, int next) const {
+        if (next < total) v = at(next);
+    }
 };
+
+// The visit's query block of dq_accum (Kt::DqLayout) at consumer c's first dQ column (every column's first where
+// the consumers split the keys).
+template <class Kt>
+__device__ __forceinline__ float* dq_block(const BwdWorkspace<Kt::kBlockM, Kt::kHeadDim>& ws, index_t ws_row, int c) {
+    return ws.dq_accum + ws_row * Kt::kHeadDim + Kt::DqLayout::template offset<Kt::kHeadDim>(0, Kt::dq_col0(c));
+}
 
 // Where thread `tid` (0 .. 127) of a consumer warpgroup sits in the wgmma accumulator layout (fragment.cuh's m16n8
 // conventions): its first row, 16 warp + g (a key of S^T), and its first column within an 8-wide tile, 2 t.
@@ -134,6 +151,12 @@ struct BwdCta : WsRoles {   // smem: the layout in bwd_traits.cuh
     }
     // The producer warpgroup's threads that write those bits (every warp but the loading thread's).
     __device__ __forceinline__ bool mask_thread() const { return Kt::kMaskWarps > 0 && producer() && tid >= kWarpSize; }
+    // The producer warpgroup's warps that issue the dQ reductions, one a consumer (bwd_dq_writer.cuh), where
+    // Kt::kDqWriter.
+    __device__ __forceinline__ bool dq_writer() const {
+        const int warp = tid / kWarpSize;
+        return Kt::kDqWriter && producer() && warp >= Kt::kDqWriterWarp0 && warp < Kt::kDqWriterWarp0 + Kt::kConsumers;
+    }
     // The visit's lse2 row (kBlockM floats), landed with Q (its stage's full barrier); only where Kt::kStagedRows.
     __device__ __forceinline__ u32 lse2_row(int visit) const {
         return smem + Kt::kLse2Offset + Ring::stage(visit) * Kt::kRowVecBytes;
@@ -144,6 +167,11 @@ struct BwdCta : WsRoles {   // smem: the layout in bwd_traits.cuh
     __device__ __forceinline__ u32 dq_panel(int consumer) const {   // a consumer's staged dQ (split by keys)
         static_assert(Kt::kDqBulk, "dQ is staged only when the consumers split the keys");
         return smem + Kt::kDqOffset + consumer * Kt::kDqBufferBytes;
+    }
+    // Consumer c's dQ ticket (bwd_dq_writer.cuh): the dq_accum block (8 B), the semaphore (8 B), the panel's turn (4 B).
+    __device__ __forceinline__ u32 dq_ticket(int consumer) const {
+        static_assert(Kt::kDqWriter, "tickets go to the dQ writer");
+        return smem + Kt::kDqTicketOffset + consumer * Kt::kDqTicketBytes;
     }
     __device__ __forceinline__ u32 pt_tile(int visit) const {   // P^T (split by columns), by visit parity
         static_assert(Kt::kPtBuffers == Kt::kDsBuffers, "P^T is shared only when the consumers split columns");

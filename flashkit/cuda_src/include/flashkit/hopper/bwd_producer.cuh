@@ -30,13 +30,14 @@ __device__ __forceinline__ void bwd_produce(const Params& p, const BwdCta<Kt>& c
     load_tile<Kt, KTile>(cta.smem + Kt::kVOffset, maps.v, cta.kv_full, kv_at);
     const BwdWorkspace<Kt::kBlockM, Kt::kHeadDim> ws(p);
     constexpr u32 kQStageBytes = QTile::kBytes + (Kt::kStagedRows ? Kt::kRowVecBytes : 0);   // Q and its lse2 row
-    for (int i = 0; i < visits.total; ++i) {
-        const BwdVisit visit = visits.at(i);
+    BwdVisit visit = visits.at(0);
+#pragma unroll 1
+    for (int i = 0; i < visits.total; visits.advance(visit, ++i)) {
         const TileCoords q_at{visit.m_block * Kt::kBlockM, visit.head, batch};
-        const index_t ws_row = ws.row0(p, batch, visit.head) + q_at.row;
         const u32 q_full = cta.q_ring.acquire(i, kQStageBytes);
         load_tile<Kt, QTile>(cta.q_tile(i), maps.q, q_full, q_at);
-        if constexpr (Kt::kStagedRows) bulk_load(cta.lse2_row(i), ws.lse2 + ws_row, Kt::kRowVecBytes, q_full);
+        if constexpr (Kt::kStagedRows)
+            bulk_load(cta.lse2_row(i), ws.lse2 + ws.row0(p, batch, visit.head) + q_at.row, Kt::kRowVecBytes, q_full);
         load_tile<Kt, QTile>(cta.do_tile(i), maps.dout, cta.do_ring.acquire(i, QTile::kBytes), q_at);
     }
 }

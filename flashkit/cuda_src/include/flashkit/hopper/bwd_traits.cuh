@@ -19,7 +19,8 @@
 //   [ K: kBlockN rows | V: kBlockN rows | Q: kStages x kBlockM rows | dO: kStages x kBlockM rows |
 //     dS^T: 2 x (kBlockN rows of kBlockM 16-bit queries) | P^T: the same, split by columns only |
 //     dQ: one fp32 panel (64 x 64, DqLayout's order) a consumer, split by keys only |
-//     lse2: kStages x kBlockM floats (bulk copies beside the Q tiles), split by keys only |
+//     lse2: kStages x kBlockM floats (bulk copies beside the Q tiles), two consumers split by keys only |
+//     the dQ writer's tickets: one a consumer, split by keys only |
 //     mbarriers: kv_full, the Q ring, the dO ring | a mask_mod's keep bits: kStages x a word a consumer thread ]
 // dS^T (and P^T) are double-buffered by visit parity, so one named barrier a visit orders their writes and
 // reads (see bwd_consumer.cuh): over every consumer where they exchange it, over the consumer's own warpgroup
@@ -50,6 +51,10 @@ namespace hopper {
 constexpr int kBwdDsReadyBarrier = 1;
 constexpr int kBwdDqOrderBarrier = 2;
 constexpr int kBwdConsumerBarrier = 3;   // + consumer
+// The dQ writer's handshake with consumer c (bwd_dq_writer.cuh): its panel stored; its panel read by the reduction.
+constexpr int kBwdDqFullBarrier = kBwdConsumerBarrier + kMaxConsumers;   // + consumer
+constexpr int kBwdDqEmptyBarrier = kBwdDqFullBarrier + kMaxConsumers;    // + consumer
+static_assert(kBwdDqEmptyBarrier + kMaxConsumers <= kNamedBarriers, "the backward's named barriers fit 16");
 
 template <typename Element_, int kHeadDim_, int kBlockM_, int kBlockN_, int kStages_>
 struct BwdWsTraits {
@@ -74,10 +79,7 @@ struct BwdWsTraits {
     static constexpr int kMaskWarps =
         FLASHKIT_MASK_MOD && FLASHKIT_MASK_WARPS ? gmma::kWarpgroupThreads / kWarpSize - 1 : 0;
     static constexpr int kMaskThreads = kMaskWarps * kWarpSize;
-    // setmaxnreg budgets (multiples of 8), as the forward's: 24 + 2 x 240 or 24 + 3 x 160 of 512 a lane; with mask
-    // warps 32 + 2 x 232 (at 24 their evaluation loop spilled 44-104 B).
-    static constexpr int kProducerRegs = kMaskWarps > 0 ? 32 : 24;
-    static constexpr int kConsumerRegs = kConsumers == 2 ? (kMaskWarps > 0 ? 232 : 240) : 160;
+    static constexpr bool kListedVisits = FLASHKIT_BLOCK_SPARSE || FLASHKIT_MASK_MOD;   // bwd_lists.cuh's visit lists
     // The consumer index as a warp-uniform value (a shuffle from lane 0), so that ptxas keeps what derives
     // from it (the consumer's K and V rows, its descriptors) in uniform registers: three consumers at 160
     // registers spill 20-68 B without it. At two consumers (240) it measured no faster and made hd128 causal
@@ -105,6 +107,20 @@ struct BwdWsTraits {
     // through its own shared panel and one bulk reduction (cp.reduce.async.bulk) a visit; split by columns
     // (hd256, no shared memory left for 2 x 32 KB) by 16-byte reductions from the registers.
     static constexpr bool kDqBulk = !kSplitColumns;
+    // The staged panels' reductions issued by warps of the producer warpgroup, one a consumer (bwd_dq_writer.cuh): the
+    // consumers arrive on a barrier rather than synchronize their warpgroup and wait for their thread 0's issue.
+    // Measured (BENCHMARKS.md) 6-10% faster at hd128 (two consumers, dQ split by columns); at hd64 (three consumers
+    // split by keys) 6% slower causal, so there the consumers issue them. Not beside visit lists (a block mask, a
+    // mask_mod): with the writers in its region, the loading thread's walk of the lists spilled 8-16 B at 24 registers.
+    static constexpr bool kDqWriter = kDqBulk && !kDqSplitKeys && !kListedVisits;
+    static constexpr int kDqWriterWarp0 = 1;   // consumer c's writer: warp kDqWriterWarp0 + c of the producer warpgroup
+    static constexpr int kDqHandshake = gmma::kWarpgroupThreads + kWarpSize;   // a consumer and the writer warp
+    // setmaxnreg budgets (multiples of 8), as the forward's: 24 + 2 x 240 or 24 + 3 x 160 of 512 a lane; with mask
+    // warps 32 + 2 x 232 (at 24 their evaluation loop spilled 44-104 B).
+    static constexpr int kProducerRegs = kMaskWarps > 0 ? 32 : 24;
+    static constexpr int kConsumerRegs = kConsumers == 2 ? (kMaskWarps > 0 ? 232 : 240) : 160;
+    // Consumer c's first dQ column.
+    __host__ __device__ static constexpr int dq_col0(int c) { return kDqSplitKeys ? 0 : c * kDqCols; }
     typedef DqFragments<kBlockM, false> DqLayout;   // dq_accum (dq_layout.cuh), unscaled
 
     typedef gmma::KMajorTile<kBlockM, kRowBytes> QTile;                 // Q and dO: [query][d]
@@ -136,7 +152,11 @@ struct BwdWsTraits {
     static constexpr bool kStagedRows = !kSplitColumns && kConsumers == 2;
     static constexpr int kRowVecBytes = kBlockM * static_cast<int>(sizeof(float));
     static constexpr int kLse2Offset = kDqOffset + kDqBuffers * kDqBufferBytes;
-    static constexpr int kKvBarOffset = kLse2Offset + (kStagedRows ? kStages * kRowVecBytes : 0);   // kv_full
+    // The dQ writer's ticket of a consumer's panel (bwd_dq_writer.cuh): where to add it, and in deterministic mode the
+    // visit's semaphore and the count it waits for.
+    static constexpr int kDqTicketBytes = 32;
+    static constexpr int kDqTicketOffset = kLse2Offset + (kStagedRows ? kStages * kRowVecBytes : 0);
+    static constexpr int kKvBarOffset = kDqTicketOffset + (kDqWriter ? kConsumers * kDqTicketBytes : 0);   // kv_full
     static constexpr int kQRingOffset = kKvBarOffset + kBarrierBytes;
     static constexpr int kDoRingOffset = kQRingOffset + Ring::kBytes;
     // A mask_mod's keep bits: one word a consumer thread, written by the consumer thread itself before the visit's
@@ -162,8 +182,12 @@ struct BwdWsTraits {
     static_assert(!kSplitColumns || kOwnCols % kPanelElems == 0, "a consumer's columns: whole 128 B panels");
     static_assert(kStages >= 2, "Q and dO of the next visit load under this one");
     static_assert(!kDqBulk || kDqCols == DqLayout::kPanelCols, "a staged dQ partial is one panel");
-    static_assert((kProducerRegs + kConsumers * kConsumerRegs) * gmma::kWarpgroupThreads <= kRegisterFile,
-                  "register budgets fit the register file");
+    // setmaxnreg moves registers within what the launch gave the CTA (__launch_bounds__(kThreads, 1): the file's
+    // share of a thread, in granules of 8, for each thread); a budget over it makes the consumers' setmaxnreg.inc wait
+    // forever (32 + 2 x 240 hung at hd128, where the launch gives 384 x 168).
+    static constexpr int kLaunchRegs = kRegisterFile / kThreads / 8 * 8;
+    static_assert((kProducerRegs + kConsumers * kConsumerRegs) * gmma::kWarpgroupThreads <= kLaunchRegs * kThreads,
+                  "register budgets fit what the launch allocates");
     static_assert(kSmemBytes <= 227 * 1024, "shared memory of one CTA");
 };
 

@@ -1,7 +1,8 @@
 // The warp-specialized Hopper backward of one key block (FlashAttention-3's backward): the roles of a CTA.
 //   warpgroup 0 (producer)     gives registers back (setmaxnreg.dec); thread 0 loads K, V once and Q, dO
-//                              per visit through the stage rings (bwd_producer.cuh); with a mask_mod, its
-//                              other warps write the partial visits' keep bits into Q's stages (bwd_keep.cuh)
+//                              per visit through the stage rings (bwd_producer.cuh); at hd128, warp 1 + c issues
+//                              consumer c's dQ reductions (bwd_dq_writer.cuh); with a mask_mod, its other warps
+//                              write the partial visits' keep bits into Q's stages (bwd_keep.cuh)
 //   warpgroups 1.. (consumers) take registers (setmaxnreg.inc); each runs its share of the products for
 //                              every visit (split by keys: bwd_consumer.cuh; by head-dim columns:
 //                              bwd_column_consumer.cuh), then stores its part of dK and dV
@@ -11,6 +12,7 @@
 
 #include "flashkit/hopper/bwd_column_consumer.cuh"
 #include "flashkit/hopper/bwd_consumer.cuh"
+#include "flashkit/hopper/bwd_dq_writer.cuh"
 #include "flashkit/hopper/bwd_keep.cuh"
 #include "flashkit/hopper/bwd_producer.cuh"
 #include "flashkit/hopper/ws_forward.cuh"   // ws_smem_base
@@ -36,8 +38,13 @@ __device__ __forceinline__ void ws_backward(const Params& p, const BackwardMaps&
     const BwdVisits<Kt::kBlockM, Kt::kBlockN, Mask> visits(p, n_block, kv_head, batch);
     if (cta.producer()) {
         release_registers<Kt::kProducerRegs>();
-        if (cta.issuer()) bwd_produce<Kt>(p, cta, maps, visits, n_block, kv_head, batch);
-        else if (cta.mask_thread()) bwd_stage_keeps<Kt>(p, cta, visits, n_block, batch);
+        if (cta.dq_writer()) {
+            if constexpr (Kt::kDqWriter) bwd_write_dq<Kt>(p, cta, visits.total);
+        } else if (cta.issuer()) {
+            bwd_produce<Kt>(p, cta, maps, visits, n_block, kv_head, batch);
+        } else if (cta.mask_thread()) {
+            bwd_stage_keeps<Kt>(p, cta, visits, n_block, batch);
+        }
         return;
     }
     claim_registers<Kt::kConsumerRegs>();
