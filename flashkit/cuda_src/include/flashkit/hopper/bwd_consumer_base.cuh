@@ -9,7 +9,6 @@
 #include "flashkit/functor.cuh"
 #include "flashkit/fragment.cuh"
 #include "flashkit/hopper/bwd_cta.cuh"
-#include "flashkit/hopper/bwd_dq_writer.cuh"
 #include "flashkit/hopper/bwd_keep.cuh"
 #include "flashkit/reduce.cuh"
 
@@ -257,21 +256,10 @@ struct BwdConsumerBase {
     __device__ __forceinline__ void publish_dq(const BwdCta<Kt>& cta, const float (&dq)[Kt::kDqTiles][4], int head,
                                                int m_block, index_t ws_row) const {
         const bool ordered = p.bwd.deterministic != 0;
-        if constexpr (Kt::kDqWriter) {
-            const int me = fresh_consumer();
-            if (fresh_tid() == 0) {   // the panel's ticket (bwd_dq_writer.cuh)
-                const u32 ticket = cta.dq_ticket(me);
-                st_shared_b64(ticket + kTicketBlock, reinterpret_cast<unsigned long long>(dq_block<Kt>(ws, ws_row, me)));
-                if (ordered) {   // the panels of the key blocks before this one, and of the consumers before it
-                    st_shared_b64(ticket + kTicketSema, reinterpret_cast<unsigned long long>(ws.semaphore(ws_row)));
-                    st_shared_b32(ticket + kTicketTurn,
-                                  dq_turn<Kt::kBlockM, Kt::kBlockN>(mask, m_block, n_block, head, batch) *
-                                          Kt::kConsumers + me);
-                }
-            }
+        if constexpr (Kt::kDqWriter) {   // to the consumer's writer warp (bwd_dq_writer.cuh)
             gmma::fence_proxy_async();   // the panel's stores (generic proxy), before the bulk reduction reads it
-            named_arrive(kBwdDqFullBarrier + me, Kt::kDqHandshake);
-            (void)dq;
+            named_arrive(kBwdDqFullBarrier + fresh_consumer(), Kt::kDqHandshake);
+            (void)cta, (void)dq, (void)head, (void)m_block, (void)ws_row;
             return;
         }
         const bool leader = fresh_thread() == gmma::kWarpgroupThreads;   // consumer 0's thread 0 (see fresh_thread)

@@ -168,11 +168,6 @@ struct BwdCta : WsRoles {   // smem: the layout in bwd_traits.cuh
         static_assert(Kt::kDqBulk, "dQ is staged only when the consumers split the keys");
         return smem + Kt::kDqOffset + consumer * Kt::kDqBufferBytes;
     }
-    // Consumer c's dQ ticket (bwd_dq_writer.cuh): the dq_accum block (8 B), the semaphore (8 B), the panel's turn (4 B).
-    __device__ __forceinline__ u32 dq_ticket(int consumer) const {
-        static_assert(Kt::kDqWriter, "tickets go to the dQ writer");
-        return smem + Kt::kDqTicketOffset + consumer * Kt::kDqTicketBytes;
-    }
     __device__ __forceinline__ u32 pt_tile(int visit) const {   // P^T (split by columns), by visit parity
         static_assert(Kt::kPtBuffers == Kt::kDsBuffers, "P^T is shared only when the consumers split columns");
         return smem + Kt::kPtOffset + (visit % Kt::kPtBuffers) * Kt::kDsBufferBytes;

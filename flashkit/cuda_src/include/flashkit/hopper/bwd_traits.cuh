@@ -20,7 +20,6 @@
 //     dS^T: 2 x (kBlockN rows of kBlockM 16-bit queries) | P^T: the same, split by columns only |
 //     dQ: one fp32 panel (64 x 64, DqLayout's order) a consumer, split by keys only |
 //     lse2: kStages x kBlockM floats (bulk copies beside the Q tiles), two consumers split by keys only |
-//     the dQ writer's tickets: one a consumer, split by keys only |
 //     mbarriers: kv_full, the Q ring, the dO ring | a mask_mod's keep bits: kStages x a word a consumer thread ]
 // dS^T (and P^T) are double-buffered by visit parity, so one named barrier a visit orders their writes and
 // reads (see bwd_consumer.cuh): over every consumer where they exchange it, over the consumer's own warpgroup
@@ -111,8 +110,9 @@ struct BwdWsTraits {
     // consumers arrive on a barrier rather than synchronize their warpgroup and wait for their thread 0's issue.
     // Measured (BENCHMARKS.md) 6-10% faster at hd128 (two consumers, dQ split by columns); at hd64 (three consumers
     // split by keys) 6% slower causal, so there the consumers issue them. Not beside visit lists (a block mask, a
-    // mask_mod): with the writers in its region, the loading thread's walk of the lists spilled 8-16 B at 24 registers.
-    static constexpr bool kDqWriter = kDqBulk && !kDqSplitKeys && !kListedVisits;
+    // mask_mod): with the writers in its region, the loading thread's walk of the lists spilled 8-16 B at 24 registers;
+    // nor with a window (the writer's deterministic turn, the window's first key block, spilled 16 B there).
+    static constexpr bool kDqWriter = kDqBulk && !kDqSplitKeys && !kListedVisits && !FLASHKIT_WINDOW;
     static constexpr int kDqWriterWarp0 = 1;   // consumer c's writer: warp kDqWriterWarp0 + c of the producer warpgroup
     static constexpr int kDqHandshake = gmma::kWarpgroupThreads + kWarpSize;   // a consumer and the writer warp
     // setmaxnreg budgets (multiples of 8), as the forward's: 24 + 2 x 240 or 24 + 3 x 160 of 512 a lane; with mask
@@ -152,11 +152,7 @@ struct BwdWsTraits {
     static constexpr bool kStagedRows = !kSplitColumns && kConsumers == 2;
     static constexpr int kRowVecBytes = kBlockM * static_cast<int>(sizeof(float));
     static constexpr int kLse2Offset = kDqOffset + kDqBuffers * kDqBufferBytes;
-    // The dQ writer's ticket of a consumer's panel (bwd_dq_writer.cuh): where to add it, and in deterministic mode the
-    // visit's semaphore and the count it waits for.
-    static constexpr int kDqTicketBytes = 32;
-    static constexpr int kDqTicketOffset = kLse2Offset + (kStagedRows ? kStages * kRowVecBytes : 0);
-    static constexpr int kKvBarOffset = kDqTicketOffset + (kDqWriter ? kConsumers * kDqTicketBytes : 0);   // kv_full
+    static constexpr int kKvBarOffset = kLse2Offset + (kStagedRows ? kStages * kRowVecBytes : 0);   // kv_full
     static constexpr int kQRingOffset = kKvBarOffset + kBarrierBytes;
     static constexpr int kDoRingOffset = kQRingOffset + Ring::kBytes;
     // A mask_mod's keep bits: one word a consumer thread, written by the consumer thread itself before the visit's

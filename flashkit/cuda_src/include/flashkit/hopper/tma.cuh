@@ -62,16 +62,6 @@ __device__ __forceinline__ u32 ld_shared_b32(u32 addr) {
     asm volatile("ld.shared.b32 %0, [%1];\n" : "=r"(v) : "r"(addr) : "memory");
     return v;
 }
-// A 64-bit word (a pointer) handed to another thread through shared memory, ordered by a named barrier between the
-// store and the load (bar.arrive / bar.sync).
-__device__ __forceinline__ void st_shared_b64(u32 addr, unsigned long long v) {
-    asm volatile("st.shared.b64 [%0], %1;\n" ::"r"(addr), "l"(v) : "memory");
-}
-__device__ __forceinline__ unsigned long long ld_shared_b64(u32 addr) {
-    unsigned long long v;
-    asm volatile("ld.shared.b64 %0, [%1];\n" : "=l"(v) : "r"(addr) : "memory");
-    return v;
-}
 // The kernel's dynamic shared memory (the warp-specialized kernels' tiles and barriers; ws_smem_base aligns it).
 __device__ __forceinline__ unsigned char* dynamic_smem() {
     extern __shared__ __align__(1024) unsigned char smem_raw[];

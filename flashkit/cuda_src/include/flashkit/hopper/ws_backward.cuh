@@ -39,7 +39,7 @@ __device__ __forceinline__ void ws_backward(const Params& p, const BackwardMaps&
     if (cta.producer()) {
         release_registers<Kt::kProducerRegs>();
         if (cta.dq_writer()) {
-            if constexpr (Kt::kDqWriter) bwd_write_dq<Kt>(p, cta, visits.total);
+            if constexpr (Kt::kDqWriter) bwd_write_dq<Kt, Mask>(p, cta, visits, n_block, batch);
         } else if (cta.issuer()) {
             bwd_produce<Kt>(p, cta, maps, visits, n_block, kv_head, batch);
         } else if (cta.mask_thread()) {
