@@ -240,7 +240,8 @@ struct BwdConsumerBase {
     // semaphore of (batch, head, m_block) reads the key blocks before j that visit m_block (Mask::dq_turn), adds,
     // waits for its adds to complete, and increments it; at hd64 every consumer adds to each element: their panels
     // in consumer order.
-    __device__ __forceinline__ void stage_dq(const BwdCta<Kt>& cta, const float (&dq)[Kt::kDqTiles][4], int slot) const {
+    __device__ __forceinline__ void stage_dq(const BwdCta<Kt>& cta, const float (&dq)[Kt::kDqTiles][4],
+                                             int slot) const {
         if constexpr (Kt::kDqBulk) {
             const int thread = fresh_tid(), me = fresh_consumer();
             const u32 panel = cta.dq_panel(me);

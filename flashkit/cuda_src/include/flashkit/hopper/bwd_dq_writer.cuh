@@ -1,15 +1,15 @@
 // The dQ writers of the warp-specialized Hopper backward (FlashAttention-3's dQ writer): warp 1 + c of the producer
 // warpgroup adds consumer c's staged dQ panels to dq_accum, so that the consumer only arrives on a barrier where it
-// synchronized its warpgroup and issued the reduction itself. One writer a consumer keeps the consumers independent
-// where nothing else couples them (hd64's three, which split the keys: one writer for all three measured 3% slower).
+// synchronized its warpgroup and issued the reduction itself. One writer a consumer, so that neither consumer's panel
+// waits behind the other's (hd128 8k: 1.104x the tree before, against 1.088x with one writer for both; BENCHMARKS.md).
 // Per visit i, consumer c and its writer share two named barriers (kDqHandshake threads: the consumer warpgroup and
 // the writer warp):
 //   dq_full  + c   the consumer's threads stored the panel and fenced it (bar.arrive); the writer waits (bar.sync),
 //                  and its lane 0 issues the panel's bulk reduction (cp.reduce.async.bulk .add.f32) into the visit's
 //                  block of dq_accum (the writer walks the visits in the consumers' order)
-//   dq_empty + c   the reduction has read the panel (the writer's bar.arrive after wait_group.read); the consumer waits
-//                  on it before it stores visit i + 1's panel (so no arrival is left unmatched: the writer arrives after
-//                  visits 0 .. total - 2, the consumer waits in visits 1 .. total - 1)
+//   dq_empty + c   the reduction has read the panel (the writer's bar.arrive after wait_group.read); the consumer
+//                  waits on it before it stores visit i + 1's panel (so no arrival is left unmatched: the writer
+//                  arrives after visits 0 .. total - 2, the consumer waits in visits 1 .. total - 1)
 // Deterministic (p.bwd.deterministic): the visit's semaphore counts panels; panel c of the key block whose turn is t
 // (Mask::dq_turn: t key blocks before it visit the query block) waits for t kConsumers + c, completes its reduction and
 // increments it. The panels of one query block are added in one order on every run, and the consumers never wait.

@@ -108,15 +108,16 @@ struct BwdWsTraits {
     static constexpr bool kDqBulk = !kSplitColumns;
     // The staged panels' reductions issued by warps of the producer warpgroup, one a consumer (bwd_dq_writer.cuh): the
     // consumers arrive on a barrier rather than synchronize their warpgroup and wait for their thread 0's issue.
-    // Measured (BENCHMARKS.md) 6-10% faster at hd128 (two consumers, dQ split by columns); at hd64 (three consumers
+    // Measured (BENCHMARKS.md) 4-11% faster at hd128 (two consumers, dQ split by columns); at hd64 (three consumers
     // split by keys) 6% slower causal, so there the consumers issue them. Not beside visit lists (a block mask, a
     // mask_mod): with the writers in its region, the loading thread's walk of the lists spilled 8-16 B at 24 registers;
     // nor with a window (the writer's deterministic turn, the window's first key block, spilled 16 B there).
     static constexpr bool kDqWriter = kDqBulk && !kDqSplitKeys && !kListedVisits && !FLASHKIT_WINDOW;
     static constexpr int kDqWriterWarp0 = 1;   // consumer c's writer: warp kDqWriterWarp0 + c of the producer warpgroup
     static constexpr int kDqHandshake = gmma::kWarpgroupThreads + kWarpSize;   // a consumer and the writer warp
-    // setmaxnreg budgets (multiples of 8), as the forward's: 24 + 2 x 240 or 24 + 3 x 160 of 512 a lane; with mask
-    // warps 32 + 2 x 232 (at 24 their evaluation loop spilled 44-104 B).
+    // setmaxnreg budgets (multiples of 8), as the forward's: 24 + 2 x 240 or 24 + 3 x 160 a lane, within what the
+    // launch allocates (kLaunchRegs, below); with mask warps 32 + 2 x 232 (at 24 their evaluation loop spilled
+    // 44-104 B).
     static constexpr int kProducerRegs = kMaskWarps > 0 ? 32 : 24;
     static constexpr int kConsumerRegs = kConsumers == 2 ? (kMaskWarps > 0 ? 232 : 240) : 160;
     // Consumer c's first dQ column.
@@ -184,6 +185,8 @@ struct BwdWsTraits {
     static constexpr int kLaunchRegs = kRegisterFile / kThreads / 8 * 8;
     static_assert((kProducerRegs + kConsumers * kConsumerRegs) * gmma::kWarpgroupThreads <= kLaunchRegs * kThreads,
                   "register budgets fit what the launch allocates");
+    static_assert(!kDqWriter || (kMaskWarps == 0 && kDqWriterWarp0 + kConsumers <= gmma::kWarpgroupThreads / kWarpSize),
+                  "the dQ writers: warps of the producer warpgroup besides the loading thread's, no mask warps");
     static_assert(kSmemBytes <= 227 * 1024, "shared memory of one CTA");
 };
 
