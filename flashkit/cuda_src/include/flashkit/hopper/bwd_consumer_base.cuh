@@ -265,11 +265,9 @@ struct BwdConsumerBase {
         }
         const bool leader = fresh_thread() == gmma::kWarpgroupThreads;   // consumer 0's thread 0 (see fresh_thread)
         if (ordered) {
-            if (leader) {
-                wait_semaphore(ws.semaphore(p, batch, head, m_block),
-                               dq_turn<Kt::kBlockM, Kt::kBlockN>(mask, m_block, n_block, head, batch));
-                fence_proxy_async_global();   // the earlier blocks' bulk adds, before this block's
-            }
+            if (leader)
+                await_dq_turn(ws.semaphore(p, batch, head, m_block),
+                              dq_turn<Kt::kBlockM, Kt::kBlockN>(mask, m_block, n_block, head, batch));
             named_sync(kBwdDqOrderBarrier, Kt::kConsumerThreads);
         }
         if constexpr (Kt::kDqBulk) {
@@ -280,11 +278,11 @@ struct BwdConsumerBase {
             if (ordered && Kt::kDqSplitKeys) {   // every consumer adds to each element: in consumer order
 #pragma unroll 1
                 for (int c = 0; c < Kt::kConsumers; ++c) {
-                    if (c == me && thread == 0) reduce_panel(dq_block<Kt>(ws, ws_row, me), panel, true);
+                    if (c == me && thread == 0) reduce_panel<Kt>(dq_block<Kt>(ws, ws_row, me), panel, true);
                     named_sync(kBwdDqOrderBarrier, Kt::kConsumerThreads);
                 }
             } else if (thread == 0) {
-                reduce_panel(dq_block<Kt>(ws, ws_row, me), panel, ordered);
+                reduce_panel<Kt>(dq_block<Kt>(ws, ws_row, me), panel, ordered);
             }
         } else {
             float* block = dq_block<Kt>(ws, ws_row, consumer);
@@ -298,18 +296,6 @@ struct BwdConsumerBase {
         if (ordered) {
             named_sync(kBwdDqOrderBarrier, Kt::kConsumerThreads);
             if (leader) atomicAdd(ws.semaphore(p, batch, head, m_block), 1);
-        }
-    }
-
-    // One thread: dq_accum block += the staged panel; `complete`: wait until the adds are done and visible to
-    // the next key block (the deterministic order), else only commit them.
-    __device__ __forceinline__ void reduce_panel(float* block, u32 panel, bool complete) const {
-        bulk_reduce_add(block, panel, Kt::DqLayout::kPanelBytes);
-        bulk_commit();
-        if (complete) {
-            bulk_wait();
-            fence_proxy_async_global();
-            __threadfence();
         }
     }
 

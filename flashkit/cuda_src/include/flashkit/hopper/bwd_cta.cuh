@@ -108,6 +108,26 @@ __device__ __forceinline__ float* dq_block(const BwdWorkspace<Kt::kBlockM, Kt::k
     return ws.dq_accum + ws_row * Kt::kHeadDim + Kt::DqLayout::template offset<Kt::kHeadDim>(0, Kt::dq_col0(c));
 }
 
+// The deterministic dQ order, for the thread about to add a panel: wait until the semaphore reads `turn` (the panels
+// before this one have been added: bwd_passes.cuh's wait_semaphore), then order their bulk adds before this one's.
+__device__ __forceinline__ void await_dq_turn(const int* sema, int turn) {
+    wait_semaphore(sema, turn);
+    fence_proxy_async_global();
+}
+
+// One thread: dq_accum block += a staged dQ panel, by one bulk reduction; `complete`: wait until the adds are done
+// and visible to the next panel in the deterministic order, else only commit them.
+template <class Kt>
+__device__ __forceinline__ void reduce_panel(float* block, u32 panel, bool complete) {
+    bulk_reduce_add(block, panel, Kt::DqLayout::kPanelBytes);
+    bulk_commit();
+    if (complete) {
+        bulk_wait();
+        fence_proxy_async_global();
+        __threadfence();
+    }
+}
+
 // Where thread `tid` (0 .. 127) of a consumer warpgroup sits in the wgmma accumulator layout (fragment.cuh's m16n8
 // conventions): its first row, 16 warp + g (a key of S^T), and its first column within an 8-wide tile, 2 t.
 struct ConsumerPlace {

@@ -35,22 +35,13 @@ __device__ __forceinline__ void bwd_write_dq(const Params& p, const BwdCta<Kt>& 
         named_sync(kBwdDqFullBarrier + c, Kt::kDqHandshake);
         if (lane0) {
             const index_t ws_row = ws.row0(p, batch, visit.head) + visit.m_block * Kt::kBlockM;
-            if (ordered) {   // the panels before this one in the query block's order are added
-                wait_semaphore(ws.semaphore(ws_row), dq_turn<Kt::kBlockM, Kt::kBlockN>(Mask(p), visit.m_block, n_block,
-                                                                                     visit.head, batch) *
-                                                             Kt::kConsumers + c);
-                fence_proxy_async_global();   // their bulk adds, before this one
-            }
-            bulk_reduce_add(dq_block<Kt>(ws, ws_row, c), cta.dq_panel(c), Kt::DqLayout::kPanelBytes);
-            bulk_commit();
-            if (ordered) {   // complete and visible before the next panel's turn
-                bulk_wait();
-                fence_proxy_async_global();
-                __threadfence();
-                atomicAdd(ws.semaphore(ws_row), 1);
-            } else {
-                bulk_wait_read();
-            }
+            if (ordered)   // the panels before this one in the query block's order are added
+                await_dq_turn(ws.semaphore(ws_row), dq_turn<Kt::kBlockM, Kt::kBlockN>(Mask(p), visit.m_block, n_block,
+                                                                                    visit.head, batch) *
+                                                            Kt::kConsumers + c);
+            reduce_panel<Kt>(dq_block<Kt>(ws, ws_row, c), cta.dq_panel(c), ordered);
+            if (ordered) atomicAdd(ws.semaphore(ws_row), 1);   // the next panel's turn
+            else bulk_wait_read();                              // the panel may be written again
         }
         __syncwarp();
         if (i + 1 < visits.total) named_arrive(kBwdDqEmptyBarrier + c, Kt::kDqHandshake);
