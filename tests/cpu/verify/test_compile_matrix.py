@@ -15,12 +15,13 @@ from flashkit.runtime.build import cache_dir
 
 JOBS = 2
 # Named exceptions, each with its bound and why it stands: (variant, target, words all among the config's) -> bytes.
-# fa2_bwd with window + softcap + ALiBi at hd128 in float16: up to 24 B (ALiBi undone for softcap's slope beside the
-# window's key intervals, at 255 registers; bfloat16 and every pair of the three fit). On Hopper fa3_bwd serves these
-# calls without spilling; fa2_bwd runs them there only with attention_chunk (which fa3_bwd lacks) or when forced.
-# Held in registers, in shared memory or formed per slice, the intervals spilled 12-32 B; 64-key blocks 44-48 B.
-KNOWN_SPILLS = {("fa2_bwd", target, ("float16", "hd128", "window", "softcap", "alibi")): 24
-                for target in ("sm_80", "sm_90")}
+# fa2_bwd at hd128: up to 32 B, the walk's loop scalars (its visit count, the group's first head, a buffer offset),
+# stored once before the walk and reloaded once a visit (3-8 LDL a visit of about 4,000 instructions). Each warp
+# holds 128 fp32 registers of dK and dV, and ptxas keeps up to 12 ldmatrix results (48 registers) in flight in the
+# 32 x 32 S^T and dP^T products; the 16-key warp strips it replaces had no spill and ran 0.93-0.96x as fast
+# (BENCHMARKS.md). On Hopper fa3_bwd serves these calls; fa2_bwd runs them there only with attention_chunk or when
+# forced. The bound covers window + softcap + ALiBi in float16 too (24 B before).
+KNOWN_SPILLS = {("fa2_bwd", target, ("hd128",)): 32 for target in ("sm_80", "sm_90")}
 
 
 def known_spill(variant: str, target: str, config: str) -> int:

@@ -3,16 +3,20 @@
 // One CTA holds K_j, V_j (shared memory) and dK_j, dV_j (fp32 registers) and walks the query blocks
 // i of every query head of its kv head's group (GQA / MQA: dK, dV summed over the group in registers).
 // Per visited query block, with the pre-pass's lse2 = LSE log2(e) and dsum = rowsum(dO O):
-//   S^T  = K_j Q_i^T                      warp w: its 16 keys x kBlockM queries
+//   S^T  = K_j Q_i^T                      warp (kw, pw): kWarpKeys keys x kWarpQueries queries (bwd_traits.cuh)
 //   S^T  = mod(S^T), masked               softcap / ALiBi (score_mod.cuh), the window's or chunk's element
 //                                         mask (bwd_mask.cuh) on the slices that cross its edges
 //   P^T  = exp2(S^T scale log2(e) - lse2) recomputed, never stored; 0 above the causal diagonal
-//   dV  += P^T dO_i                       P^T packed to 16 bits as the A operand
+//   dV  += P^T dO_i                       P^T rounded to 16 bits: the A operand in registers (hd64) or
+//                                         through shared memory (hd128)
 //   dP^T = V_j dO_i^T
 //   dS^T = P^T (dP^T - dsum)              times d mod / ds (softcap: 1 - tanh^2, raw_score_grad)
 //   dK  += dS^T Q_i                       (times scale at the end)
-//   dQ_i += scale dS K_j                  dS^T through shared memory; fp32 atomics into dq_accum,
-//                                         in key-block order when p.bwd.deterministic
+//   dQ_i += scale dS K_j                  fp32 atomics into dq_accum, in key-block order when
+//                                         p.bwd.deterministic
+// Where a warp owns all of its keys' queries (kRegisterOperands, hd64) its own P^T and dS^T feed its dV and dK
+// at once; otherwise dV and dK read them back from shared memory after the barrier that dQ = dS K (which needs
+// every warp's dS^T) waits for anyway.
 // The tail rows of the last blocks need no element mask: Q, dO rows past seqlen_q are zero-filled
 // with lse2 = +inf (P = 0), and K, V rows past seqlen_k are zero (their dK, dV rows are not stored,
 // their dQ terms are dS * 0).
@@ -44,20 +48,22 @@ struct BwdMainloop {
     static constexpr int kN = Kt::kBlockN;
 
     static constexpr bool kCausal = Mask::kCausal;
+    // Whether load_q_async may keep its addresses' loop invariants in registers (see there).
+    static constexpr bool kHeld = Kt::kRegisterOperands && !kPadded;
 
     const Params& p;               // the sequence's view (varlen) or the call's parameter block
     const BwdWorkspace<kM, kD> ws;     // over the call's parameter block
     const Mask mask;
-    BwdKeyRows key_rows;           // BwdLocal: the queries that see this thread's keys (rows g, g + 8)
     int batch, kv_head, n0, warp, lane;
     int t_batch, q_row0, k_row0;   // the sequence's row 0 in the tensors (SeqOrigin; varlen: re-read from
                                    // cu_seqlens where used inside the loop, varlen.cuh's reload_range)
-    u32 sQ, sdO, sK, sV, sdS;   // shared addresses (Q, dO: buffer 0; buffer 1 follows)
+    u32 sQ, sdO, sK, sV, sdS, sP;   // shared addresses (Q, dO: buffer 0; buffer 1 follows)
     float* s_lse2;              // [2][kM]
     float* s_dsum;              // [2][kM]
 
-    float acc_dk[Kt::kDTiles][4];   // dK rows of this warp's 16 keys, mma C layout
-    float acc_dv[Kt::kDTiles][4];
+    // dK, dV of this warp's keys (rows key_row0() + 16 mi + g, + 8) x columns col0() + 8 nd + 2t, + 1: mma C layout
+    float acc_dk[Kt::kKeyTiles][Kt::kColTiles][4];
+    float acc_dv[Kt::kKeyTiles][Kt::kColTiles][4];
 
     // call: the call's parameter block (the workspace's layout); p_: the sequence's view, or call itself.
     __device__ __forceinline__ BwdMainloop(const Params& p_, const Params& call, unsigned char* smem, int n_block,
@@ -66,18 +72,33 @@ struct BwdMainloop {
           q_row0(origin.q_row), k_row0(origin.k_row) {
         warp = threadIdx.x / kWarpSize;
         lane = threadIdx.x % kWarpSize;
-        if constexpr (Mask::kLocal) key_rows = mask.key_rows(n0 + warp * kMmaM + lane / kQuadLanes);
         sQ = smem_u32(smem);
         sdO = sQ + 2 * Kt::kQElems * Kt::kElemBytes;
         sK = sdO + 2 * Kt::kQElems * Kt::kElemBytes;
         sV = sK + Kt::kKVElems * Kt::kElemBytes;
         sdS = sV + Kt::kKVElems * Kt::kElemBytes;
-        s_lse2 = reinterpret_cast<float*>(smem + (4 * Kt::kQElems + 2 * Kt::kKVElems + Kt::kDsElems) * Kt::kElemBytes);
+        sP = sdS + Kt::kDsElems * Kt::kElemBytes;   // (no such tile with register operands)
+        s_lse2 = reinterpret_cast<float*>(smem + (4 * Kt::kQElems + 2 * Kt::kKVElems +
+                                                  Kt::kTransposedTiles * Kt::kDsElems) * Kt::kElemBytes);
         s_dsum = s_lse2 + 2 * kM;
 #pragma unroll
-        for (int nd = 0; nd < Kt::kDTiles; ++nd)
+        for (int mi = 0; mi < Kt::kKeyTiles; ++mi)
 #pragma unroll
-            for (int e = 0; e < 4; ++e) acc_dk[nd][e] = acc_dv[nd][e] = 0.f;
+            for (int nd = 0; nd < Kt::kColTiles; ++nd)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) acc_dk[mi][nd][e] = acc_dv[mi][nd][e] = 0.f;
+    }
+
+    // This warp's place in the warp grid (bwd_traits.cuh): its first key of the block (S^T, dP^T, dK, dV), its
+    // first query of the block (S^T, dP^T) and its first head-dim column (dK, dV).
+    __device__ __forceinline__ int key_row0() const { return (warp % Kt::kKeyWarps) * Kt::kWarpKeys; }
+    __device__ __forceinline__ int query_col0() const { return (warp / Kt::kKeyWarps) * Kt::kWarpQueries; }
+    __device__ __forceinline__ int col0() const { return (warp / Kt::kKeyWarps) * Kt::kWarpCols; }
+
+    // x through a volatile move: what is formed from it is formed where it is used, not hoisted out of the loop.
+    __device__ __forceinline__ static int fresh(int x) {
+        asm volatile("mov.b32 %0, %0;\n" : "+r"(x));
+        return x;
     }
 
     __device__ __forceinline__ u32 q_buf(int buf) const { return sQ + buf * Kt::kQElems * Kt::kElemBytes; }
@@ -100,18 +121,19 @@ struct BwdMainloop {
         const int m0 = m_block * kM;
         int q_row = q_row0, seqlen_q = p.seqlen_q;
         if constexpr (FLASHKIT_VARLEN != 0) reload_range(p.varlen.cu_seqlens_q, batch, q_row, seqlen_q);
-        const Element* q = static_cast<const Element*>(p.q) + t_batch * p.q_batch_stride + head * p.q_head_stride +
+        const int tb = kHeld ? t_batch : fresh(t_batch);   // (see the thread index below)
+        const Element* q = static_cast<const Element*>(p.q) + tb * p.q_batch_stride + head * p.q_head_stride +
                            (q_row + m0) * p.q_row_stride;
-        const Element* dout = static_cast<const Element*>(p.bwd.dout) + t_batch * p.bwd.do_batch_stride +
+        const Element* dout = static_cast<const Element*>(p.bwd.dout) + tb * p.bwd.do_batch_stride +
                               head * p.bwd.do_head_stride + (q_row + m0) * p.bwd.do_row_stride;
-        // A padded call clips the loads at its head dim; that and the thread index go through volatile moves,
-        // so the clip is formed here rather than held across the loop (at the register limit ptxas spilled
-        // 4 B in the sm_80 float16 causal build of the 128 class without them).
-        int cols = kD, tid = threadIdx.x;
-        if constexpr (kPadded) {
-            asm volatile("mov.b32 %0, %1;\n" : "=r"(cols) : "r"(p.head_dim));
-            asm volatile("mov.u32 %0, %%tid.x;\n" : "=r"(tid));
-        }
+        // The batch, the thread index and a padded call's head dim (where the loads clip) go through volatile
+        // moves where registers are short (the 32-key warp grid, a padded call), so that the tiles' addresses and the
+        // clip are formed here rather than hoisted out of the walk and held across it: at the register limit ptxas
+        // spilled them (4 B in the sm_80 float16 causal build of the 128 class; 20-56 B at hd128 with the 32-key
+        // grid). Where they fit (hd64's 16-key grid) they stay held, as before the 32-key grid.
+        const int tid = kHeld ? static_cast<int>(threadIdx.x) : fresh(threadIdx.x);
+        int cols = kD;
+        if constexpr (kPadded) cols = fresh(p.head_dim);
         load_tile_async<kM, kD, Kt::kThreads, Element, kPadded>(q_buf(buf), q, p.q_row_stride, seqlen_q - m0, tid,
                                                                 cols);
         load_tile_async<kM, kD, Kt::kThreads, Element, kPadded>(do_buf(buf), dout, p.bwd.do_row_stride,
@@ -127,40 +149,87 @@ struct BwdMainloop {
         cp_async_commit();
     }
 
-    // C = A_w B^T over the head dim: A the warp's 16 rows of a [key][d] tile (K or V), B a [query][d]
-    // tile (Q or dO), queries q0 .. q0 + kSubM - 1: S^T = K Q^T, dP^T = V dO^T. c[ni]: queries q0 + 8 ni + 0..7.
-    __device__ __forceinline__ void gemm_rows_by_queries(float (&c)[Kt::kMCols][4], u32 sA, u32 sB, int q0) const {
+    // C = A B^T over the head dim for this warp's tile: A the warp's kWarpKeys rows of a [key][d] tile (K or V),
+    // B its kWarpQueries rows of a [query][d] tile (Q or dO): S^T = K Q^T, dP^T = V dO^T.
+    // c[mi][ni]: keys key_row0() + 16 mi + (g, g + 8) x queries query_col0() + 8 ni + (2t, 2t + 1).
+    __device__ __forceinline__ void gemm_keys_by_queries(float (&c)[Kt::kKeyTiles][Kt::kQueryTiles][4], u32 sA,
+                                                         u32 sB) const {
         const LdsmLane<kD> la = ldsm_rows16<kD>(lane);
         const LdsmLane<kD> lb = ldsm_rows8x2<kD>(lane);
+        const int r0 = key_row0(), q0 = query_col0();
 #pragma unroll
-        for (int ni = 0; ni < Kt::kMCols; ++ni)
+        for (int mi = 0; mi < Kt::kKeyTiles; ++mi)
 #pragma unroll
-            for (int e = 0; e < 4; ++e) c[ni][e] = 0.f;
+            for (int ni = 0; ni < Kt::kQueryTiles; ++ni)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) c[mi][ni][e] = 0.f;
 #pragma unroll
         for (int kk = 0; kk < Kt::kDSteps; ++kk) {
-            u32 a[4];
-            ldsm_x4(a, la.addr(sA, warp * kMmaM, kk));
+            u32 a[Kt::kKeyTiles][4];
 #pragma unroll
-            for (int np = 0; np < Kt::kMCols / 2; ++np) {
+            for (int mi = 0; mi < Kt::kKeyTiles; ++mi) ldsm_x4(a[mi], la.addr(sA, r0 + mi * kMmaM, kk));
+#pragma unroll
+            for (int np = 0; np < Kt::kQueryTiles / 2; ++np) {
                 u32 b[4];   // b0, b1 of query tile 2 np, then of 2 np + 1
                 ldsm_x4(b, lb.addr(sB, q0 + np * 2 * kMmaN, kk));
-                mma_16816<Element>(c[2 * np], a, b[0], b[1]);
-                mma_16816<Element>(c[2 * np + 1], a, b[2], b[3]);
+#pragma unroll
+                for (int mi = 0; mi < Kt::kKeyTiles; ++mi) {
+                    mma_16816<Element>(c[mi][2 * np], a[mi], b[0], b[1]);
+                    mma_16816<Element>(c[mi][2 * np + 1], a[mi], b[2], b[3]);
+                }
             }
         }
     }
 
-    // acc += X B over the queries 16 kk .. 16 kk + 15: X the warp's 16 keys x 16 queries as a 16-bit A
-    // fragment, B a [query][d] tile read transposed: dV += P^T dO, dK += dS^T Q.
-    __device__ __forceinline__ void mma_keys_by_d(float (&acc)[Kt::kDTiles][4], const u32 (&a)[4], u32 sB,
-                                                  int kk) const {
+    struct FragmentA {
+        u32 r[4];
+    };
+    // acc += A B over the queries 16 kk .. 16 kk + 15 for this warp's columns: A a 16-key A fragment in registers
+    // (P^T or dS^T of the warp's own queries), B a [query][d] tile read transposed (dO or Q).
+    __device__ __forceinline__ void mma_fragment_by_cols(float (&acc)[Kt::kColTiles][4], const FragmentA& a, u32 sB,
+                                                         int kk) const {
         const LdsmLane<kD> lb = ldsm_rows16<kD>(lane);
+        const int s0 = col0() / kMmaK;
 #pragma unroll
-        for (int dp = 0; dp < Kt::kDTiles / 2; ++dp) {
-            u32 b[4];   // b0, b1 of d tile 2 dp, then of 2 dp + 1
-            ldsm_x4_trans(b, lb.addr(sB, kk * kMmaK, dp));
-            mma_16816<Element>(acc[2 * dp], a, b[0], b[1]);
-            mma_16816<Element>(acc[2 * dp + 1], a, b[2], b[3]);
+        for (int dp = 0; dp < Kt::kColTiles / 2; ++dp) {
+            u32 b[4];   // b0, b1 of column tile 2 dp, then of 2 dp + 1
+            ldsm_x4_trans(b, lb.addr(sB, kk * kMmaK, s0 + dp));
+            mma_16816<Element>(acc[2 * dp], a.r, b[0], b[1]);
+            mma_16816<Element>(acc[2 * dp + 1], a.r, b[2], b[3]);
+        }
+    }
+
+    // acc += X B for this warp's keys and columns over the block's queries: X a [key][query] tile in shared
+    // memory (P^T or dS^T), B a [query][d] tile read transposed (dO or Q): dV += P^T dO, dK += dS^T Q.
+    __device__ __forceinline__ void mma_keys_by_cols(float (&acc)[Kt::kKeyTiles][Kt::kColTiles][4], u32 sX,
+                                                     u32 sB) const {
+        const LdsmLane<kM> la = ldsm_rows16<kM>(lane);
+        const LdsmLane<kD> lb = ldsm_rows16<kD>(lane);
+        const int r0 = key_row0(), s0 = col0() / kMmaK;
+#pragma unroll
+        for (int kk = 0; kk < Kt::kMSteps; ++kk) {
+            u32 a[Kt::kKeyTiles][4];
+#pragma unroll
+            for (int mi = 0; mi < Kt::kKeyTiles; ++mi) ldsm_x4(a[mi], la.addr(sX, r0 + mi * kMmaM, kk));
+#pragma unroll
+            for (int dp = 0; dp < Kt::kColTiles / 2; ++dp) {
+                u32 b[4];   // b0, b1 of column tile 2 dp, then of 2 dp + 1
+                ldsm_x4_trans(b, lb.addr(sB, kk * kMmaK, s0 + dp));
+#pragma unroll
+                for (int mi = 0; mi < Kt::kKeyTiles; ++mi) {
+                    mma_16816<Element>(acc[mi][2 * dp], a[mi], b[0], b[1]);
+                    mma_16816<Element>(acc[mi][2 * dp + 1], a[mi], b[2], b[3]);
+                }
+            }
+        }
+    }
+
+    // dV += P^T dO_i, dK += dS^T Q_i (after the barrier that completes P^T and dS^T); with operands in registers
+    // step() has added them.
+    __device__ __forceinline__ void accumulate_dk_dv(int buf) {
+        if constexpr (!Kt::kRegisterOperands) {
+            mma_keys_by_cols(acc_dv, sP, do_buf(buf));
+            mma_keys_by_cols(acc_dk, sdS, q_buf(buf));
         }
     }
 
@@ -184,7 +253,7 @@ struct BwdMainloop {
             u32 a[Kt::kDqMTiles][4];
 #pragma unroll
             for (int mt = 0; mt < Kt::kDqMTiles; ++mt)
-                ldsm_x4_trans(a[mt], la.addr(sdS, kk * kMmaK, mt * Kt::kDqWarpsM + wm));
+                ldsm_x4_trans(a[mt], la.addr(sdS, kk * kMmaK, wm * Kt::kDqMTiles + mt));
 #pragma unroll
             for (int dp = 0; dp < Kt::kDqDTiles / 2; ++dp) {
                 u32 b[4];
@@ -208,14 +277,14 @@ struct BwdMainloop {
         for (int mt = 0; mt < Kt::kDqMTiles; ++mt)   // unscaled: bwd_convert_dq scales
 #pragma unroll
             for (int nd = 0; nd < Kt::kDqDTiles; ++nd)
-                red_add_v4(dq + Kt::DqLayout::fragment(d0 / kMmaN + nd, mt * Kt::kDqWarpsM + wm, lane),
+                red_add_v4(dq + Kt::DqLayout::fragment(d0 / kMmaN + nd, wm * Kt::kDqMTiles + mt, lane),
                            acc[mt][nd][0], acc[mt][nd][1], acc[mt][nd][2], acc[mt][nd][3]);
 #else
         const int g = lane / kQuadLanes;
         const int c2 = kFragCols * (lane % kQuadLanes);
 #pragma unroll
         for (int mt = 0; mt < Kt::kDqMTiles; ++mt) {
-            float* row = dq + ((mt * Kt::kDqWarpsM + wm) * kMmaM + g) * kD + d0 + c2;
+            float* row = dq + ((wm * Kt::kDqMTiles + mt) * kMmaM + g) * kD + d0 + c2;
 #pragma unroll
             for (int nd = 0; nd < Kt::kDqDTiles; ++nd)   // rows (Kt::DqLayout); reduce.cuh: 16 bytes a reduction on sm_90
                 red_add_fragment(row + nd * kMmaN, kD, lane, acc[mt][nd][0], acc[mt][nd][1], acc[mt][nd][2],
@@ -241,89 +310,131 @@ struct BwdMainloop {
         return p.seqlen_k - p.seqlen_q;
     }
 
-    // One query block of `head`: everything but the dQ product, which needs dS^T of every warp.
+    // One query block of `head`, this warp's tile: P^T and dS^T into shared memory (dV, dK and dQ read them
+    // after the barrier that follows).
     __device__ __forceinline__ void step(int head, int m_block, int buf) {
         const Mod mod(p, head, batch);
-#pragma unroll 1
-        for (int q0 = 0; q0 < kM; q0 += Kt::kSubM) step_slice(mod, m_block, buf, q0);
-    }
-
-    // Queries q0 .. q0 + kSubM - 1 of the block.
-    __device__ __forceinline__ void step_slice(const Mod& mod, int m_block, int buf, int q0) {
-        const int m0 = m_block * kM;
         const int g = lane / kQuadLanes;
         const int c2 = kFragCols * (lane % kQuadLanes);
+        const int r0 = key_row0(), q0 = query_col0();
+        const int m0 = m_block * kM;
         const float* lse2 = s_lse2 + buf * kM + q0;
         const float* dsum = s_dsum + buf * kM + q0;
-        const int key = n0 + warp * kMmaM + g;   // this thread's keys: key, key + 8
-        const int query0 = m0 + q0 + c2;         // and queries query0 + 8 ni + (0, 1)
+        const int key = n0 + r0 + g;      // this thread's keys: key + 16 mi + (0, 8)
+        const int query0 = m0 + q0 + c2;  // and queries query0 + 8 ni + (0, 1)
 
-        float st[Kt::kMCols][4];   // S^T, then P^T: keys (rows g, g + 8) x queries
-        gemm_rows_by_queries(st, sK, q_buf(buf), q0);
-        apply_score_mod_transposed(mod, st, key, query0);
-        if constexpr (Mask::kLocal) {   // the slice's queries not inside every key's interval: the element mask
-            if (m0 + q0 < mask.query_begin(n0 + kN - 1) || m0 + q0 + Kt::kSubM > mask.query_end(n0))
-                apply_key_mask(key_rows, st, query0);
+        float st[Kt::kKeyTiles][Kt::kQueryTiles][4];   // S^T, then P^T
+        gemm_keys_by_queries(st, sK, q_buf(buf));
+#pragma unroll
+        for (int mi = 0; mi < Kt::kKeyTiles; ++mi) apply_score_mod_transposed(mod, st[mi], key + mi * kMmaM, query0);
+        if constexpr (Mask::kLocal) {   // the tile's queries not inside every key's interval: the element mask
+            if (m0 + q0 < mask.query_begin(n0 + r0 + Kt::kWarpKeys - 1) ||
+                m0 + q0 + Kt::kWarpQueries > mask.query_end(n0 + r0)) {
+#pragma unroll
+                for (int mi = 0; mi < Kt::kKeyTiles; ++mi)
+                    apply_key_mask(mask.key_rows(key + mi * kMmaM), st[mi], query0);
+            }
         } else {
             const int offset = causal_offset();
-            if (BwdCausal<kCausal>::crosses(offset, m0 + q0, n0, kN)) {
+            if (BwdCausal<kCausal>::crosses(offset, m0 + q0, n0 + r0, Kt::kWarpKeys)) {
 #pragma unroll
-                for (int ni = 0; ni < Kt::kMCols; ++ni)
+                for (int mi = 0; mi < Kt::kKeyTiles; ++mi)
 #pragma unroll
-                    for (int e = 0; e < 4; ++e)
-                        if (key + (e / 2) * kFragRowHalf > query0 + ni * kMmaN + e % 2 + offset)
-                            st[ni][e] = FLASHKIT_NEG_INF;
+                    for (int ni = 0; ni < Kt::kQueryTiles; ++ni)
+#pragma unroll
+                        for (int e = 0; e < 4; ++e)
+                            if (key + mi * kMmaM + (e / 2) * kFragRowHalf > query0 + ni * kMmaN + e % 2 + offset)
+                                st[mi][ni][e] = FLASHKIT_NEG_INF;
             }
         }
+        // P^T = exp2(S^T c - lse2), rounded to 16 bits once: pt[mi][ni][h] holds keys key + 16 mi + 8 h, queries
+        // query0 + 8 ni + (0, 1). With operands in registers it is dV += P^T dO's A fragment at once; otherwise it
+        // goes to shared memory, and this thread reads it back for dS (held over dP^T it took 16 registers, and
+        // ptxas spilled at hd128).
+        u32 pt[Kt::kKeyTiles][Kt::kQueryTiles][2];
 #pragma unroll
-        for (int ni = 0; ni < Kt::kMCols; ++ni) {   // P^T = exp2(S^T c - lse2)
+        for (int ni = 0; ni < Kt::kQueryTiles; ++ni) {
             const float2 l = *reinterpret_cast<const float2*>(lse2 + ni * kMmaN + c2);
 #pragma unroll
-            for (int e = 0; e < 4; ++e)
-                st[ni][e] = fast_exp2(fmaf(st[ni][e], p.softmax_scale_log2, -(e % 2 ? l.y : l.x)));
-        }
-        // P^T rounded to 16 bits once, as the A fragments of dV += P^T dO (and read back for dS):
-        // pt[kk][2 (ni % 2) + h] holds rows g + 8 h, queries 8 ni + 2t, + 1 of column tile ni = 2 kk + ni % 2.
-        u32 pt[Kt::kMSteps][4];
-#pragma unroll
-        for (int kk = 0; kk < Kt::kMSteps; ++kk) pack_a_fragment<Element>(pt[kk], st, kk);
-#pragma unroll
-        for (int kk = 0; kk < Kt::kMSteps; ++kk)   // dV += P^T dO
-            mma_keys_by_d(acc_dv, pt[kk], do_buf(buf), q0 / kMmaK + kk);
-
-        float dpt[Kt::kMCols][4];   // dP^T
-        gemm_rows_by_queries(dpt, sV, do_buf(buf), q0);
-        // Per 16 queries: dS^T = P^T (dP^T - dsum) as a 16-bit A fragment, to shared memory (for
-        // dQ = dS K) and into dK += dS^T Q. ds[2 (ni % 2) + h]: rows g + 8 h, column tile ni.
-#pragma unroll
-        for (int kk = 0; kk < Kt::kMSteps; ++kk) {
-            u32 ds[4];
-#pragma unroll
-            for (int j = 0; j < 2; ++j) {
-                const int ni = 2 * kk + j;
-                const float2 d = *reinterpret_cast<const float2*>(dsum + ni * kMmaN + c2);
+            for (int mi = 0; mi < Kt::kKeyTiles; ++mi)
 #pragma unroll
                 for (int h = 0; h < 2; ++h) {
-                    float p0, p1;
-                    unpack_float2<Element>(pt[kk][2 * j + h], p0, p1);
-                    float ds0 = p0 * (dpt[ni][2 * h] - d.x), ds1 = p1 * (dpt[ni][2 * h + 1] - d.y);
-                    if constexpr (!Mod::kUnitGrad) {   // dS of the raw score (softcap's 1 - tanh^2)
-                        const float2 l = *reinterpret_cast<const float2*>(lse2 + ni * kMmaN + c2);
-                        const int key_h = key + h * kFragRowHalf;
-                        ds0 = raw_score_grad(mod, p, ds0, p0, l.x, query0 + ni * kMmaN, key_h);
-                        ds1 = raw_score_grad(mod, p, ds1, p1, l.y, query0 + ni * kMmaN + 1, key_h);
-                    }
-                    ds[2 * j + h] = pack_float2<Element>(ds0, ds1);
-                    const int row = warp * kMmaM + g + h * kFragRowHalf;
-                    asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(sdS + swizzle_offset<kM>(row, q0 + ni * kMmaN + c2) * 2),
-                                 "r"(ds[2 * j + h]));
+                    pt[mi][ni][h] = pack_float2<Element>(fast_exp2(fmaf(st[mi][ni][2 * h], p.softmax_scale_log2, -l.x)),
+                                                         fast_exp2(fmaf(st[mi][ni][2 * h + 1], p.softmax_scale_log2,
+                                                                        -l.y)));
+                    if constexpr (!Kt::kRegisterOperands)
+                        store_pair(transposed(sP, r0 + mi * kMmaM + g + h * kFragRowHalf, q0 + ni * kMmaN + c2),
+                                      pt[mi][ni][h]);
                 }
+        }
+        if constexpr (Kt::kRegisterOperands) {   // dV += P^T dO
+#pragma unroll
+            for (int kk = 0; kk < Kt::kMSteps; ++kk)
+#pragma unroll
+                for (int mi = 0; mi < Kt::kKeyTiles; ++mi)
+                    mma_fragment_by_cols(acc_dv[mi], a_fragment(pt[mi], kk), do_buf(buf), kk);
+        }
+
+        float dpt[Kt::kKeyTiles][Kt::kQueryTiles][4];   // dP^T
+        gemm_keys_by_queries(dpt, sV, do_buf(buf));
+        // dS^T = P^T (dP^T - dsum) (times d mod / ds), 16 bits, to shared memory for dQ = dS K (and for
+        // dK += dS^T Q, unless it takes its A fragments from registers), 16 queries at a time.
+#pragma unroll
+        for (int kq = 0; kq < Kt::kQueryTiles / 2; ++kq) {
+            u32 ds[Kt::kKeyTiles][2][2];   // as pt, column tiles 2 kq + j
+#pragma unroll
+            for (int j = 0; j < 2; ++j) {
+                const int ni = 2 * kq + j;
+                const float2 d = *reinterpret_cast<const float2*>(dsum + ni * kMmaN + c2);
+#pragma unroll
+                for (int mi = 0; mi < Kt::kKeyTiles; ++mi)
+#pragma unroll
+                    for (int h = 0; h < 2; ++h) {
+                        const u32 at = transposed(0, r0 + mi * kMmaM + g + h * kFragRowHalf, q0 + ni * kMmaN + c2);
+                        float p0, p1;
+                        unpack_float2<Element>(Kt::kRegisterOperands ? pt[mi][ni][h] : load_pair(sP + at), p0, p1);
+                        float ds0 = p0 * (dpt[mi][ni][2 * h] - d.x), ds1 = p1 * (dpt[mi][ni][2 * h + 1] - d.y);
+                        if constexpr (!Mod::kUnitGrad) {   // dS of the raw score (softcap's 1 - tanh^2)
+                            const float2 l = *reinterpret_cast<const float2*>(lse2 + ni * kMmaN + c2);
+                            const int key_h = key + mi * kMmaM + h * kFragRowHalf;
+                            ds0 = raw_score_grad(mod, p, ds0, p0, l.x, query0 + ni * kMmaN, key_h);
+                            ds1 = raw_score_grad(mod, p, ds1, p1, l.y, query0 + ni * kMmaN + 1, key_h);
+                        }
+                        ds[mi][j][h] = pack_float2<Element>(ds0, ds1);
+                        store_pair(sdS + at, ds[mi][j][h]);
+                    }
             }
-            mma_keys_by_d(acc_dk, ds, q_buf(buf), q0 / kMmaK + kk);   // dK += dS^T Q
+            if constexpr (Kt::kRegisterOperands) {   // dK += dS^T Q
+#pragma unroll
+                for (int mi = 0; mi < Kt::kKeyTiles; ++mi)
+                    mma_fragment_by_cols(acc_dk[mi], a_fragment(ds[mi], 0), q_buf(buf), kq);
+            }
         }
     }
 
-    // dK = scale dK, dV: this warp's 16 rows, rows past seqlen_k and columns past head_dim not written.
+    // The A fragment of k-step kk (query tiles 2 kk, 2 kk + 1) from 16-bit pairs x[ni][h] of one 16-key tile:
+    // mma.m16n8k16's a0..a3 = (row g, tile 2 kk), (row g + 8, tile 2 kk), (row g, tile 2 kk + 1), (g + 8, 2 kk + 1).
+    template <int kTiles>
+    __device__ __forceinline__ static FragmentA a_fragment(const u32 (&x)[kTiles][2], int kk) {
+        return FragmentA{{x[2 * kk][0], x[2 * kk][1], x[2 * kk + 1][0], x[2 * kk + 1][1]}};
+    }
+
+    // The shared address of (key row, query column col) in a swizzled [key][query] tile at `tile` (P^T, dS^T).
+    __device__ __forceinline__ static u32 transposed(u32 tile, int row, int col) {
+        return tile + swizzle_offset<kM>(row, col) * Kt::kElemBytes;
+    }
+    // A pair of 16-bit elements into P^T or dS^T, and back (the same thread's store: program order suffices). No
+    // memory clobber: one would make the compiler reload lse2 and dsum after every store (3-4% at hd64).
+    __device__ __forceinline__ static void store_pair(u32 addr, u32 pair) {
+        asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(addr), "r"(pair));
+    }
+    __device__ __forceinline__ static u32 load_pair(u32 addr) {
+        u32 pair;
+        asm volatile("ld.shared.b32 %0, [%1];\n" : "=r"(pair) : "r"(addr));
+        return pair;
+    }
+
+    // dK = scale dK, dV: this warp's keys and columns, rows past seqlen_k and columns past head_dim not written.
     __device__ __forceinline__ void store_dk_dv() const {
         const int g = lane / kQuadLanes;
         const int c2 = kFragCols * (lane % kQuadLanes);
@@ -334,19 +445,21 @@ struct BwdMainloop {
         Element* dv = static_cast<Element*>(p.bwd.dv) + t_batch * p.bwd.dv_batch_stride +
                       kv_head * p.bwd.dv_head_stride + static_cast<index_t>(k_row) * p.bwd.dv_row_stride;
 #pragma unroll
-        for (int h = 0; h < 2; ++h) {
-            const int key = n0 + warp * kMmaM + g + h * kFragRowHalf;
-            if (key >= seqlen_k) continue;
+        for (int mi = 0; mi < Kt::kKeyTiles; ++mi)
 #pragma unroll
-            for (int nd = 0; nd < Kt::kDTiles; ++nd) {
-                const int col = nd * kMmaN + c2;
-                if (kPadded && nd * kMmaN >= p.head_dim) continue;   // zero columns past a padded call's head dim
-                *reinterpret_cast<u32*>(dk + key * p.bwd.dk_row_stride + col) = pack_float2<Element>(
-                    acc_dk[nd][2 * h] * p.softmax_scale, acc_dk[nd][2 * h + 1] * p.softmax_scale);
-                *reinterpret_cast<u32*>(dv + key * p.bwd.dv_row_stride + col) =
-                    pack_float2<Element>(acc_dv[nd][2 * h], acc_dv[nd][2 * h + 1]);
+            for (int h = 0; h < 2; ++h) {
+                const int key = n0 + key_row0() + mi * kMmaM + g + h * kFragRowHalf;
+                if (key >= seqlen_k) continue;
+#pragma unroll
+                for (int nd = 0; nd < Kt::kColTiles; ++nd) {
+                    const int col = col0() + nd * kMmaN + c2;
+                    if (kPadded && col >= p.head_dim) continue;   // zero columns past a padded call's head dim
+                    *reinterpret_cast<u32*>(dk + key * p.bwd.dk_row_stride + col) = pack_float2<Element>(
+                        acc_dk[mi][nd][2 * h] * p.softmax_scale, acc_dk[mi][nd][2 * h + 1] * p.softmax_scale);
+                    *reinterpret_cast<u32*>(dv + key * p.bwd.dv_row_stride + col) =
+                        pack_float2<Element>(acc_dv[mi][nd][2 * h], acc_dv[mi][nd][2 * h + 1]);
+                }
             }
-        }
     }
 };
 
@@ -375,11 +488,12 @@ __device__ __forceinline__ void bwd_block_seq(const Params& p, const Params& cal
         const int m_block = m_begin + it % n_m;
         const int buf = it & 1;
         cp_async_wait<0>();
-        __syncthreads();   // Q_i, dO_i (and K, V) resident; every warp is done with buffer buf ^ 1 and dS^T
+        __syncthreads();   // Q_i, dO_i (and K, V) resident; every warp is done with buffer buf ^ 1, P^T and dS^T
         if (it + 1 < total)
             loop.load_q_async(kv_head * group + (it + 1) / n_m, m_begin + (it + 1) % n_m, buf ^ 1);
         loop.step(head, m_block, buf);
-        __syncthreads();   // dS^T complete
+        __syncthreads();   // P^T and dS^T complete
+        loop.accumulate_dk_dv(buf);
         loop.accumulate_dq(head, m_block);
     }
     loop.store_dk_dv();

@@ -1,13 +1,20 @@
 // Compile-time geometry of the FlashAttention-2 backward (fa2_bwd.cu) and its workspace layout.
 //
-// A CTA owns kBlockN keys of one (kv head, batch) and walks the query blocks of every query head
-// of the kv head's group. Warp w owns keys [16 w, 16 w + 16) of the block (split-K): its rows of
-// S^T = K Q^T, dP^T = V dO^T, dV += P^T dO and dK += dS^T Q never leave its registers. dQ = dS K
-// needs every key of the block, so dS^T goes through shared memory and the warps split dQ's
-// (kBlockM x kHeadDim) tile as kDqWarpsM x kDqWarpsD.
+// A CTA owns kBlockN keys of one (kv head, batch) and walks the query blocks of every query head of the kv
+// head's group. Its warps form a kKeyWarps x kPartWarps grid:
+//   S^T = K Q^T, dP^T = V dO^T  (kBlockN x kBlockM): warp (kw, pw) computes keys [kWarpKeys kw, + kWarpKeys) x
+//                               queries [kWarpQueries pw, + kWarpQueries)
+//   dV += P^T dO, dK += dS^T Q  (kBlockN x kHeadDim): warp (kw, pw) owns the same keys x head-dim columns
+//                               [kWarpCols pw, + kWarpCols), fp32 registers over the whole walk
+//   dQ = dS K                   (kBlockM x kHeadDim): kDqWarpsM x kDqWarpsD warp tiles of 32 x (kHeadDim / kDqWarpsD)
+// hd128 takes FlashAttention-2's grid, 32 x 32 warp tiles (4 x 2 warps): every ldmatrix.x4 feeds two mma.sync or
+// more, 144 of them a warp a visit against 200 with 16-key warp strips (1.05-1.08x on the H200), P^T and dS^T
+// through shared memory. hd64 keeps 16-key strips over all queries and columns (8 x 1 warps): a warp's own P^T
+// and dS^T are its dV and dK products' A operands in registers (the 32-key grid ran 0.88x there).
 // Shared memory (dynamic), 16-bit tiles in the swizzled layout of tile.cuh:
 //   [ Q: 2 x kBlockM x D | dO: 2 x kBlockM x D | K: kBlockN x D | V: kBlockN x D |
-//     dS^T: kBlockN x kBlockM | lse2: 2 x kBlockM (fp32) | dsum: 2 x kBlockM (fp32) ]
+//     dS^T: kBlockN x kBlockM | P^T: kBlockN x kBlockM (not with register operands) | lse2: 2 x kBlockM (fp32) |
+//     dsum: 2 x kBlockM (fp32) ]
 // Q, dO, lse2 and dsum are double-buffered: query block i + 1 streams in under block i.
 #pragma once
 
@@ -38,44 +45,47 @@ struct BwdTraits {
     static constexpr int kThreads = kWarps * kWarpSize;
     static constexpr int kElemBytes = sizeof(Element);
 
-    static constexpr int kWarpKeys = kBlockN / kWarps;   // keys (rows of dK, dV) per warp
     // dq_accum (dq_layout.cuh; FLASHKIT_BWD_DQ_FRAGMENTS above)
 #if FLASHKIT_BWD_DQ_FRAGMENTS
     typedef DqFragments<kBlockM, false> DqLayout;
 #else
     typedef DqRowMajor<true> DqLayout;
 #endif
-    // A query block is processed in slices of kSubM queries (S^T, P^T, dP^T of one slice in registers
-    // at a time): narrower slices at large head dims, where dK and dV take most registers.
-#ifdef FLASHKIT_SUB_M
-    static constexpr int kSubM = FLASHKIT_SUB_M;
-#else
-    static constexpr int kSubM = kHeadDim > 64 ? 32 : kBlockM;
-#endif
-    static constexpr int kMCols = kSubM / kMmaN;         // 8-query column tiles of a slice of S^T
-    static constexpr int kMSteps = kSubM / kMmaK;        // k-steps over a slice's queries (dV, dK)
-    static constexpr int kDTiles = kHeadDim / kMmaN;     // 8-wide column tiles of dK, dV
-    static constexpr int kDSteps = kHeadDim / kMmaK;     // k-steps over the head dim (S^T, dP^T)
-    static constexpr int kNSteps = kBlockN / kMmaK;      // k-steps over keys (dQ)
+    // The warp grid of S^T, dP^T, dK and dV: kKeyWarps along the keys, kPartWarps along the queries (S^T, dP^T)
+    // and the head dim (dK, dV).
+    static constexpr int kWarpKeys = kHeadDim > 64 ? 32 : 16;   // keys (rows of S^T, dK, dV) per warp
+    static constexpr int kKeyWarps = kBlockN / kWarpKeys;
+    static constexpr int kPartWarps = kWarps / kKeyWarps;
+    static constexpr bool kRegisterOperands = kPartWarps == 1;   // P^T, dS^T as register A fragments (dV, dK)
+    static constexpr int kWarpQueries = kBlockM / kPartWarps;   // columns of S^T per warp
+    static constexpr int kWarpCols = kHeadDim / kPartWarps;     // columns of dK, dV per warp
+    static constexpr int kKeyTiles = kWarpKeys / kMmaM;         // 16-key row tiles of a warp
+    static constexpr int kQueryTiles = kWarpQueries / kMmaN;    // 8-query column tiles of a warp's S^T
+    static constexpr int kColTiles = kWarpCols / kMmaN;         // 8-wide column tiles of a warp's dK, dV
+    static constexpr int kDSteps = kHeadDim / kMmaK;            // k-steps over the head dim (S^T, dP^T)
+    static constexpr int kMSteps = kBlockM / kMmaK;             // k-steps over a block's queries (dV, dK)
+    static constexpr int kNSteps = kBlockN / kMmaK;             // k-steps over the keys (dQ)
 
-    // dQ = dS K: warps split the (kBlockM x kHeadDim) tile.
-    static constexpr int kDqWarpsM = kWarps < kBlockM / kMmaM ? kWarps : kBlockM / kMmaM;
+    // dQ = dS K: warp tiles of 32 queries (two 16-row tiles) by kHeadDim / kDqWarpsD columns.
+    static constexpr int kDqWarpsM = kBlockM / 32;
     static constexpr int kDqWarpsD = kWarps / kDqWarpsM;
     static constexpr int kDqMTiles = kBlockM / kMmaM / kDqWarpsM;   // 16-row tiles per warp
-    static constexpr int kDqDTiles = kDTiles / kDqWarpsD;           // 8-wide column tiles per warp
+    static constexpr int kDqDTiles = kHeadDim / kMmaN / kDqWarpsD;  // 8-wide column tiles per warp
 
     static constexpr int kQElems = kBlockM * kHeadDim;
     static constexpr int kKVElems = kBlockN * kHeadDim;
     static constexpr int kDsElems = kBlockN * kBlockM;
+    static constexpr int kTransposedTiles = kRegisterOperands ? 1 : 2;   // dS^T (dQ's operand), P^T
     static constexpr int kSmemBytes =
-        (4 * kQElems + 2 * kKVElems + kDsElems) * kElemBytes + 4 * kBlockM * 4;
+        (4 * kQElems + 2 * kKVElems + kTransposedTiles * kDsElems) * kElemBytes + 4 * kBlockM * 4;
 
     static_assert(kElemBytes == 2, "tensor-core path: 16-bit elements only");
-    static_assert(kBlockM % kSubM == 0 && kSubM % (2 * kMmaK) == 0, "query slices split the block");
-    static_assert(kWarpKeys == kMmaM, "each warp owns one 16-key tile of dK and dV");
+    static_assert(kKeyWarps * kPartWarps == kWarps && kBlockN % kWarpKeys == 0, "the warp grid covers the keys");
+    static_assert(kWarpQueries % (2 * kMmaN) == 0 && kWarpCols % (2 * kMmaN) == 0, "whole 16-wide ldmatrix steps");
     static_assert(kBlockM % 64 == 0, "the dS^T tile's rows span the 8 chunks of the swizzle");
     static_assert(kHeadDim % 64 == 0, "head dim: multiple of 64 (swizzle spans 8 chunks of a row)");
-    static_assert(kWarps % kDqWarpsM == 0 && kDTiles % (2 * kDqWarpsD) == 0, "dQ tile splits evenly");
+    static_assert(kWarps % kDqWarpsM == 0 && kDqDTiles % 2 == 0 && kDqDTiles * kDqWarpsD * kMmaN == kHeadDim,
+                  "dQ tile splits evenly");
     static_assert(kBlockM * 4 / kChunkBytes <= kWarpSize, "one warp loads lse2 and dsum");
 };
 
