@@ -310,8 +310,8 @@ struct BwdMainloop {
         return p.seqlen_k - p.seqlen_q;
     }
 
-    // One query block of `head`, this warp's tile: P^T and dS^T into shared memory (dV, dK and dQ read them
-    // after the barrier that follows).
+    // One query block of `head`, this warp's tile: dS^T (and P^T) into shared memory, for dQ (and dV, dK) after
+    // the barrier that follows; with register operands dV and dK are added here.
     __device__ __forceinline__ void step(int head, int m_block, int buf) {
         const Mod mod(p, head, batch);
         const int g = lane / kQuadLanes;
@@ -364,7 +364,7 @@ struct BwdMainloop {
                                                                         -l.y)));
                     if constexpr (!Kt::kRegisterOperands)
                         store_pair(transposed(sP, r0 + mi * kMmaM + g + h * kFragRowHalf, q0 + ni * kMmaN + c2),
-                                      pt[mi][ni][h]);
+                                   pt[mi][ni][h]);
                 }
         }
         if constexpr (Kt::kRegisterOperands) {   // dV += P^T dO
