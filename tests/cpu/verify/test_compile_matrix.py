@@ -15,10 +15,10 @@ from flashkit.runtime.build import cache_dir
 
 JOBS = 2
 # Named exceptions, each with its bound and why it stands: (variant, target, words all among the config's) -> bytes.
-# fa2_bwd at hd128: up to 32 B, the walk's loop scalars (its visit count, the group's first head, a buffer offset),
-# stored once before the walk and reloaded once a visit (3-8 LDL a visit of about 4,000 instructions). Each warp
-# holds 128 fp32 registers of dK and dV, and ptxas keeps up to 12 ldmatrix results (48 registers) in flight in the
-# 32 x 32 S^T and dP^T products; the 16-key warp strips it replaces had no spill and ran 0.93-0.96x as fast
+# fa2_bwd at hd128: up to 32 B, the walk's loop scalars (the visit count, the group's first head, the block range),
+# stored once before the walk and reloaded once a visit (2-4 LDL a visit of about 1,300 instructions a warp). Each
+# warp holds 128 fp32 registers of dK and dV, and ptxas keeps up to 12 ldmatrix results (48 registers) in flight in
+# the 32 x 32 S^T and dP^T products; the 16-key warp strips it replaces had no spill and ran 0.92-0.96x as fast
 # (BENCHMARKS.md). On Hopper fa3_bwd serves these calls; fa2_bwd runs them there only with attention_chunk or when
 # forced. The bound covers window + softcap + ALiBi in float16 too (24 B before).
 KNOWN_SPILLS = {("fa2_bwd", target, ("hd128",)): 32 for target in ("sm_80", "sm_90")}

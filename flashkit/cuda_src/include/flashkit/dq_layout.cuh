@@ -52,6 +52,11 @@ struct DqFragments {
         return ct / kTilesPerPanel * kPanelFloats + ((ct % kTilesPerPanel) * kRowTiles + rt) * kTileFloats +
                lane * kFragFloats;
     }
+    // fragment(ct + i, rt + j, lane) - fragment(ct, rt, lane) while ct + i stays in ct's panel: a compile-time offset
+    // for compile-time i, j (the fragment addresses of a warp's run of tiles from one base).
+    __device__ __forceinline__ static constexpr int run_offset(int i, int j) {
+        return (i * kRowTiles + j) * kTileFloats;
+    }
     static constexpr bool kRowChunks = false;   // a chunk: rows g and g + 8 of two columns
     static constexpr int kPairRows = kFragRowHalf, kPairCols = 0;
     // Row and column of the first pair of the block's 16-byte chunk i (storage order: the inverse of `fragment`).

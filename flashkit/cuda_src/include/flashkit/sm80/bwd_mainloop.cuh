@@ -273,12 +273,16 @@ struct BwdMainloop {
         }
         float* dq = ws.dq_accum + (ws.row0(p, batch, head) + m_block * kM) * kD;
 #if FLASHKIT_BWD_DQ_FRAGMENTS   // fragment order (Kt::DqLayout, bwd_traits.cuh): one 16-byte reduction a tile
+        // The warp's column tiles lie in one 64-column panel, so its tiles' addresses are one base plus compile-time
+        // offsets (formed one by one, they took about 80 integer instructions a visit at hd128).
+        static_assert(Kt::DqLayout::kTilesPerPanel % Kt::kDqDTiles == 0, "a warp's dQ columns stay in one panel");
+        float* frag = dq + Kt::DqLayout::fragment(d0 / kMmaN, wm * Kt::kDqMTiles, lane);
 #pragma unroll
         for (int mt = 0; mt < Kt::kDqMTiles; ++mt)   // unscaled: bwd_convert_dq scales
 #pragma unroll
             for (int nd = 0; nd < Kt::kDqDTiles; ++nd)
-                red_add_v4(dq + Kt::DqLayout::fragment(d0 / kMmaN + nd, wm * Kt::kDqMTiles + mt, lane),
-                           acc[mt][nd][0], acc[mt][nd][1], acc[mt][nd][2], acc[mt][nd][3]);
+                red_add_v4(frag + Kt::DqLayout::run_offset(nd, mt), acc[mt][nd][0], acc[mt][nd][1], acc[mt][nd][2],
+                           acc[mt][nd][3]);
 #else
         const int g = lane / kQuadLanes;
         const int c2 = kFragCols * (lane % kQuadLanes);
@@ -483,18 +487,22 @@ __device__ __forceinline__ void bwd_block_seq(const Params& p, const Params& cal
     loop.load_kv_async();
     if (total > 0) loop.load_q_async(kv_head * group, m_begin, 0);
     else cp_async_commit();
-    for (int it = 0; it < total; ++it) {
+    for (int it = 0; total > 0; ++it) {   // (left by the break after the last visit)
         const int head = kv_head * group + it / n_m;
         const int m_block = m_begin + it % n_m;
         const int buf = it & 1;
+        // Whether a visit follows, decided here through a volatile move, so that the loop's end tests this flag
+        // rather than the visit count again: ptxas spills the count at hd128, and its reload there queued behind the
+        // visit's dQ reductions (8% of the kernel's stall samples).
+        const int more = loop.fresh(it + 1 < total);
         cp_async_wait<0>();
         __syncthreads();   // Q_i, dO_i (and K, V) resident; every warp is done with buffer buf ^ 1, P^T and dS^T
-        if (it + 1 < total)
-            loop.load_q_async(kv_head * group + (it + 1) / n_m, m_begin + (it + 1) % n_m, buf ^ 1);
+        if (more) loop.load_q_async(kv_head * group + (it + 1) / n_m, m_begin + (it + 1) % n_m, buf ^ 1);
         loop.step(head, m_block, buf);
         __syncthreads();   // P^T and dS^T complete
         loop.accumulate_dk_dv(buf);
         loop.accumulate_dq(head, m_block);
+        if (!more) break;
     }
     loop.store_dk_dv();
 }
