@@ -17,7 +17,7 @@ workspace: dq_accum
 //              dq_accum and the semaphores zeroed (bwd_passes.cuh)
 //   main       grid (ceil(seqlen_k / block_n), kv_heads, batch): one CTA per key block holds dK, dV in
 //              registers while it walks the query blocks of its group's heads, recomputing P from the
-//              LSE; dQ through fp32 atomics (bwd_mainloop.cuh)
+//              LSE; dQ through fp32 atomics (bwd_walk.cuh, bwd_mainloop.cuh)
 //   convert_dq grid (ceil(seqlen_q / block_m), heads, batch): dQ = dq_accum in the input dtype
 // Causal (FLASHKIT_CAUSAL) skips the query blocks above the diagonal and masks the tiles crossing it; a window
 // or chunk (FLASHKIT_WINDOW) the query blocks outside it (bwd_mask.cuh); softcap and ALiBi (FLASHKIT_SOFTCAP,
@@ -25,7 +25,7 @@ workspace: dq_accum
 // Varlen (FLASHKIT_VARLEN, attention_varlen_backward): packed sequences, the grids of the longest (batch = the
 // sequences); every CTA sees its own sequence through varlen.cuh (causal bottom-right aligned per sequence),
 // blocks past the sequence's last query (prepass, convert_dq) or key (main) return at once.
-#include "flashkit/sm80/bwd_mainloop.cuh"
+#include "flashkit/sm80/bwd_walk.cuh"
 
 using flashkit::BwdKernelTraits;
 typedef flashkit::BwdMaskOf<FLASHKIT_WINDOW != 0, FLASHKIT_CAUSAL != 0>::type BwdMask;

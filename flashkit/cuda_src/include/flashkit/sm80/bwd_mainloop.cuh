@@ -1,7 +1,8 @@
 // The FlashAttention-2 backward of one key block (Dao, 2023, algorithm 2), mma.sync.m16n8k16.
 //
 // One CTA holds K_j, V_j (shared memory) and dK_j, dV_j (fp32 registers) and walks the query blocks
-// i of every query head of its kv head's group (GQA / MQA: dK, dV summed over the group in registers).
+// i of every query head of its kv head's group (GQA / MQA: dK, dV summed over the group in registers; the walk:
+// sm80/bwd_walk.cuh).
 // Per visited query block, with the pre-pass's lse2 = LSE log2(e) and dsum = rowsum(dO O):
 //   S^T  = K_j Q_i^T                      warp (kw, pw): kWarpKeys keys x kWarpQueries queries (bwd_traits.cuh)
 //   S^T  = mod(S^T), masked               softcap / ALiBi (score_mod.cuh), the window's or chunk's element
@@ -289,8 +290,9 @@ struct BwdMainloop {
 #pragma unroll
         for (int mt = 0; mt < Kt::kDqMTiles; ++mt) {
             float* row = dq + ((wm * Kt::kDqMTiles + mt) * kMmaM + g) * kD + d0 + c2;
+            // rows (Kt::DqLayout); reduce.cuh: 16 bytes a reduction on sm_90
 #pragma unroll
-            for (int nd = 0; nd < Kt::kDqDTiles; ++nd)   // rows (Kt::DqLayout); reduce.cuh: 16 bytes a reduction on sm_90
+            for (int nd = 0; nd < Kt::kDqDTiles; ++nd)
                 red_add_fragment(row + nd * kMmaN, kD, lane, acc[mt][nd][0], acc[mt][nd][1], acc[mt][nd][2],
                                  acc[mt][nd][3], p.softmax_scale);
         }
@@ -466,55 +468,5 @@ struct BwdMainloop {
             }
     }
 };
-
-// The whole backward of key block n_block of (kv_head, sequence `batch`); p: the sequence's view (varlen) or
-// the call's parameter block, origin: where the sequence's rows lie. A sequence without queries visits no
-// query block and stores dK = dV = 0.
-template <class Kt, class Mask, class Mod>
-__device__ __forceinline__ void bwd_block_seq(const Params& p, const Params& call, int n_block, int kv_head, int batch,
-                                              const SeqOrigin& origin) {
-    extern __shared__ __align__(128) unsigned char smem_raw[];
-    BwdMainloop<Kt, Mask, Mod> loop(p, call, smem_raw, n_block, kv_head, batch, origin);
-    const int group = p.heads / p.kv_heads;
-    // The query blocks that see a key of the block (the sequence's, varlen), each head of the group.
-    const int n0 = n_block * Kt::kBlockN;
-    const int m_begin = loop.mask.m_begin(n0, Kt::kBlockM);
-    // (Dense: the workspace's count, the same number, which ptxas keeps anyway: a second one spilled 8 B at hd128.)
-    const int m_end = Mask::kLocal || FLASHKIT_VARLEN != 0
-                          ? loop.mask.m_end(min(n0 + Kt::kBlockN, p.seqlen_k), Kt::kBlockM) : loop.ws.m_blocks;
-    const int n_m = max(m_end - m_begin, 0);
-    const int total = group * n_m;
-    loop.load_kv_async();
-    if (total > 0) loop.load_q_async(kv_head * group, m_begin, 0);
-    else cp_async_commit();
-    for (int it = 0; total > 0; ++it) {   // (left by the break after the last visit)
-        const int head = kv_head * group + it / n_m;
-        const int m_block = m_begin + it % n_m;
-        const int buf = it & 1;
-        // Whether a visit follows, decided here through a volatile move, so that the loop's end tests this flag
-        // rather than the visit count again: ptxas spills the count at hd128, and its reload there queued behind the
-        // visit's dQ reductions (8% of the kernel's stall samples).
-        const int more = loop.fresh(it + 1 < total);
-        cp_async_wait<0>();
-        __syncthreads();   // Q_i, dO_i (and K, V) resident; every warp is done with buffer buf ^ 1, P^T and dS^T
-        if (more) loop.load_q_async(kv_head * group + (it + 1) / n_m, m_begin + (it + 1) % n_m, buf ^ 1);
-        loop.step(head, m_block, buf);
-        __syncthreads();   // P^T and dS^T complete
-        loop.accumulate_dk_dv(buf);
-        loop.accumulate_dq(head, m_block);
-        if (!more) break;
-    }
-    loop.store_dk_dv();
-}
-
-// The main kernel's CTA of (key block, kv head, batch): with FLASHKIT_VARLEN of packed sequence `batch`,
-// and nothing past the sequence's last key block.
-template <class Kt, class Mask, class Mod>
-__device__ __forceinline__ void bwd_block(const Params& params, int n_block, int kv_head, int batch) {
-    for_sequence<FLASHKIT_VARLEN != 0, Kt::kBlockN, SeqRows::kKeys>(
-        params, batch, n_block, [&](const Params& p, const SeqOrigin& origin) {
-            bwd_block_seq<Kt, Mask, Mod>(p, params, n_block, kv_head, batch, origin);
-        });
-}
 
 }  // namespace flashkit

@@ -1,0 +1,63 @@
+// The FlashAttention-2 backward's CTA (fa2_bwd.cu's main entry): its key block's walk over the query blocks of
+// every query head of its kv head's group, one visit at a time (sm80/bwd_mainloop.cuh's BwdMainloop). A visit's
+// Q_i, dO_i, lse2_i and dsum_i stream into one buffer while the other is worked on; two barriers a visit: the
+// buffer resident (and the last visit's P^T and dS^T read), then P^T and dS^T complete (dV, dK and dQ read them).
+// The query blocks that see a key of the block come from the mask (causal, a window or chunk; varlen: the
+// sequence's); a key block that no query sees stores dK = dV = 0.
+#pragma once
+
+#include "flashkit/sm80/bwd_mainloop.cuh"
+
+namespace flashkit {
+
+// The whole backward of key block n_block of (kv_head, sequence `batch`); p: the sequence's view (varlen) or
+// the call's parameter block, origin: where the sequence's rows lie. A sequence without queries visits no
+// query block and stores dK = dV = 0.
+template <class Kt, class Mask, class Mod>
+__device__ __forceinline__ void bwd_block_seq(const Params& p, const Params& call, int n_block, int kv_head, int batch,
+                                              const SeqOrigin& origin) {
+    extern __shared__ __align__(128) unsigned char smem_raw[];
+    BwdMainloop<Kt, Mask, Mod> loop(p, call, smem_raw, n_block, kv_head, batch, origin);
+    const int group = p.heads / p.kv_heads;
+    // The query blocks that see a key of the block (the sequence's, varlen), each head of the group.
+    const int n0 = n_block * Kt::kBlockN;
+    const int m_begin = loop.mask.m_begin(n0, Kt::kBlockM);
+    // (Dense: the workspace's count, the same number, which ptxas keeps anyway: a second one spilled 8 B at hd128.)
+    const int m_end = Mask::kLocal || FLASHKIT_VARLEN != 0
+                          ? loop.mask.m_end(min(n0 + Kt::kBlockN, p.seqlen_k), Kt::kBlockM) : loop.ws.m_blocks;
+    const int n_m = max(m_end - m_begin, 0);
+    const int total = group * n_m;
+    loop.load_kv_async();
+    if (total > 0) loop.load_q_async(kv_head * group, m_begin, 0);
+    else cp_async_commit();
+    for (int it = 0; total > 0; ++it) {   // (left by the break after the last visit)
+        const int head = kv_head * group + it / n_m;
+        const int m_block = m_begin + it % n_m;
+        const int buf = it & 1;
+        // Whether a visit follows, decided here through a volatile move, so that the loop's end tests this flag
+        // rather than the visit count again: ptxas spills the count at hd128, and its reload there queued behind the
+        // visit's dQ reductions (8% of the kernel's stall samples).
+        const int more = loop.fresh(it + 1 < total);
+        cp_async_wait<0>();
+        __syncthreads();   // Q_i, dO_i (and K, V) resident; every warp is done with buffer buf ^ 1, P^T and dS^T
+        if (more) loop.load_q_async(kv_head * group + (it + 1) / n_m, m_begin + (it + 1) % n_m, buf ^ 1);
+        loop.step(head, m_block, buf);
+        __syncthreads();   // P^T and dS^T complete
+        loop.accumulate_dk_dv(buf);
+        loop.accumulate_dq(head, m_block);
+        if (!more) break;
+    }
+    loop.store_dk_dv();
+}
+
+// The main kernel's CTA of (key block, kv head, batch): with FLASHKIT_VARLEN of packed sequence `batch`,
+// and nothing past the sequence's last key block.
+template <class Kt, class Mask, class Mod>
+__device__ __forceinline__ void bwd_block(const Params& params, int n_block, int kv_head, int batch) {
+    for_sequence<FLASHKIT_VARLEN != 0, Kt::kBlockN, SeqRows::kKeys>(
+        params, batch, n_block, [&](const Params& p, const SeqOrigin& origin) {
+            bwd_block_seq<Kt, Mask, Mod>(p, params, n_block, kv_head, batch, origin);
+        });
+}
+
+}  // namespace flashkit
