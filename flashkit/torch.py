@@ -319,8 +319,9 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool
     the modifications (window_size, softcap, alibi_slopes, attention_chunk: flashkit.attention's) included.
 
     block_mask (a flashkit.BlockMask) and mod / mod_args (a drop-in functor by name with its arguments, torch
-    tensors or scalars, or a flashkit.ModMask: docs/functors.md) are flashkit.attention's too; those calls run
-    eagerly (a graph break under torch.compile: torch_masked.py), and a score_mod functor has no gradient.
+    tensors or scalars, or a flashkit.ModMask: docs/functors.md) are flashkit.attention's too; under torch.compile
+    those calls trace as custom ops of their own (torch_masked.py), and a score_mod functor without its derivative
+    has no gradient.
 
     v may have a head dim of its own (head_dim_v, forward only: a call that needs a gradient raises)."""
     check_gradient_head_dims(q, k, v)

@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import InputError
+from .mask_handles import register
 
 BLOCK_MULTIPLE = 128        # kernel tiles (block_m, block_n) divide this: mask blocks are multiples of it
 DEFAULT_BLOCK = 128
@@ -133,6 +134,7 @@ class BlockMask:
         self.kv_block_count, self.kv_block_index = compress(self._blocks, xp)   # converted once
         self._density: float | None = None
         self._device: dict = {}   # device id -> (count, index) CuPy copies; ("blocks", id) -> the block array
+        self.handle = register(self)   # how a torch op names this mask (mask_handles.py)
 
     # ---- construction ---------------------------------------------------------------------------
     @classmethod

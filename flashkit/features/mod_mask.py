@@ -25,6 +25,7 @@ from collections import OrderedDict
 from typing import Any
 
 from ..errors import InputError
+from .mask_handles import register
 
 MAX_GEOMETRIES = 16   # kept classifications per mask (least recently used dropped first)
 
@@ -49,6 +50,7 @@ class ModMask:
         # cache's path, and the view keeps the tensor alive as long as the mask.
         self.mod_args = {name: _device_view(value, name) for name, value in (mod_args or {}).items()}
         self._held: OrderedDict[tuple, tuple[Any, Any, int]] = OrderedDict()
+        self.handle = register(self)   # how a torch op names this mask (mask_handles.py)
 
     def refresh(self) -> None:
         """Forget every kept classification: the next call of each geometry classifies the arguments as they are

@@ -2,7 +2,8 @@
 flashkit.attention's and attention_backward's on the same inputs, bit for bit (deterministic backward), for a
 ModMask, a functor by name with a torch tensor argument, a block mask and a score_mod with its derivative; a
 score_mod without one runs without a gradient and is refused, before the forward, with one; the call works inside a
-torch.compile'd function.
+torch.compile'd function with fullgraph=True (the custom ops masked_attention_fwd / _bwd), also with a new mask
+each call and with a score_mod refused for want of its derivative.
 """
 
 from __future__ import annotations
@@ -104,22 +105,84 @@ def test_a_score_mod_without_its_derivative_is_refused_before_the_forward(drop_i
         fkt.attention(q.clone().requires_grad_(), k, v, causal=True, mod="doubled")
 
 
-def test_a_masked_call_inside_a_compiled_function():
-    """torch.compile breaks the graph around the masked call (torch.compiler.disable) and gives the eager bits."""
+def _masked_kwargs(how: str) -> dict:
+    """flashkit.torch.attention's masked keywords of each kind, on torch tensors (b 2, s 1000, 8 heads)."""
+    import cupy as cp
     import flashkit
-    import flashkit.torch as fkt
-    _require_backward()
-    q, k, v, dout = _inputs(5)
-    mask = flashkit.ModMask("document", {"doc_ids": _doc_ids(2, 1000)})
+    if how == "ModMask":
+        return {"mod": flashkit.ModMask("document", {"doc_ids": _doc_ids(2, 1000)})}
+    if how == "by name":
+        return {"mod": "document", "mod_args": {"doc_ids": _doc_ids(2, 1000)}}
+    if how == "score_mod":
+        return {"mod": "relative_bias", "mod_args": {"slopes": torch.linspace(0.1, 1.0, 8, device="cuda")}}
+    blocks = cp.random.RandomState(4).random_sample((2, 1, 8, 8)) < 0.5
+    blocks[..., 0] = True
+    return {"block_mask": flashkit.BlockMask(blocks, seqlen_q=1000, seqlen_k=1000)}
 
-    def f(a, b, c):
-        return fkt.attention(a * 1.0, b, c, causal=True, deterministic=True, mod=mask) * 2.0
 
+def _eager_and_compiled(f, inputs, dout) -> list:
+    """(out, dq, dk, dv) of f eager, then of f compiled with fullgraph=True (a graph break raises)."""
     results = []
-    for fn in (f, torch.compile(f)):
-        leaves = tuple(x.clone().requires_grad_() for x in (q, k, v))
+    for fn in (f, torch.compile(f, fullgraph=True)):
+        leaves = tuple(x.clone().requires_grad_() for x in inputs)
         out = fn(*leaves)
         out.backward(dout)
         results.append((out.detach(), *(x.grad for x in leaves)))
-    for name, a, b in zip(("out", "dq", "dk", "dv"), *results):
-        assert torch.equal(a, b), name
+    return results
+
+
+@pytest.mark.parametrize("how", ["ModMask", "by name", "block mask", "score_mod"])
+def test_a_masked_call_compiles_without_a_graph_break(how):
+    """fullgraph=True: the masked ops trace (no torch.compiler.disable); out and the gradients are eager's bits."""
+    import flashkit.torch as fkt
+    _require_backward()
+    torch._dynamo.reset()
+    q, k, v, dout = _inputs(5)
+    kw = _masked_kwargs(how)
+
+    def f(a, b, c):
+        return fkt.attention(a * 1.0, b, c, causal=True, deterministic=True, **kw) * 2.0
+
+    eager, compiled = _eager_and_compiled(f, (q, k, v), dout)
+    for name, a, b in zip(("out", "dq", "dk", "dv"), eager, compiled):
+        assert torch.equal(a, b), f"{how}: {name}"
+
+
+def test_a_new_mask_each_call_of_a_compiled_function_is_its_own():
+    """Each ModMask of a compiled function's calls is looked up by its handle: every call's output is eager's for its
+    own mask; the handle is an int input, so new masks cost at most one recompilation (automatic dynamic)."""
+    import flashkit
+    import flashkit.torch as fkt
+    _require_backward()
+    torch._dynamo.reset()
+    compiles = []
+
+    def backend(gm, example_inputs):
+        compiles.append(gm)
+        return gm.forward
+
+    q, k, v, _ = _inputs(6)
+
+    def f(a, b, c, mask):
+        return fkt.attention(a, b, c, causal=True, mod=mask)
+
+    compiled = torch.compile(f, backend=backend, fullgraph=True)
+    with torch.no_grad():
+        for split in (2, 3, 5, 7):
+            ids = (torch.arange(1000, device="cuda", dtype=torch.int32) * split // 1000)[None].repeat(2, 1)
+            mask = flashkit.ModMask("document", {"doc_ids": ids.contiguous()})
+            assert torch.equal(compiled(q, k, v, mask), f(q, k, v, mask)), f"{split} documents"
+    assert len(compiles) <= 2, f"{len(compiles)} compilations for 4 masks"
+
+
+def test_a_score_mod_without_its_derivative_is_refused_in_a_compiled_function(drop_in_functor):
+    import flashkit.torch as fkt
+    from flashkit.errors import UnsupportedError
+    drop_in_functor("doubled", score_expr="2.f * s")
+    torch._dynamo.reset()
+    q, k, v, _ = _inputs(3)
+    f = torch.compile(lambda a, b, c: fkt.attention(a, b, c, causal=True, mod="doubled"), fullgraph=True)
+    with torch.no_grad():
+        f(q, k, v)
+    with pytest.raises(UnsupportedError, match="'doubled' has a score_mod without score_mod_grad"):
+        f(q.clone().requires_grad_(), k, v)
