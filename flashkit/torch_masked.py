@@ -200,20 +200,22 @@ _SLOPES, _MOD_TENSORS = _AFTER_QKV.index("alibi_slopes"), _AFTER_QKV.index("mod_
 
 def _setup_masked_context(ctx, inputs, output):
     """Saves q, k, v, out, lse, the slopes and the functor's tensors (autograd's in-place checks), the other
-    arguments as given."""
+    arguments as given, and the inputs' structure (a gradient per input, a list of them per list input)."""
     q, k, v, *rest = inputs
     ctx.save_for_backward(q, k, v, *output, rest[_SLOPES], *rest[_MOD_TENSORS])
-    rest[_SLOPES], rest[_MOD_TENSORS] = None, len(rest[_MOD_TENSORS])
+    ctx.lists = tuple(len(x) if isinstance(x, (list, tuple)) else None for x in rest)
+    rest[_SLOPES], rest[_MOD_TENSORS] = None, None
     ctx.rest = rest
 
 
 def _masked_backward(ctx, dout, dlse):
-    rest = list(ctx.rest)
+    no_grads = tuple(None if n is None else [None] * n for n in ctx.lists)   # for every argument after q, k, v
     if dout is None:   # out took no part in what is differentiated
-        return (None,) * (3 + len(rest))
+        return (None, None, None) + no_grads
+    rest = list(ctx.rest)
     q, k, v, out, lse, slopes, *mod_tensors = ctx.saved_tensors
     rest[_SLOPES], rest[_MOD_TENSORS] = slopes, mod_tensors
-    return (*masked_attention_bwd(dout, q, k, v, out, lse, *rest), *(None,) * len(rest))
+    return tuple(masked_attention_bwd(dout, q, k, v, out, lse, *rest)) + no_grads
 
 
 masked_attention_fwd.register_autograd(_masked_backward, setup_context=_setup_masked_context)

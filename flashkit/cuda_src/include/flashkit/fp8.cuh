@@ -64,8 +64,8 @@ __device__ __forceinline__ void pack_p_fragment(u32 (&a)[4], const float (&p)[kN
 struct E4m3P {
     static constexpr float kLog2 = kLog2PScale;
 };
-template <int kMTiles, class Exp2 = Exp2Split<> >
-using Softmax = OnlineSoftmax<kMTiles, E4m3P, Exp2>;
+template <int kMTiles>
+using Softmax = OnlineSoftmax<kMTiles, E4m3P>;
 constexpr float kScoresInLog2 = 1.f;   // the c the fp8 loops pass: their scores are already x
 
 }  // namespace fp8

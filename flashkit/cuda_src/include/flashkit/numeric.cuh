@@ -12,7 +12,6 @@
 //   unpack_float2<T>(u, lo, hi)                       inverse of pack_float2 (16-bit T)
 //   pack_e4m3x4(x0, x1, x2, x3)                       four floats -> four e4m3 bytes (sm_89+)
 //   fast_exp2(x), fast_log2(x)                        ex2.approx.ftz / lg2.approx.ftz
-//   poly_exp2(x)                                      2^x on the FMA pipe (a polynomial), flush-to-zero
 //   kLog2e, kLn2, kE4m3Max, FLASHKIT_NEG_INF          named constants (-inf is a macro)
 #pragma once
 
@@ -148,27 +147,6 @@ __device__ __forceinline__ float fast_exp2(float x) {
     float y;
     asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
     return y;
-}
-
-// 2^x without the MUFU pipe (FlashAttention-4's software exponential, for kernels whose exponentials keep the MUFU
-// pipe as busy as their products keep the tensor cores): x = j + f with j = round(x), f in [-1/2, 1/2];
-//   2^f by a degree-3 polynomial (a weighted least-squares fit for relative error: |error| < 7.5e-5, below
-//   bf16's 2^-9 and e4m3's 2^-4 rounding of P), 2^j as a float made from its exponent bits.
-// Adding 1.5 * 2^23 + 127 to x rounds it to an integer in the low mantissa bits (round(x) + 127 there); shifted
-// into the exponent field those bits are 2^j, and +0 for j = -127: x is clamped to -127 first, so that every
-// x <= -126.5, -inf included, gives +0 (as ex2.approx.ftz flushes 2^-126.5 and below). 9 FMA-pipe and integer
-// instructions, where ex2.approx is one MUFU instruction at an eighth of their rate a warp.
-constexpr float kPolyExp2Floor = -127.f;
-constexpr float kExp2Round = 12583039.f;   // 1.5 * 2^23 + 127
-constexpr int kFloatMantissaBits = 23;
-constexpr float kExp2Poly0 = 0.99992806f, kExp2Poly1 = 0.69326019f, kExp2Poly2 = 0.24261150f,
-                kExp2Poly3 = 0.055176053f;
-__device__ __forceinline__ float poly_exp2(float x) {
-    x = fmaxf(x, kPolyExp2Floor);
-    const float t = x + kExp2Round;                                            // round(x) + 127 in the low bits
-    const float f = x - (t - kExp2Round);                                      // x - round(x)
-    const float two_j = __int_as_float(__float_as_int(t) << kFloatMantissaBits);   // 2^round(x)
-    return fmaf(fmaf(fmaf(kExp2Poly3, f, kExp2Poly2), f, kExp2Poly1), f, kExp2Poly0) * two_j;
 }
 
 // float(x) for |x| < 2^22, exactly, in an integer add and a float add (both full rate; a conversion

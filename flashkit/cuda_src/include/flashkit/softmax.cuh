@@ -29,19 +29,7 @@ struct UnitP {
     static constexpr float kLog2 = 0.f;
 };
 
-// Where the exponentials of P run: a lane's entry i (0 .. 2 kNTiles - 1) of a row on the FMA pipe (poly_exp2) when
-// i % 8 < kFmaOf8, else on the MUFU pipe (ex2.approx). kFmaOf8 = 0 (every exponential on the MUFU pipe) serves the
-// kernels whose products outlast their exponentials; a kernel whose exponentials take as long as its products
-// (e4m3 at hd128, 16-bit at hd64 on Hopper) moves part of them to the FMA pipe (launch key poly_exp2).
-template <int kFmaOf8 = 0>
-struct Exp2Split {
-    static_assert(kFmaOf8 >= 0 && kFmaOf8 <= 8, "0 to 8 of every 8 exponentials on the FMA pipe");
-    __device__ __forceinline__ static float at(float x, int i) {
-        return i % 8 < kFmaOf8 ? poly_exp2(x) : fast_exp2(x);
-    }
-};
-
-template <int kMTiles, class PScale = UnitP, class Exp2 = Exp2Split<> >
+template <int kMTiles, class PScale = UnitP>
 struct OnlineSoftmax {
     static constexpr int kRowsPerTile = 2;   // rows g and g + 8 of each 16-row tile
     float row_max[kMTiles][kRowsPerTile];   // m: running max of the raw scores
@@ -138,7 +126,7 @@ struct OnlineSoftmax {
 #pragma unroll
                     for (int e = 0; e < 2; ++e) {
                         float& x = s[mi][ni][2 * h + e];
-                        x = Exp2::at(fmaf(x, c[mi][h], -bias), 2 * ni + e);
+                        x = fast_exp2(fmaf(x, c[mi][h], -bias));
                         sum[ni % kChains] += x;
                     }
 #pragma unroll
@@ -175,7 +163,7 @@ struct OnlineSoftmax {
 #pragma unroll
             for (int e = 0; e < 2; ++e) {
                 float& x = s[mi][ni][2 * h + e];
-                x = Exp2::at(fmaf(x, mult, -bias), 2 * ni + e);
+                x = fast_exp2(fmaf(x, mult, -bias));
                 chain[ni % kChains] += x;
             }
         float sum = chain[0];

@@ -46,7 +46,7 @@ struct WsMainloop {
     float next_ks[kScaleParts];        // the scales of the tile whose softmax comes next
     float next_v_ratio[kScaleParts];
     float next_v_ref;
-    Softmax<1, hopper::KernelExp2> softmax;
+    Softmax<1> softmax;
 
     __device__ __forceinline__ WsMainloop(const Mask& mask_, const Params& p, int head, int batch, u32 smem,
                                           int consumer, int tile_row0)

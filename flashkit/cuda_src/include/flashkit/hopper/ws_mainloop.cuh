@@ -81,13 +81,6 @@ struct TurnsOf<false, kConsumers> {
     typedef FreeIssue type;
 };
 
-// How many of every 8 exponentials of P the consumers run on the FMA pipe (launch key poly_exp2, softmax.cuh's
-// Exp2Split): where the exponentials keep the MUFU pipe as busy as the products keep the tensor cores.
-#ifndef FLASHKIT_POLY_EXP2
-#define FLASHKIT_POLY_EXP2 0
-#endif
-typedef Exp2Split<FLASHKIT_POLY_EXP2> KernelExp2;
-
 template <class Kt, class Mask, class ScoreMod = NoScoreMod>
 struct WsMainloop {
     typedef typename Kt::Element Element;
@@ -106,7 +99,7 @@ struct WsMainloop {
     float s[1][Kt::kNTiles][4];        // S_i, then its P (floats)
     u32 p_frag[Kt::kPVSteps][4];       // 16-bit P of the tile being multiplied (wgmma A operand)
     float alpha[1][2];                 // what O owes before its next product
-    OnlineSoftmax<1, UnitP, KernelExp2> softmax;
+    OnlineSoftmax<1> softmax;
 
     // (tile_row0: the tile's first query row within the sequence; the fp8 loop's row scales need it.)
     __device__ __forceinline__ WsMainloop(const Mask& mask_, const Params& p, int head, int batch, u32 smem,
