@@ -14,14 +14,17 @@ launch: {grid: tiles, persistent: 1, defer_pv_wait: 1, block_m: 128, block_n: 12
 # registers of two consumers. hd96 runs 192 x 112 tiles on three consumers (6% faster at 8k than 128 x 128), and
 # 128 x 128 on two with a window, ALiBi or a functor (three consumers spill). Causal calls of up to 2048 query rows run
 # 128 x 128 on two persistent consumers at hd64 and hd96 (22% / 30% faster at 1k: short causal rows are mostly
-# diagonal tiles, and the persistent loop hides each tile's prologue and epilogue). Three consumers, hd256 and
+# diagonal tiles, and the persistent loop hides each tile's prologue and epilogue; at hd64 three stages, 1-2% faster
+# there), and so do non-causal hd64 calls of up to 1024 rows (192-row tiles leave a third of 1024 rows' last tile
+# idle: 12% faster at 512, 2% at 1k; slower from 2k). Three consumers, hd256 and
 # drop-in functors run one tile a CTA: the persistent loop's state does not fit beside their main loops (spills). A consumer waits for each P V at the top of its next visit
 # (defer_pv_wait, ws_mainloop.cuh): measured 3-15% faster at hd96/128/192 on two consumers, 1-3% slower at
 # hd64/256; not for packed sequences at hd128 (ptxas spills).
 overrides: {"hd64": {block_m: 192, warps: 16, persistent: 0, defer_pv_wait: 0}, "hd64/softcap": {block_m: 128, warps: 12},
             "hd64/alibi": {block_m: 128, warps: 12}, "hd64/score_mod": {block_m: 128, warps: 12},
             "hd64/mask_mod": {block_m: 128, warps: 12},
-            "hd64/causal/seqlen_q<=2048": {block_m: 128, warps: 12, persistent: 1, defer_pv_wait: 1},
+            "hd64/seqlen_q<=1024": {block_m: 128, warps: 12, persistent: 1, defer_pv_wait: 1},
+            "hd64/causal/seqlen_q<=2048": {block_m: 128, warps: 12, persistent: 1, defer_pv_wait: 1, stages: 3},
             "hd96": {block_m: 192, block_n: 112, warps: 16, persistent: 0, defer_pv_wait: 0},
             "hd96/causal/seqlen_q<=2048": &hd96_narrow {block_m: 128, block_n: 128, warps: 12, persistent: 1, defer_pv_wait: 1},
             "hd96/window": *hd96_narrow, "hd96/alibi": *hd96_narrow,
