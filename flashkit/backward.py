@@ -19,7 +19,7 @@ from .runtime.launch import POINTER_FIELDS, LaunchInputs, PreparedLaunch, prepar
 from .runtime.params import merge_fields
 from .call.validate import Problem, check_device, check_flag, check_on_gpu, check_variant, validate_inputs
 from .features.mods import Mods, launch_fields as mod_launch_fields, mods_of
-from .features.varlen import check_values, kernel_fields, validate_varlen
+from .features.varlen import VARLEN_FIELDS, check_values, kernel_fields, offsets_pointers, validate_varlen
 
 LSE_DTYPE = "float32"
 BWD_POINTERS = ("bwd.dout", "bwd.dq", "bwd.dk", "bwd.dv")   # per call beside POINTER_FIELDS: dout and the gradients
@@ -124,6 +124,15 @@ class _CachedBackward:
         return grads
 
 
+class _CachedVarlenBackward(_CachedBackward):
+    """A cached signature of attention_varlen_backward(): its checked call, against which a later call's offsets
+    are checked (their values are not in the key); the offsets' addresses are per-call pointers."""
+
+    def __init__(self, prepared: PreparedLaunch, shapes: tuple, storage, call):
+        super().__init__(prepared, shapes, storage)
+        self.call = call
+
+
 def _run_dense(prepared: PreparedLaunch, inputs: tuple, grads: tuple, extra: tuple[int, ...] = ()) -> None:
     """A dense backward's PreparedLaunch on inputs = (q, k, v, dout, out, lse) and grads = (dq, dk, dv): their
     addresses (BWD_POINTERS) and extra (the slopes') put in, on the current stream with its workspace."""
@@ -169,6 +178,13 @@ def attention_varlen_backward(dout: Any, q: Any, k: Any, v: Any, out: Any, lse: 
     """
     causal, deterministic = check_flag(causal, "causal"), check_flag(deterministic, "deterministic")
     check_indices = check_flag(check_indices, "check_indices")
+    key = _varlen_backward_key(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                               causal, softmax_scale, deterministic, variant, window_size, softcap, attention_chunk,
+                               alibi_slopes)
+    if key is not None and (cached := CALLS.get(key)) is not None:   # validated and selected before (as the forward)
+        if check_indices:
+            check_values(cached.call, cu_seqlens_q, cu_seqlens_k)
+        return cached(dout, q, k, v, out, lse, offsets_pointers(cu_seqlens_q, cu_seqlens_k, alibi_slopes))
     check_variant(variant)
     q_meta, k_meta, v_meta = describe(q, "q"), describe(k, "k"), describe(v, "v")
     call = validate_varlen(q_meta, k_meta, v_meta, describe(cu_seqlens_q, "cu_seqlens_q"),
@@ -198,10 +214,30 @@ def attention_varlen_backward(dout: Any, q: Any, k: Any, v: Any, out: Any, lse: 
     qc, kc, vc, doc, oc = (_aligned(to_cupy(x, n))[None] for x, n in
                            ((q, "q"), (k, "k"), (v, "v"), (dout, "dout"), (out, "out")))
     lsec = cupy.ascontiguousarray(to_cupy(lse, "lse"))
-    _launch_backward(spec, cc, problem, causal, deterministic, (qc, kc, vc, doc, oc, lsec),
-                     (dq[None], dk[None], dv[None]), mods=mods, alibi_slopes=alibi_slopes, varlen=True,
-                     extras=kernel_fields(cu_q, cu_k, call.total_q))
+    prepared = _launch_backward(spec, cc, problem, causal, deterministic, (qc, kc, vc, doc, oc, lsec),
+                                (dq[None], dk[None], dv[None]), mods=mods, alibi_slopes=alibi_slopes, varlen=True,
+                                extras=kernel_fields(cu_q, cu_k, call.total_q))
+    # Cached where the launch read the call's own arrays (no alignment copy, no contiguous LSE copy).
+    if key is not None and prepared is not None and all(
+            a.data.ptr == b.data.ptr for a, b in zip((qc, kc, vc, doc, oc, lsec), (q, k, v, dout, out, lse))):
+        CALLS.put(key, _CachedVarlenBackward(prepared, (dq.shape, dk.shape, dv.shape), storage, call))
     return dq, dk, dv
+
+
+def _varlen_backward_key(dout, q, k, v, out, lse, cu_q, cu_k, max_seqlen_q, max_seqlen_k, causal, softmax_scale,
+                         deterministic, variant, window_size, softcap, attention_chunk, alibi_slopes) -> tuple | None:
+    """The signature of an attention_varlen_backward() call on CuPy arrays (as _backward_key's, with the offsets'
+    signatures and the longest lengths); None for the full path."""
+    arrays = arrays_signature(dout, q, k, v, out, lse, cu_q, cu_k, alibi_slopes)
+    if arrays is None or None in arrays[:8]:
+        return None
+    window = window_signature(window_size)
+    context = context_signature()
+    if window is UNKEYED or context is None:
+        return None
+    return ("attention_varlen_backward", arrays, type(max_seqlen_q), max_seqlen_q, type(max_seqlen_k), max_seqlen_k,
+            causal, deterministic, type(softmax_scale), softmax_scale, variant, window, type(softcap), softcap,
+            type(attention_chunk), attention_chunk, context)
 
 
 def _launch_backward(spec, cc, problem: Problem, causal: bool, deterministic: bool, inputs: tuple, grads: tuple,
@@ -214,8 +250,9 @@ def _launch_backward(spec, cc, problem: Problem, causal: bool, deterministic: bo
     A modified call with a negative softmax_scale runs as the forward does (features/mods.kernel_fields: raw
     scores of -q at |scale|): on -q, and dq negated back.
 
-    Returns the dense call's PreparedLaunch (dout, the gradients and the slopes as its per-call pointers:
-    BWD_POINTERS, ALIBI_FIELDS), for the call cache; None for a call that cannot repeat it (negated, listed)."""
+    Returns the dense call's PreparedLaunch (dout, the gradients, a packed call's offsets and the slopes as its
+    per-call pointers: BWD_POINTERS, VARLEN_FIELDS, ALIBI_FIELDS), for the call cache; None for a call that cannot
+    repeat it (negated, listed)."""
     qc, kc, vc, doc, oc, lsec = inputs
     dq, dk, dv = grads
     negate = bool(mods.features) and problem.softmax_scale < 0
@@ -240,10 +277,11 @@ def _launch_backward(spec, cc, problem: Problem, causal: bool, deterministic: bo
         prepare_launch(spec, _build(spec, config, cc, functor), config, problem, io)(io.q, io.k, io.v, io.out, io.lse)
         prepared = None
     else:
-        prepared = prepare_launch(spec, build_module(spec, config, cc), config, problem, io,
-                                  BWD_POINTERS + (ALIBI_FIELDS if mods.alibi else ()))
+        variable = BWD_POINTERS + (VARLEN_FIELDS if varlen else ()) + (ALIBI_FIELDS if mods.alibi else ())
+        prepared = prepare_launch(spec, build_module(spec, config, cc), config, problem, io, variable)
+        offsets = (extras["varlen"]["cu_seqlens_q"], extras["varlen"]["cu_seqlens_k"]) if varlen else ()
         slopes = (keep[0].data.ptr,) if mods.alibi else ()   # launch_fields' view of alibi_slopes
-        _run_dense(prepared, (qc, kc, vc, doc, oc, lsec), grads, slopes)
+        _run_dense(prepared, (qc, kc, vc, doc, oc, lsec), grads, offsets + slopes)
     if negate:
         dq *= -1
         return None

@@ -15,8 +15,9 @@ about twice as much on autograd's backward thread.
 The entries live in the call cache itself, so whatever empties it (a rediscovery of the kernels, clear_loaded)
 empties these too.
 
-Packed calls keep the full path (varlen has no call cache), but the one synchronizing read of their offsets'
-values is skipped for a cu_seqlens pair that was checked before and has not changed since (offsets_checked).
+Packed calls go through CuPy views into attention_varlen's own call cache (a signature seen before skips validation
+and selection), not through this direct path; and the one synchronizing read of their offsets' values is skipped
+for a cu_seqlens pair that was checked before and has not changed since (offsets_checked).
 """
 
 from __future__ import annotations

@@ -1,21 +1,25 @@
 """attention_varlen: flash-attn's flash_attn_varlen_func layout on the flash kernels (fa3, fa2, causal).
 
 Sequences of different lengths, packed back to back, in one launch: no padding, no loop. Every argument is
-checked before anything is compiled or launched (features/varlen.py).
+checked before anything is compiled or launched (features/varlen.py). A signature seen before (the arrays'
+metadata, the longest lengths, flags and modifications) takes the call cache's path, as attention() does: only the
+offsets' values are checked again (unless check_indices=False), then the launch at the call's addresses.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from .api import _aligned, _output, request_for, run
+from .api import ALIBI_FIELDS, _aligned, _output, request_for, run
 from .call.arrays import describe, to_cupy
 from .call.validate import check_flag, check_variant
 from .features.mods import launch_fields as mod_launch_fields
 from .features.mods import mods_of
-from .features.varlen import check_values, kernel_fields, validate_varlen
+from .features.varlen import VARLEN_FIELDS, check_values, kernel_fields, offsets_pointers, validate_varlen
 from .registry import discover_kernels, select_kernel
 from .registry.select import check_head_dim_v
+from .runtime.call_cache import (CALLS, UNKEYED, CachedLaunch, arrays_signature, context_signature,
+                                 window_signature)
 from .runtime.device import cupy_module, device_info
 from .runtime.launch import LaunchInputs
 
@@ -41,6 +45,12 @@ def attention_varlen(q: Any, k: Any, v: Any, cu_seqlens_q: Any, cu_seqlens_k: An
     """
     causal, return_lse = check_flag(causal, "causal"), check_flag(return_lse, "return_lse")
     check_indices = check_flag(check_indices, "check_indices")
+    key = _varlen_key(q, k, v, out, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, softmax_scale,
+                      return_lse, window_size, softcap, alibi_slopes, attention_chunk, variant)
+    if key is not None and (cached := CALLS.get(key)) is not None:   # this signature validated and selected before
+        if check_indices:
+            check_values(cached.call, cu_seqlens_q, cu_seqlens_k)
+        return cached.launch(q, k, v, out, offsets_pointers(cu_seqlens_q, cu_seqlens_k, alibi_slopes))
     check_variant(variant)
     q_meta = describe(q, "q")
     call = validate_varlen(q_meta, describe(k, "k"), describe(v, "v"), describe(cu_seqlens_q, "cu_seqlens_q"),
@@ -68,7 +78,38 @@ def attention_varlen(q: Any, k: Any, v: Any, cu_seqlens_q: Any, cu_seqlens_k: An
     qc, kc, vc = (_aligned(to_cupy(x, n))[None] for x, n in ((q, "q"), (k, "k"), (v, "v")))
     keep: list = []   # device arrays the launch reads, alive until it is queued
     extras = {**kernel_fields(cu_q, cu_k, call.total_q), **mod_launch_fields(mods, problem, alibi_slopes, keep)}
-    run(sel.chosen, problem, causal, LaunchInputs(qc, kc, vc, out_arr[None], lse, extras),
-        mods=mods.features + ("varlen",))
+    variable = VARLEN_FIELDS + (ALIBI_FIELDS if mods.alibi else ())
+    prepared = run(sel.chosen, problem, causal, LaunchInputs(qc, kc, vc, out_arr[None], lse, extras),
+                   mods=mods.features + ("varlen",), variable=variable)
+    # Cached where the launch read the call's own arrays: no aligned copy of q, k, v, no negated scale.
+    if (key is not None and problem.softmax_scale > 0
+            and all(a.data.ptr == b.data.ptr for a, b in ((qc, q), (kc, k), (vc, v)))):
+        CALLS.put(key, _CachedVarlen(prepared, out_arr.shape, out_arr.dtype, lse.shape if return_lse else None,
+                                     call))
     return (out_arr, lse) if return_lse else out_arr
+
+
+class _CachedVarlen(CachedLaunch):
+    """A cached signature of attention_varlen(): its checked call, against which a later call's offsets are
+    checked (their values are not in the key)."""
+
+    def __init__(self, prepared, out_shape: tuple, out_storage, lse_shape: tuple | None, call):
+        super().__init__(prepared, out_shape, out_storage, lse_shape)
+        self.call = call
+
+
+def _varlen_key(q, k, v, out, cu_q, cu_k, max_seqlen_q, max_seqlen_k, causal, softmax_scale, return_lse,
+                window_size, softcap, alibi_slopes, attention_chunk, variant) -> tuple | None:
+    """The signature of an attention_varlen() call on CuPy arrays (one flat tuple), or None for the full path.
+    Scalars go in with their types (True == 1 == 1.0)."""
+    arrays = arrays_signature(q, k, v, out, cu_q, cu_k, alibi_slopes)
+    if arrays is None or arrays[0] is None or arrays[4] is None or arrays[5] is None:
+        return None
+    window = window_signature(window_size)
+    context = context_signature()
+    if window is UNKEYED or context is None:
+        return None
+    return ("attention_varlen", arrays, type(max_seqlen_q), max_seqlen_q, type(max_seqlen_k), max_seqlen_k, causal,
+            return_lse, type(softmax_scale), softmax_scale, variant, window, type(softcap), softcap,
+            type(attention_chunk), attention_chunk, context)
 

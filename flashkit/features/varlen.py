@@ -91,6 +91,14 @@ def check_values(call: VarlenCall, cu_q: Any, cu_k: Any) -> None:
             raise InputError(f"{which}: expected >= the longest sequence ({int(lengths.max())}), got {longest}")
 
 
+VARLEN_FIELDS = ("varlen.cu_seqlens_q", "varlen.cu_seqlens_k")   # a cached call's per-call addresses (kernel_fields)
+
+
+def offsets_pointers(cu_q: Any, cu_k: Any, alibi_slopes: Any = None) -> tuple[int, ...]:
+    """The addresses a cached packed call puts in: VARLEN_FIELDS', then the slopes' (api.ALIBI_FIELDS) if any."""
+    return (cu_q.data.ptr, cu_k.data.ptr) + ((alibi_slopes.data.ptr,) if alibi_slopes is not None else ())
+
+
 def kernel_fields(cu_q: Any, cu_k: Any, total_q: int) -> dict:
     """Params.varlen and the (heads, total_q) LSE's strides."""
     return {"varlen": {"cu_seqlens_q": cu_q.data.ptr, "cu_seqlens_k": cu_k.data.ptr},

@@ -17,7 +17,7 @@ from contextlib import contextmanager
 import ml_dtypes
 import numpy as np
 
-from flashkit import api, backward, kvcache
+from flashkit import api, backward, kvcache, varlen
 from flashkit.runtime import build, call_cache
 from flashkit.runtime import launch as launch_mod
 from flashkit.runtime.device import DeviceInfo
@@ -111,7 +111,7 @@ def install(setattr_) -> None:
     """The fake H100's functions in place of the device's (allocation: see installed)."""
     call_cache.invalidate()
     Recorder.launches, Recorder.count = [], 0
-    for mod in (api, launch_mod, kvcache, backward):
+    for mod in (api, launch_mod, kvcache, backward, varlen):
         setattr_(mod, "device_info", lambda *a: H100)
 
     def fake_build(spec, config, cc):   # a mask_mod build's tile classifier too (build.AUX_ENTRIES)

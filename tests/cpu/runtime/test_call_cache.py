@@ -528,3 +528,123 @@ def test_a_functor_key_holds_its_scalars_and_array_signatures(fake_gpu, counted)
     assert counted == {"validate": 4, "select": 4}       # the same signature once, another alignment apart
     with pytest.raises(InputError, match="doc_ids"):      # a bad argument beside a cached signature still raises
         flashkit.attention(q, k, v, mod="document", mod_args={"doc_ids": fake((1, 255), np.int32)})
+
+
+# ---- attention_varlen ----------------------------------------------------------------------------
+
+@pytest.fixture
+def counted_varlen(monkeypatch):
+    """How often attention_varlen's validation and selection ran."""
+    import flashkit.varlen as varlen
+    counts = {"validate": 0, "select": 0}
+    monkeypatch.setattr(varlen, "validate_varlen", counting(counts, "validate", varlen.validate_varlen))
+    monkeypatch.setattr(varlen, "select_kernel", counting(counts, "select", varlen.select_kernel))
+    return counts
+
+
+def varlen_inputs(total=600, batch=3, heads=4, kv_heads=2, d=128):
+    return (fake((total, heads, d)), fake((total, kv_heads, d)), fake((total, kv_heads, d)),
+            fake((batch + 1,), np.int32), fake((batch + 1,), np.int32))
+
+
+@pytest.mark.parametrize("kw", [{}, {"causal": True, "return_lse": True}, {"alibi_slopes": True},
+                                {"window_size": (64, 0), "softcap": 10.0}])
+def test_varlen_calls_are_cached_and_put_each_calls_offsets_in(fake_gpu, counted_varlen, kw):
+    """A packed call's signature is cached like attention()'s: a later call with other offsets (and slopes) of the
+    same signature takes the cached path (no validation, no selection) and launches what the full path builds for
+    them, bit for bit but for the fresh LSE and workspace."""
+    q, k, v, *_ = varlen_inputs()
+    out = fake(q.shape)
+    if kw.get("alibi_slopes"):
+        kw = dict(kw, alibi_slopes=None)
+    calls = [varlen_inputs()[3:] + ((fake((4,), np.float32),) if "alibi_slopes" in kw else (None,))
+             for _ in range(2)]
+
+    def call(cu_q, cu_k, slopes):
+        return flashkit.attention_varlen(q, k, v, cu_q, cu_k, 300, 320, out=out, check_indices=False,
+                                         **dict(kw, **({"alibi_slopes": slopes} if slopes is not None else {})))
+    call(*calls[0])
+    Recorder.launches = []
+    second = call(*calls[1])
+    assert counted_varlen == {"validate": 1, "select": 1}
+    assert (second[0] if kw.get("return_lse") else second) is out
+    cached = list(Recorder.launches)
+    call_cache.CALLS.clear()
+    call_cache.CALLS.max_entries = 0     # the full path for the same offsets
+    try:
+        Recorder.launches = []
+        call(*calls[1])
+    finally:
+        call_cache.CALLS.max_entries = call_cache.MAX_ENTRIES
+    assert counted_varlen == {"validate": 2, "select": 2}
+    unfresh = lambda p: p[:32] + p[48:]  # noqa: E731   (the lse and workspace words)
+    assert [(n, g, b, unfresh(p), m) for n, g, b, p, m in cached] == \
+        [(n, g, b, unfresh(p), m) for n, g, b, p, m in Recorder.launches]
+
+
+def test_a_varlen_key_holds_every_argument_that_selects_or_shapes_the_launch(fake_gpu):
+    import flashkit.varlen as varlen
+    q, k, v, cu_q, cu_k = varlen_inputs()
+    args = dict(q=q, k=k, v=v, out=None, cu_q=cu_q, cu_k=cu_k, max_seqlen_q=300, max_seqlen_k=320, causal=False,
+                softmax_scale=None, return_lse=False, window_size=None, softcap=0.0, alibi_slopes=None,
+                attention_chunk=0, variant=None)
+    key = lambda **kw: varlen._varlen_key(**dict(args, **kw))  # noqa: E731
+    keys = [key(), key(max_seqlen_q=301), key(max_seqlen_k=321), key(causal=True), key(return_lse=True),
+            key(softmax_scale=0.1), key(window_size=(8, 0)), key(softcap=5.0), key(attention_chunk=64),
+            key(alibi_slopes=fake((4,), np.float32)), key(variant="fa2"), key(cu_q=fake((5,), np.int32),
+                                                                             cu_k=fake((5,), np.int32)),
+            key(out=fake(q.shape)), key(q=fake((601, 4, 128)))]
+    assert len(set(keys)) == len(keys)
+    assert key(cu_q=fake((4,), np.int32)) == key()               # the offsets' values are checked per call
+    assert key(max_seqlen_q=True) != key(max_seqlen_q=1)
+    assert key(cu_q=np.zeros(4, np.int32)) is None               # only CuPy arrays are keyed
+
+
+def test_varlen_bad_input_next_to_a_cached_signature_still_raises(fake_gpu, counted_varlen):
+    q, k, v, cu_q, cu_k = varlen_inputs()
+    flashkit.attention_varlen(q, k, v, cu_q, cu_k, 300, 320, check_indices=False)
+    with pytest.raises(InputError, match="cu_seqlens_k: expected dtype int32"):
+        flashkit.attention_varlen(q, k, v, cu_q, fake((4,), np.int64), 300, 320, check_indices=False)
+    with pytest.raises(InputError, match="max_seqlen_q: expected an int >= 0"):
+        flashkit.attention_varlen(q, k, v, cu_q, cu_k, -1, 320, check_indices=False)
+    with pytest.raises(InputError, match="check_indices: expected True or False"):
+        flashkit.attention_varlen(q, k, v, cu_q, cu_k, 300, 320, check_indices=1)
+
+
+@pytest.mark.parametrize("kw", [{}, {"causal": True, "deterministic": True}, {"alibi_slopes": True}])
+def test_varlen_backward_calls_are_cached_and_put_each_calls_offsets_in(fake_gpu, monkeypatch, kw):
+    """attention_varlen_backward's signature likewise: a later call with other offsets (and slopes) launches what
+    the full path builds for them, bit for bit."""
+    from flashkit import backward as bwd
+    counts = {"validate": 0}
+    monkeypatch.setattr(bwd, "validate_varlen", counting(counts, "validate", bwd.validate_varlen))
+    q, k, v, *_ = varlen_inputs()
+    dout, out, lse = fake(q.shape), fake(q.shape), fake((4, 600), np.float32)
+    slopes = [fake((4,), np.float32) if kw.get("alibi_slopes") else None for _ in range(2)]
+    kw = {n: x for n, x in kw.items() if n != "alibi_slopes"}
+    offsets = [varlen_inputs()[3:] for _ in range(2)]
+
+    def call(i):
+        return flashkit.attention_varlen_backward(dout, q, k, v, out, lse, *offsets[i], 300, 320, check_indices=False,
+                                                  alibi_slopes=slopes[i], **kw)
+    call(0)
+    Recorder.launches = []
+    grads = call(1)
+    assert counts == {"validate": 1} and [g.shape for g in grads] == [q.shape, k.shape, v.shape]
+    cached = list(Recorder.launches)
+    call_cache.CALLS.clear()
+    call_cache.CALLS.max_entries = 0
+    try:
+        Recorder.launches = []
+        full = call(1)
+    finally:
+        call_cache.CALLS.max_entries = call_cache.MAX_ENTRIES
+    assert counts == {"validate": 2}
+    # the same launches but for the fresh gradients' and workspace's addresses
+    from flashkit.runtime.params import flat_fields
+    offs = {n: o for n, _, o in flat_fields()}
+    fresh = sorted([offs["workspace"]] + [offs[f"bwd.{g}"] for g in ("dq", "dk", "dv")])
+    strip = lambda p: b"".join(p[a + 8:b] for a, b in zip([-8] + fresh, fresh + [len(p)]))  # noqa: E731
+    assert [(n, g, b, strip(p), m) for n, g, b, p, m in cached] == \
+        [(n, g, b, strip(p), m) for n, g, b, p, m in Recorder.launches]
+    assert len(full) == 3
