@@ -132,3 +132,33 @@ def test_workspaces_on_two_streams_are_apart(cp):
     for a, b in got:
         np.testing.assert_array_equal(_bits(a), _bits(want1))
         np.testing.assert_array_equal(_bits(b), _bits(want2))
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_varlen_repeat_is_bit_identical_with_new_offsets(cp, causal):
+    """attention_varlen and its backward on the cached path with other offsets of the same signature: the same bits
+    as the full path given those offsets (the cache emptied), and other bits than the first offsets gave; a
+    bad offset beside a cached signature is still refused (check_indices)."""
+    import numpy as np
+    from flashkit.errors import InputError
+    total, seq = 1200, 600
+    q, k, v = (x[0] for x in _qkv(cp, (1, total, 8, 128), (1, total, 2, 128)))
+    dout = _qkv(cp, (1, total, 8, 128), seed=1)[0][0]
+    offsets = [cp.asarray(o, dtype=cp.int32) for o in ([0, 600, 1200], [0, 100, 1200], [0, 600, 1200])]
+
+    def run(cu):
+        out, lse = flashkit.attention_varlen(q, k, v, cu, cu, seq + 500, seq + 500, causal=causal, return_lse=True)
+        grads = flashkit.attention_varlen_backward(dout, q, k, v, out, lse, cu, cu, seq + 500, seq + 500,
+                                                   causal=causal, deterministic=True)
+        return [_bits(x) for x in (out, lse, *grads)]
+    runs = [run(cu) for cu in offsets]
+    call_cache.invalidate()
+    fresh = run(offsets[1])
+    for a, b in zip(runs[1], fresh):
+        np.testing.assert_array_equal(a, b)
+    for a, b in zip(runs[0], runs[2]):
+        np.testing.assert_array_equal(a, b)
+    assert not np.array_equal(runs[0][0], runs[1][0])
+    with pytest.raises(InputError, match="cu_seqlens_q: expected non-decreasing offsets"):
+        flashkit.attention_varlen(q, k, v, cp.asarray([0, 1250, 1200], dtype=cp.int32), offsets[0], seq + 500,
+                                  seq + 500, causal=causal, return_lse=True)
