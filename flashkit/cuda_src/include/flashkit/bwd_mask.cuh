@@ -8,7 +8,7 @@
 //                      and, with a chunk c, floor((i + off) / c) == floor(j / c) (causal arrives as right = 0)
 // Rows past seqlen_q need no mask (their lse2 is +inf: P = 0), nor keys past seqlen_k (zero K and V rows,
 // their dK and dV never stored).
-// Selection at compile time: BwdMaskOf<FLASHKIT_WINDOW, FLASHKIT_CAUSAL>::type.
+// Selection at compile time: BwdMaskOf<FLASHKIT_WINDOW, FLASHKIT_CAUSAL[, takes a chunk]>::type.
 #pragma once
 
 #include "flashkit/bwd_passes.cuh"
@@ -39,22 +39,26 @@ struct BwdKeyRows {
     int lo[2], hi[2];
 };
 
-struct BwdLocal : LocalWindow {
+// kChunk = false: a kernel that takes no attention_chunk (fa3_bwd: its manifest declares none, so a call with one
+// runs elsewhere), whose intervals need no division by the chunk (the dQ writers' deterministic turn, at the
+// producer warpgroup's 24 registers, spilled 16-48 B with it).
+template <bool kChunk = true>
+struct BwdLocalMask : LocalWindow {
     static constexpr bool kCausal = false;
     static constexpr bool kLocal = true;
     static constexpr bool kListed = false;
-    __device__ __forceinline__ explicit BwdLocal(const Params& p_) : LocalWindow(p_) {}
+    __device__ __forceinline__ explicit BwdLocalMask(const Params& p_) : LocalWindow(p_) {}
 
     __device__ __forceinline__ int query_begin(int j) const {
         const int off = p.seqlen_k - p.seqlen_q;
         int lo = j - off - p.mods.window_right;
-        if (p.mods.chunk > 0) lo = max(lo, j / p.mods.chunk * p.mods.chunk - off);   // j >= 0
+        if (kChunk && p.mods.chunk > 0) lo = max(lo, j / p.mods.chunk * p.mods.chunk - off);   // j >= 0
         return max(lo, 0);
     }
     __device__ __forceinline__ int query_end(int j) const {
         const int off = p.seqlen_k - p.seqlen_q;
         int hi = j - off + p.mods.window_left + 1;
-        if (p.mods.chunk > 0) hi = min(hi, j / p.mods.chunk * p.mods.chunk + p.mods.chunk - off);
+        if (kChunk && p.mods.chunk > 0) hi = min(hi, j / p.mods.chunk * p.mods.chunk + p.mods.chunk - off);
         return min(hi, p.seqlen_q);
     }
     __device__ __forceinline__ int m_begin(int n0, int block_m) const { return query_begin(n0) / block_m; }
@@ -63,7 +67,10 @@ struct BwdLocal : LocalWindow {
     }
     // The first key block seeing a query of the block at m0: the one holding key_begin(m0) (the smallest key
     // whose queries reach m0); every block from it to the CTA's visits that query block.
-    __device__ __forceinline__ int first_n_block(int m0, int block_n) const { return key_begin(m0) / block_n; }
+    __device__ __forceinline__ int first_n_block(int m0, int block_n) const {
+        if constexpr (kChunk) return key_begin(m0) / block_n;
+        return max(0, m0 + p.seqlen_k - p.seqlen_q - p.mods.window_left) / block_n;
+    }
 
     // Without a chunk, key j is seen by query i iff key_minus_query_min() <= j - i <= key_minus_query_max():
     // uniform limits on a difference (the fa3_bwd consumers' one-register form; chunks go to fa2_bwd).
@@ -139,13 +146,16 @@ __device__ __forceinline__ int dq_turn(const Mask& mask, int m_block, int n_bloc
     return n_block - mask.first_n_block(m_block * kBlockM, kBlockN);
 }
 
-template <bool kLocal, bool kCausal>
+typedef BwdLocalMask<> BwdLocal;
+
+// kChunk: whether the kernel takes attention_chunk (BwdLocalMask).
+template <bool kLocal, bool kCausal, bool kChunk = true>
 struct BwdMaskOf {
     typedef BwdDense<kCausal> type;
 };
-template <bool kCausal>
-struct BwdMaskOf<true, kCausal> {
-    typedef BwdLocal type;
+template <bool kCausal, bool kChunk>
+struct BwdMaskOf<true, kCausal, kChunk> {
+    typedef BwdLocalMask<kChunk> type;
 };
 
 }  // namespace flashkit

@@ -30,8 +30,10 @@ __device__ __forceinline__ void bwd_write_dq(const Params& p, const BwdCta<Kt>& 
     const int c = cta.tid / kWarpSize - Kt::kDqWriterWarp0;
     const bool lane0 = cta.tid % kWarpSize == 0;
     BwdVisit visit = visits.at(0);
+    // Counted down (one register for the loop, at the producer warpgroup's 24: with a count up to visits.total, the
+    // causal window builds spilled the walk's bound)
 #pragma unroll 1
-    for (int i = 0; i < visits.total; visits.advance(visit, ++i)) {
+    for (int left = visits.total; left > 0; visits.advance(visit, visits.total - --left)) {
         named_sync(kBwdDqFullBarrier + c, Kt::kDqHandshake);
         if (lane0) {
             const index_t ws_row = ws.row0(p, batch, visit.head) + visit.m_block * Kt::kBlockM;
@@ -44,7 +46,7 @@ __device__ __forceinline__ void bwd_write_dq(const Params& p, const BwdCta<Kt>& 
             else bulk_wait_read();                              // the panel may be written again
         }
         __syncwarp();
-        if (i + 1 < visits.total) named_arrive(kBwdDqEmptyBarrier + c, Kt::kDqHandshake);
+        if (left > 1) named_arrive(kBwdDqEmptyBarrier + c, Kt::kDqHandshake);
     }
     if (lane0) bulk_wait();   // the last reduction complete before the CTA ends
 }

@@ -112,7 +112,7 @@ struct BwdWsTraits {
     // split by keys) 6% slower causal, so there the consumers issue them. Not beside visit lists (a block mask, a
     // mask_mod): with the writers in its region, the loading thread's walk of the lists spilled 8-16 B at 24 registers;
     // nor with a window (the writer's deterministic turn, the window's first key block, spilled 16 B there).
-    static constexpr bool kDqWriter = kDqBulk && !kDqSplitKeys && !kListedVisits && !FLASHKIT_WINDOW;
+    static constexpr bool kDqWriter = kDqBulk && !kDqSplitKeys && !kListedVisits;
     static constexpr int kDqWriterWarp0 = 1;   // consumer c's writer: warp kDqWriterWarp0 + c of the producer warpgroup
     static constexpr int kDqHandshake = gmma::kWarpgroupThreads + kWarpSize;   // a consumer and the writer warp
     // setmaxnreg budgets (multiples of 8), as the forward's: 24 + 2 x 240 or 24 + 3 x 160 a lane, within what the

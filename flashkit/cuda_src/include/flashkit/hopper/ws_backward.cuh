@@ -34,10 +34,13 @@ __device__ __forceinline__ void bwd_consume(const Params& p, const BwdCta<Kt>& c
 template <class Kt, class Mask, class Mod>
 __device__ __forceinline__ void ws_backward(const Params& p, const BackwardMaps& maps, int n_block, int kv_head,
                                             int batch) {
+    typedef BwdVisits<Kt::kBlockM, Kt::kBlockN, Mask> Visits;
     BwdCta<Kt> cta(ws_smem_base());
-    const BwdVisits<Kt::kBlockM, Kt::kBlockN, Mask> visits(p, n_block, kv_head, batch);
+    // Each role forms the visits after its setmaxnreg (formed before, a window build's first query block was spilled
+    // across the branch)
     if (cta.producer()) {
         release_registers<Kt::kProducerRegs>();
+        const Visits visits(p, n_block, kv_head, batch);
         if (cta.dq_writer()) {
             if constexpr (Kt::kDqWriter) bwd_write_dq<Kt, Mask>(p, cta, visits, n_block, batch);
         } else if (cta.issuer()) {
@@ -48,6 +51,7 @@ __device__ __forceinline__ void ws_backward(const Params& p, const BackwardMaps&
         return;
     }
     claim_registers<Kt::kConsumerRegs>();
+    const Visits visits(p, n_block, kv_head, batch);
     if constexpr (Kt::kSplitColumns) bwd_consume<BwdColumnConsumer<Kt, Mask, Mod> >(p, cta, visits, n_block, kv_head, batch);
     else bwd_consume<BwdConsumer<Kt, Mask, Mod> >(p, cta, visits, n_block, kv_head, batch);
 }
