@@ -18,6 +18,7 @@ from flashkit.runtime.device import device_info
 SHAPE = (2, 77, 4, 2)   # batch, seqlen (odd, crosses no tile evenly), heads, kv heads (GQA 2:1)
 DECODE_ROWS = 3         # query rows for the variants that only serve decode-sized calls
 PREFIX = 20             # prefix_lm's bidirectional prefix: tiles of every state at SHAPE's lengths
+WINDOW = (24, 8)        # window_size (left, right): visits cut on both sides at SHAPE's lengths
 
 
 def inputs(head_dim: int, dtype: str, seed: int, rows: int = SHAPE[1]):
@@ -60,6 +61,13 @@ def main(names: list[str]) -> None:
                 q, k, v = inputs(head_dim, spec.dtypes[0], 1)
                 out, lse = attention(q, k, v, causal=causal, return_lse=True)
                 attention_backward(cp.ones_like(out), q, k, v, out, lse, causal=causal, variant=spec.name)
+                if spec.supports("window"):   # the dQ writers beside a window, in both orders; ALiBi's own blocks
+                    slopes = cp.linspace(0.1, 1.0, SHAPE[2], dtype=cp.float32)
+                    for kw in (dict(window_size=WINDOW), dict(alibi_slopes=slopes)):
+                        out, lse = attention(q, k, v, causal=causal, return_lse=True, **kw)
+                        for deterministic in (False, True):
+                            attention_backward(cp.ones_like(out), q, k, v, out, lse, causal=causal,
+                                               deterministic=deterministic, variant=spec.name, **kw)
                 if spec.supports("mask_mod"):   # partial visits: the producer warpgroup's keep bits (bwd_keep.cuh)
                     kw = dict(causal=causal, mod="prefix_lm", mod_args={"prefix": PREFIX})
                     out, lse = attention(q, k, v, return_lse=True, **kw)
