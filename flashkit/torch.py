@@ -27,6 +27,7 @@ from .backward import attention_backward as _attention_backward
 from .backward import cached_backward
 from .backward import attention_varlen_backward as _attention_varlen_backward
 from .backward import head_dim_v_unsupported
+from .features.mods import op_mod_args  # noqa: F401 (the ops' trailing arguments; the compat layer reads it here)
 from .torch_views import (_VIEWED_DTYPES, _as_torch, _on_torch_stream_and_allocator,  # noqa: F401
                           cupy_views, tensor_view)  # (re-exported: the compat layer and tests import them from here)
 from .varlen import attention_varlen as _attention_varlen
@@ -299,15 +300,6 @@ def attention_varlen_with_lse(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
     """The packed (out, lse), as attention_with_lse."""
     return _dispatch(attention_varlen_fwd, _EagerVarlenAttention, _PACKED, q, k, v, cu_seqlens_q, cu_seqlens_k,
                      max_seqlen_q, max_seqlen_k, causal, softmax_scale, deterministic, *mods)
-
-
-def op_mod_args(window_size: tuple[int, int] | None = None, softcap: float = 0.0,
-             alibi_slopes: torch.Tensor | None = None, attention_chunk: int = 0) -> tuple:
-    """flashkit's modification keywords as the ops' trailing arguments (window (-1, -1): none; a window that is
-    no pair of ints, or a bad chunk, is named by the forward's checks)."""
-    from .features.mods import check_chunk, check_softcap, check_window
-    left, right = check_window(window_size)
-    return left, right, check_softcap(softcap), alibi_slopes, check_chunk(attention_chunk)
 
 
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool = False,

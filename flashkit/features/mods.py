@@ -175,3 +175,10 @@ def kernel_fields(mods: Mods, problem: Problem, slopes: Any = None) -> dict:
             fields.update(alibi_batch_stride=slopes.strides[0] // item, alibi_head_stride=slopes.strides[1] // item)
         fields["alibi_slopes"] = slopes.data.ptr
     return {"mods": fields}
+
+def op_mod_args(window_size: tuple[int, int] | None = None, softcap: float = 0.0, alibi_slopes: Any = None,
+                attention_chunk: int = 0) -> tuple:
+    """flashkit's modification keywords as the flat trailing arguments of flashkit.torch's ops (window (-1, -1):
+    none; a window that is no pair of ints, or a bad chunk, is named by the forward's checks)."""
+    left, right = check_window(window_size)
+    return left, right, check_softcap(softcap), alibi_slopes, check_chunk(attention_chunk)
