@@ -22,8 +22,8 @@ from .api import attention as _attention
 from .backward import attention_backward as _attention_backward
 from .errors import InputError
 from .features.mask_handles import NO_MASK, handle_of, lookup
-from .features.mods import op_mod_args
 from .features.mod_mask import ModMask
+from .features.mods import op_mod_args
 from .torch_views import _as_torch, _on_torch_stream_and_allocator, cupy_views, tensor_view
 
 

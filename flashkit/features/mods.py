@@ -176,6 +176,7 @@ def kernel_fields(mods: Mods, problem: Problem, slopes: Any = None) -> dict:
         fields["alibi_slopes"] = slopes.data.ptr
     return {"mods": fields}
 
+
 def op_mod_args(window_size: tuple[int, int] | None = None, softcap: float = 0.0, alibi_slopes: Any = None,
                 attention_chunk: int = 0) -> tuple:
     """flashkit's modification keywords as the flat trailing arguments of flashkit.torch's ops (window (-1, -1):

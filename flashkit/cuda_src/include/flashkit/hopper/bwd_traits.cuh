@@ -110,8 +110,9 @@ struct BwdWsTraits {
     // consumers arrive on a barrier rather than synchronize their warpgroup and wait for their thread 0's issue.
     // Measured (BENCHMARKS.md) 4-11% faster at hd128 (two consumers, dQ split by columns); at hd64 (three consumers
     // split by keys) 6% slower causal, so there the consumers issue them. Not beside visit lists (a block mask, a
-    // mask_mod): with the writers in its region, the loading thread's walk of the lists spilled 8-16 B at 24 registers;
-    // nor with a window (the writer's deterministic turn, the window's first key block, spilled 16 B there).
+    // mask_mod): with the writers in its region, the loading thread's walk of the lists spilled 8-16 B at 24 registers.
+    // With a window, the writer's deterministic turn takes the window's first key block without a chunk's division
+    // (bwd_mask.cuh's BwdLocalMask<false>).
     static constexpr bool kDqWriter = kDqBulk && !kDqSplitKeys && !kListedVisits;
     static constexpr int kDqWriterWarp0 = 1;   // consumer c's writer: warp kDqWriterWarp0 + c of the producer warpgroup
     static constexpr int kDqHandshake = gmma::kWarpgroupThreads + kWarpSize;   // a consumer and the writer warp
