@@ -44,6 +44,7 @@ struct FunctorScoreMod {
     const Params& p;
     int head, batch;
     static constexpr bool kUnitGrad = false;
+    static constexpr bool kIndexed = true;
     __device__ __forceinline__ FunctorScoreMod(const Params& p_, int head_, int batch_)
         : p(p_), head(head_), batch(batch_) {}
     // The backward's form (query `row`, key `col`, any of them past the sequences: clamped).

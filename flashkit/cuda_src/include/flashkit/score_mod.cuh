@@ -16,6 +16,8 @@
 // The backward (raw_score_grad) needs d mod(s) / ds at each element, from the modified score m that it reads
 // back from P (m = (log2 P + lse2) / (scale log2 e)): `grad(m, row, col)`, 1 wherever kUnitGrad; and
 // `unapply(m, row, col)`, the score before a modification that is not the first (ALiBi after softcap).
+// kIndexed: the modification reads each score's query and key index (ALiBi's distance, a functor's arguments),
+// which the kernels with little register room to spare take into account (hopper/bwd_traits.cuh).
 #pragma once
 
 #include "flashkit/numeric.cuh"
@@ -53,6 +55,7 @@ __device__ __forceinline__ float fast_tanh(float x) {
 
 struct NoScoreMod {
     static constexpr bool kUnitGrad = true;
+    static constexpr bool kIndexed = false;
     __device__ __forceinline__ NoScoreMod(const Params&, int, int) {}
     __device__ __forceinline__ float score(float s, int, int, float) const { return s; }
     __device__ __forceinline__ float grad(float, int, int) const { return 1.f; }
@@ -63,6 +66,7 @@ struct NoScoreMod {
 // d/ds: m = softcap_out tanh(softcap_in s) has slope softcap_out softcap_in (1 - tanh^2) = 1 - (m softcap_in)^2.
 struct Softcap {
     static constexpr bool kUnitGrad = false;
+    static constexpr bool kIndexed = false;
     const Params& p;
     __device__ __forceinline__ Softcap(const Params& p_, int, int) : p(p_) {}
     __device__ __forceinline__ float score(float s, int, int, float) const {
@@ -91,6 +95,7 @@ struct Alibi {
     // A bias: slope 1 in s. (The distance from the integer difference: the backward's elements differ in the
     // query, and one int add per element holds fewer registers than a float per query.)
     static constexpr bool kUnitGrad = true;
+    static constexpr bool kIndexed = true;
     __device__ __forceinline__ float grad(float, int, int) const { return 1.f; }
     __device__ __forceinline__ float unapply(float m, int row, int col) const {
         return fmaf(slope, fabsf(index_float(row + p.seqlen_k - p.seqlen_q - col)), m);
@@ -112,6 +117,7 @@ struct ComposeMods {
     }
     // Chain rule: a's slope at b's input (m with b undone), times b's.
     static constexpr bool kUnitGrad = A::kUnitGrad && B::kUnitGrad;
+    static constexpr bool kIndexed = A::kIndexed || B::kIndexed;
     __device__ __forceinline__ float grad(float m, int row, int col) const {
         return a.grad(b.unapply(m, row, col), row, col) * b.grad(m, row, col);
     }

@@ -120,6 +120,8 @@ struct BwdConsumer : BwdConsumerBase<Kt, Mask> {
         gmma::wait<1>();   // dP^T landed; dV still running
         gmma::fence_accumulators(dp);
         const float* dsum = ws.dsum + ws_row;
+        constexpr bool kDsInRegisters = Kt::template ds_in_registers<Mod>();
+        u32 ds[kDsInRegisters ? Kt::kQSteps : 1][4];   // dS^T as dK's A fragments (pt's layout), kDsInRegisters
 #pragma unroll
         for (int kk = 0; kk < Kt::kQSteps; ++kk)
 #pragma unroll
@@ -127,10 +129,12 @@ struct BwdConsumer : BwdConsumerBase<Kt, Mask> {
                 const int ni = 2 * kk + j;
                 const float2 d = this->query_pair(dsum, ni);
 #pragma unroll
-                for (int h = 0; h < 2; ++h)   // dS^T = P^T (dP^T - dsum), to the shared dS^T tile
-                    st_shared_b32(this->pair_address(ds_tile, k_row0 + warp_row, ni, h),
-                                  this->ds_pair(mod, pt[kk][2 * j + h], dp[ni][2 * h], dp[ni][2 * h + 1], d, ws_row,
-                                                m0, h, ni));
+                for (int h = 0; h < 2; ++h) {   // dS^T = P^T (dP^T - dsum), to the shared dS^T tile
+                    const u32 pair = this->ds_pair(mod, pt[kk][2 * j + h], dp[ni][2 * h], dp[ni][2 * h + 1], d,
+                                                   ws_row, m0, h, ni);
+                    st_shared_b32(this->pair_address(ds_tile, k_row0 + warp_row, ni, h), pair);
+                    if constexpr (kDsInRegisters) ds[kk][2 * j + h] = pair;
+                }
             }
 
         gmma::fence_proxy_async();   // the dS^T stores (generic proxy), before wgmma (async proxy) reads them
@@ -153,9 +157,13 @@ struct BwdConsumer : BwdConsumerBase<Kt, Mask> {
         gmma::commit();
         // dK after dQ, so that dQ's adds run under it (measured 1-7% faster than dK before the barrier)
 #pragma unroll
-        for (int kk = 0; kk < Kt::kQSteps; ++kk)   // dK += dS^T Q (dS^T from its tile, Q read MN-major)
-            gmma::MmaBT<Element, kD>::ss(acc_dk, DsTile::desc(ds_tile, k_row0, kk * gmma::kKBytes),
-                                         QTile::desc_mn_major(q_tile, kk * Kt::kStepElems), 1);
+        for (int kk = 0; kk < Kt::kQSteps; ++kk) {   // dK += dS^T Q (dS^T from registers or its tile, Q MN-major)
+            if constexpr (kDsInRegisters)
+                gmma::MmaBT<Element, kD>::rs(acc_dk, ds[kk], QTile::desc_mn_major(q_tile, kk * Kt::kStepElems), 1);
+            else
+                gmma::MmaBT<Element, kD>::ss(acc_dk, DsTile::desc(ds_tile, k_row0, kk * gmma::kKBytes),
+                                             QTile::desc_mn_major(q_tile, kk * Kt::kStepElems), 1);
+        }
         gmma::commit();
         gmma::wait<1>();   // dV, dQ done; dK still running
         gmma::fence_accumulators(dq);

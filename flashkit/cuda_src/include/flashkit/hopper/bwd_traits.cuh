@@ -100,6 +100,14 @@ struct BwdWsTraits {
     static constexpr int kDqCols = kDqSplitKeys ? kHeadDim : kHeadDim / kConsumers;   // dQ columns a consumer
     static constexpr int kDqTiles = kDqCols / kMmaN;
     static constexpr int kDqKeySteps = (kDqSplitKeys ? kConsumerKeys : kBlockN) / kStepElems;   // dQ's k-steps
+    // dK += dS^T Q with dS^T from the consumer's registers (wgmma's A from registers) where the consumers split the
+    // keys (hd64: its m64n64 products read both operands from shared memory, which bounds them; 1.02-1.08x), else
+    // from its shared tile (16 registers fewer at the visit's peak, where hd128 causal spilled). Not on three
+    // consumers of 160 registers beside a modification that reads each score's indices (ALiBi spilled 8-32 B).
+    template <class Mod>
+    __host__ __device__ static constexpr bool ds_in_registers() {
+        return kDqSplitKeys && !(Mod::kIndexed && kConsumers > 2);
+    }
     static constexpr int kPanelElems = kTmaPanelBytes / kElemBytes;   // a TMA box's head-dim extent; N of a dQ product
     static constexpr int kDqPanels = kDqCols / kPanelElems;           // dQ products a k-step
     // How dQ reaches dq_accum (DqLayout's order): split by keys, a consumer's 64 x 64 fp32 partial goes
