@@ -16,7 +16,8 @@
 //                                           transposed, B = the K tile; consumer c takes head-dim
 //                                           columns [64 c, 64 c + 64) (hd128), or at hd64 every column
 //                                           over its own 64 keys, dQ_c = dS[:, keys_c] K[keys_c, :]
-//   dK  += dS^T Q                           ss: dS^T from its shared tile (the consumer's rows), Q read
+//   dK  += dS^T Q                           ss: dS^T from its shared tile (the consumer's rows; rs from
+//                                           registers at hd64: below), Q read
 //                                           MN-major; issued after dQ, so that
 //   dq_accum += dQ                          runs under it: the consumer's dQ to its shared fp32 panel in
 //                                           dq_accum's order (Kt::DqLayout), then one bulk reduction
@@ -24,8 +25,9 @@
 //                                           (hd128: Kt::kDqWriter, bwd_dq_writer.cuh; the consumer arrives
 //                                           after dK's wait) or by its thread 0 (hd64); in key-block
 //                                           order when p.bwd.deterministic (bwd_passes.cuh's semaphores)
-// dK from shared memory rather than from dS^T fragments in registers: measured as fast within 1-3% (and
-// faster at hd128 causal 8k), and 16 registers fewer at the visit's peak, where hd128 causal spilled.
+// dK's dS^T: at hd128 from its shared tile (as fast as from registers within 1-3%, faster at hd128 causal 8k, and
+// 16 registers fewer at the visit's peak, where hd128 causal spilled); at hd64 from the registers that stored it
+// (Kt::ds_in_registers: its m64n64 products are bound by shared memory; 1.02-1.08x).
 // At the end: dK *= scale; dK, dV stored (16-bit) for the consumer's keys < seqlen_k.
 // Ordering of the dS^T buffers: a consumer writes buffer i % 2 in visit i after visit i - 1's barrier,
 // which every consumer that reads its rows (itself at hd64, the other at hd128) passed only after its
