@@ -226,18 +226,15 @@ def attention_varlen_backward(dout: Any, q: Any, k: Any, v: Any, out: Any, lse: 
 
 def _varlen_backward_key(dout, q, k, v, out, lse, cu_q, cu_k, max_seqlen_q, max_seqlen_k, causal, softmax_scale,
                          deterministic, variant, window_size, softcap, attention_chunk, alibi_slopes) -> tuple | None:
-    """The signature of an attention_varlen_backward() call on CuPy arrays (as _backward_key's, with the offsets'
-    signatures and the longest lengths); None for the full path."""
-    arrays = arrays_signature(dout, q, k, v, out, lse, cu_q, cu_k, alibi_slopes)
-    if arrays is None or None in arrays[:8]:
+    """The signature of an attention_varlen_backward() call on CuPy arrays: _backward_key's of the packed arrays
+    with the offsets' signatures and the longest lengths; None for the full path."""
+    offsets = arrays_signature(cu_q, cu_k)
+    if offsets is None or None in offsets:
         return None
-    window = window_signature(window_size)
-    context = context_signature()
-    if window is UNKEYED or context is None:
-        return None
-    return ("attention_varlen_backward", arrays, type(max_seqlen_q), max_seqlen_q, type(max_seqlen_k), max_seqlen_k,
-            causal, deterministic, type(softmax_scale), softmax_scale, variant, window, type(softcap), softcap,
-            type(attention_chunk), attention_chunk, context)
+    key = _backward_key(dout, q, k, v, out, lse, causal, softmax_scale, deterministic, variant, window_size, softcap,
+                        attention_chunk, alibi_slopes)
+    return None if key is None else ("attention_varlen_backward", key, offsets, type(max_seqlen_q), max_seqlen_q,
+                                     type(max_seqlen_k), max_seqlen_k)
 
 
 def _launch_backward(spec, cc, problem: Problem, causal: bool, deterministic: bool, inputs: tuple, grads: tuple,

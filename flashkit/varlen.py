@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .api import ALIBI_FIELDS, _aligned, _output, request_for, run
+from .api import ALIBI_FIELDS, _aligned, _forward_key, _output, request_for, run
 from .call.arrays import describe, to_cupy
 from .call.validate import check_flag, check_variant
 from .features.mods import launch_fields as mod_launch_fields
@@ -18,8 +18,7 @@ from .features.mods import mods_of
 from .features.varlen import VARLEN_FIELDS, check_values, kernel_fields, offsets_pointers, validate_varlen
 from .registry import discover_kernels, select_kernel
 from .registry.select import check_head_dim_v
-from .runtime.call_cache import (CALLS, UNKEYED, CachedLaunch, arrays_signature, context_signature,
-                                 window_signature)
+from .runtime.call_cache import CALLS, CachedLaunch, arrays_signature
 from .runtime.device import cupy_module, device_info
 from .runtime.launch import LaunchInputs
 
@@ -100,16 +99,12 @@ class _CachedVarlen(CachedLaunch):
 
 def _varlen_key(q, k, v, out, cu_q, cu_k, max_seqlen_q, max_seqlen_k, causal, softmax_scale, return_lse,
                 window_size, softcap, alibi_slopes, attention_chunk, variant) -> tuple | None:
-    """The signature of an attention_varlen() call on CuPy arrays (one flat tuple), or None for the full path.
-    Scalars go in with their types (True == 1 == 1.0)."""
-    arrays = arrays_signature(q, k, v, out, cu_q, cu_k, alibi_slopes)
-    if arrays is None or arrays[0] is None or arrays[4] is None or arrays[5] is None:
+    """The signature of an attention_varlen() call on CuPy arrays: api._forward_key's of the packed arrays with the
+    offsets' signatures and the longest lengths (scalars with their types); None for the full path."""
+    offsets = arrays_signature(cu_q, cu_k)
+    if offsets is None or None in offsets:
         return None
-    window = window_signature(window_size)
-    context = context_signature()
-    if window is UNKEYED or context is None:
-        return None
-    return ("attention_varlen", arrays, type(max_seqlen_q), max_seqlen_q, type(max_seqlen_k), max_seqlen_k, causal,
-            return_lse, type(softmax_scale), softmax_scale, variant, window, type(softcap), softcap,
-            type(attention_chunk), attention_chunk, context)
-
+    key = _forward_key(q, k, v, out, causal, softmax_scale, variant, return_lse, None, None, window_size, softcap,
+                       attention_chunk, alibi_slopes)
+    return None if key is None else ("attention_varlen", key, offsets, type(max_seqlen_q), max_seqlen_q,
+                                     type(max_seqlen_k), max_seqlen_k)
