@@ -17,7 +17,7 @@ workspace: dq_accum
 //              dq_accum and the semaphores zeroed (bwd_passes.cuh)
 //   main       grid (ceil(seqlen_k / block_n), kv_heads, batch): one CTA per key block holds dK, dV in
 //              registers while it walks the query blocks of its group's heads, recomputing P from the
-//              LSE; dQ through fp32 atomics (bwd_walk.cuh, bwd_mainloop.cuh)
+//              LSE; dQ through fp32 atomics (bwd_walk.cuh, bwd_mainloop.cuh, bwd_dq.cuh)
 //   convert_dq grid (ceil(seqlen_q / block_m), heads, batch): dQ = dq_accum in the input dtype
 // Causal (FLASHKIT_CAUSAL) skips the query blocks above the diagonal and masks the tiles crossing it; a window
 // or chunk (FLASHKIT_WINDOW) the query blocks outside it (bwd_mask.cuh); softcap and ALiBi (FLASHKIT_SOFTCAP,

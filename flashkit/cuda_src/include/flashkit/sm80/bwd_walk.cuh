@@ -6,6 +6,7 @@
 // sequence's); a key block that no query sees stores dK = dV = 0.
 #pragma once
 
+#include "flashkit/sm80/bwd_dq.cuh"
 #include "flashkit/sm80/bwd_mainloop.cuh"
 
 namespace flashkit {
