@@ -139,6 +139,20 @@ __device__ __forceinline__ void apply_score_mod_transposed(const ComposeMods<A, 
     apply_score_mod_transposed(mod.b, st, key0, query0);
 }
 
+// S^T = mod(S^T), and each element's slope d mod / ds held as f16 pairs (Mod::kHeldGrad: index-free, in [0, 1]):
+// slope[ni][h] = the slopes of st[ni][2h], st[ni][2h + 1] (pack_float2's order).
+template <class Mod, int kTiles>
+__device__ __forceinline__ void apply_score_mod_transposed(const Mod& mod, float (&st)[kTiles][4],
+                                                           u32 (&slope)[kTiles][2], int key0, int query0) {
+    static_assert(Mod::kHeldGrad, "the modification's slopes cannot be held (score_mod.cuh's kHeldGrad)");
+    apply_score_mod_transposed(mod, st, key0, query0);
+#pragma unroll
+    for (int ni = 0; ni < kTiles; ++ni)
+#pragma unroll
+        for (int h = 0; h < 2; ++h)
+            slope[ni][h] = pack_float2<half_t>(mod.grad(st[ni][2 * h], 0, 0), mod.grad(st[ni][2 * h + 1], 0, 0));
+}
+
 // How many key blocks add to query block m_block's dQ before block n_block (the deterministic order): every block
 // from the mask's first_n_block on (bwd_lists.cuh overloads it for listed visits).
 template <int kBlockM, int kBlockN, class Mask>

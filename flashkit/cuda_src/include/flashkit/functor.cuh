@@ -45,6 +45,7 @@ struct FunctorScoreMod {
     int head, batch;
     static constexpr bool kUnitGrad = false;
     static constexpr bool kIndexed = true;
+    static constexpr bool kHeldGrad = false;   // a file's slope may exceed f16's range and read the indices
     __device__ __forceinline__ FunctorScoreMod(const Params& p_, int head_, int batch_)
         : p(p_), head(head_), batch(batch_) {}
     // The backward's form (query `row`, key `col`, any of them past the sequences: clamped).

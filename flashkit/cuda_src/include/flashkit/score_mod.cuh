@@ -18,6 +18,9 @@
 // `unapply(m, row, col)`, the score before a modification that is not the first (ALiBi after softcap).
 // kIndexed: the modification reads each score's query and key index (ALiBi's distance, a functor's arguments),
 // which the kernels with little register room to spare take into account (hopper/bwd_traits.cuh).
+// kHeldGrad: grad(m) reads m alone and lies in [0, 1] (softcap's 1 - tanh^2), so a backward may take
+// each slope where it recomputes the score and hold it to dS as half of an f16 pair (bwd_mask.cuh's
+// apply_score_mod_transposed with slopes), in place of reading m back from P (a log2 and the LSE's reload).
 #pragma once
 
 #include "flashkit/numeric.cuh"
@@ -56,6 +59,7 @@ __device__ __forceinline__ float fast_tanh(float x) {
 struct NoScoreMod {
     static constexpr bool kUnitGrad = true;
     static constexpr bool kIndexed = false;
+    static constexpr bool kHeldGrad = true;
     __device__ __forceinline__ NoScoreMod(const Params&, int, int) {}
     __device__ __forceinline__ float score(float s, int, int, float) const { return s; }
     __device__ __forceinline__ float grad(float, int, int) const { return 1.f; }
@@ -67,6 +71,7 @@ struct NoScoreMod {
 struct Softcap {
     static constexpr bool kUnitGrad = false;
     static constexpr bool kIndexed = false;
+    static constexpr bool kHeldGrad = true;
     const Params& p;
     __device__ __forceinline__ Softcap(const Params& p_, int, int) : p(p_) {}
     __device__ __forceinline__ float score(float s, int, int, float) const {
@@ -96,6 +101,7 @@ struct Alibi {
     // query, and one int add per element holds fewer registers than a float per query.)
     static constexpr bool kUnitGrad = true;
     static constexpr bool kIndexed = true;
+    static constexpr bool kHeldGrad = true;
     __device__ __forceinline__ float grad(float, int, int) const { return 1.f; }
     __device__ __forceinline__ float unapply(float m, int row, int col) const {
         return fmaf(slope, fabsf(index_float(row + p.seqlen_k - p.seqlen_q - col)), m);
@@ -118,6 +124,7 @@ struct ComposeMods {
     // Chain rule: a's slope at b's input (m with b undone), times b's.
     static constexpr bool kUnitGrad = A::kUnitGrad && B::kUnitGrad;
     static constexpr bool kIndexed = A::kIndexed || B::kIndexed;
+    static constexpr bool kHeldGrad = false;   // A's slope at B's input reads B's indices (unapply)
     __device__ __forceinline__ float grad(float m, int row, int col) const {
         return a.grad(b.unapply(m, row, col), row, col) * b.grad(m, row, col);
     }

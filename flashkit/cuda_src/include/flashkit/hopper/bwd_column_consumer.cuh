@@ -71,7 +71,12 @@ struct BwdColumnConsumer : BwdConsumerBase<Kt, Mask> {
         gmma::wait<1>();   // S^T landed; dP^T still running
         gmma::fence_accumulators(s);
         const Mod mod(p, head, batch);
-        this->modify_scores(mod, s, m0);
+        constexpr bool kHeld = Kt::template holds_slopes<Mod>();   // softcap's slopes, from the recompute to dS
+        u32 slope[kHeld ? Kt::kQTiles : 1][2];
+        if constexpr (kHeld)
+            this->modify_scores(mod, s, slope, m0);
+        else
+            this->modify_scores(mod, s, m0);
         const u32 keep = this->staged_keep(cta, slot, at.partial);   // a mask_mod's element mask
         const int over = this->causal_over(m0);
         const int diff = this->key_minus_query(m0);
@@ -99,7 +104,8 @@ struct BwdColumnConsumer : BwdConsumerBase<Kt, Mask> {
 #pragma unroll
             for (int h = 0; h < 2; ++h)   // dS^T = P^T (dP^T - dsum), P^T as rounded (bwd_consumer.cuh)
                 store_pair(ds_tile, h, ni,
-                           this->ds_pair(mod, pt[ni][h], dp[ni][2 * h], dp[ni][2 * h + 1], d, ws_row, m0, h, ni));
+                           this->ds_pair(mod, pt[ni][h], dp[ni][2 * h], dp[ni][2 * h + 1], d, ws_row, m0, h, ni,
+                                         kHeld ? slope[kHeld ? ni : 0][h] : 0u));
         }
         gmma::fence_proxy_async();   // the P^T, dS^T stores (generic proxy), before wgmma (async proxy) reads them
         named_sync(kBwdDsReadyBarrier, Kt::kConsumerThreads);   // both halves of P^T and dS^T in the tiles

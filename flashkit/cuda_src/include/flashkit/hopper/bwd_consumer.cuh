@@ -83,7 +83,8 @@ struct BwdConsumer : BwdConsumerBase<Kt, Mask> {
         // a functor's score_mod_grad) and the unstaged builds read the workspace's row under the products, as before
         // (with the staged row ptxas spilled 20 B in fp16 hd128 relative_bias). dsum: from the workspace (its loads
         // issue under the products; staged it measured 2-5% slower).
-        constexpr bool kStaged = Kt::kStagedRows && Mod::kUnitGrad;
+        constexpr bool kHeld = Kt::template holds_slopes<Mod>();   // softcap's slopes, from the recompute to dS
+        constexpr bool kStaged = Kt::kStagedRows && (Mod::kUnitGrad || kHeld);
         float2 lse2_early[Kt::kQTiles];
         if constexpr (!kStaged) {
 #pragma unroll
@@ -96,7 +97,11 @@ struct BwdConsumer : BwdConsumerBase<Kt, Mask> {
         gmma::wait<1>();   // S^T landed; dP^T still running
         gmma::fence_accumulators(s);
         const Mod mod(p, head, batch);
-        this->modify_scores(mod, s, m0);
+        u32 slope[kHeld ? Kt::kQTiles : 1][2];   // kHeld: d mod / ds of S^T's elements, f16 pairs (ds_pair's)
+        if constexpr (kHeld)
+            this->modify_scores(mod, s, slope, m0);
+        else
+            this->modify_scores(mod, s, m0);
         const u32 keep = this->staged_keep(cta, slot, at.partial);   // a mask_mod's element mask
         const int over = this->causal_over(m0);
         const int diff = this->key_minus_query(m0);
@@ -133,7 +138,7 @@ struct BwdConsumer : BwdConsumerBase<Kt, Mask> {
 #pragma unroll
                 for (int h = 0; h < 2; ++h) {   // dS^T = P^T (dP^T - dsum), to the shared dS^T tile
                     const u32 pair = this->ds_pair(mod, pt[kk][2 * j + h], dp[ni][2 * h], dp[ni][2 * h + 1], d,
-                                                   ws_row, m0, h, ni);
+                                                   ws_row, m0, h, ni, kHeld ? slope[kHeld ? ni : 0][h] : 0u);
                     st_shared_b32(this->pair_address(ds_tile, k_row0 + warp_row, ni, h), pair);
                     if constexpr (kDsInRegisters) ds[kk][2 * j + h] = pair;
                 }

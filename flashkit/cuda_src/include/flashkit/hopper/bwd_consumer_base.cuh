@@ -120,6 +120,13 @@ struct BwdConsumerBase {
     }
     // Nothing to do (not even the fresh read: the unmodified builds' code stays as it was).
     __device__ __forceinline__ void modify_scores(const NoScoreMod&, float (&)[Kt::kQTiles][4], int) const {}
+    // The same, with each element's slope held to dS (Kt::holds_slopes<Mod>: ds_pair's slope_pair).
+    template <class Mod>
+    __device__ __forceinline__ void modify_scores(const Mod& mod, float (&s)[Kt::kQTiles][4],
+                                                  u32 (&slope)[Kt::kQTiles][2], int m0) const {
+        const FreshPlace at;
+        apply_score_mod_transposed(mod, s, slope, key0 + at.row, m0 + s_query0() + at.col2);
+    }
 
     // A mask_mod's element mask of a partial visit (FLASHKIT_MASK_MOD), as bits: bit kKeepRowBits h + 2 ni + c keeps
     // key row warp_row + 8 h, query s_query0() + 8 ni + col2 + c of the visit at m0. Without mask warps
@@ -180,15 +187,21 @@ struct BwdConsumerBase {
     }
 
     // dS^T = P^T (dP^T - dsum) of the thread's pair of row half h, column tile ni (P^T as rounded: pt_pair), times
-    // the modification's slope where it is not 1 (softcap; lse2 re-read from the workspace, ws_row: the visit's);
+    // the modification's slope where it is not 1: held from the recompute (Kt::holds_slopes<Mod>: slope_pair, f16),
+    // or from m read back from P (a functor's score_mod_grad; lse2 re-read from the workspace, ws_row: the visit's);
     // packed to 16 bits.
     template <class Mod>
     __device__ __forceinline__ u32 ds_pair(const Mod& mod, u32 pt_pair, float dp0, float dp1, float2 dsum,
-                                           index_t ws_row, int m0, int h, int ni) const {
+                                           index_t ws_row, int m0, int h, int ni, u32 slope_pair) const {
         float p0, p1;
         unpack_float2<Element>(pt_pair, p0, p1);
         float ds0 = p0 * (dp0 - dsum.x), ds1 = p1 * (dp1 - dsum.y);
-        if constexpr (!Mod::kUnitGrad) {
+        if constexpr (Kt::template holds_slopes<Mod>()) {   // P^T = 0 (masked) gives dS^T = 0: the slope is finite
+            float g0, g1;
+            unpack_float2<half_t>(slope_pair, g0, g1);
+            ds0 *= g0;
+            ds1 *= g1;
+        } else if constexpr (!Mod::kUnitGrad) {
             const float2 l = query_pair(ws.lse2 + ws_row, ni);
             const FreshPlace at;
             const int query = m0 + s_query0() + at.col2 + ni * kMmaN;

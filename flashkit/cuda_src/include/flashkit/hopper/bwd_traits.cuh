@@ -108,6 +108,15 @@ struct BwdWsTraits {
     __host__ __device__ static constexpr bool ds_in_registers() {
         return kDqSplitKeys && !(Mod::kIndexed && kConsumers > 2);
     }
+    // A modification's slopes on dS (softcap's 1 - tanh^2) taken at the recompute and held to dS as f16 pairs (16
+    // registers at 64 queries), rather than read back from P with a log2 and the LSE row re-read (score_mod.cuh's
+    // kHeldGrad); 1.17-1.19x at hd96 / hd128, 1.04-1.06x at hd192 / hd256. Not on three consumers of 160 registers
+    // (hd64 softcap spilled 72-176 B, 8-96 B with dK's dS^T from its tile), nor beside a modification that reads each
+    // score's indices (softcap with ALiBi spilled 40-48 B at hd128).
+    template <class Mod>
+    __host__ __device__ static constexpr bool holds_slopes() {
+        return !Mod::kUnitGrad && Mod::kHeldGrad && !Mod::kIndexed && kConsumers == 2;
+    }
     static constexpr int kPanelElems = kTmaPanelBytes / kElemBytes;   // a TMA box's head-dim extent; N of a dQ product
     static constexpr int kDqPanels = kDqCols / kPanelElems;           // dQ products a k-step
     // How dQ reaches dq_accum (DqLayout's order): split by keys, a consumer's 64 x 64 fp32 partial goes
