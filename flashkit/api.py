@@ -61,9 +61,11 @@ def attention(q: Any, k: Any, v: Any, *, causal: bool = False, softmax_scale: fl
     functor_key = snapshot = None
     if mod is not None or mod_args is not None:
         from .features.functors import functor_signature
-        from .features.mod_mask import unwrap_mod
+        from .features.mod_mask import named_tiles, unwrap_mod
         mod, mod_args, snapshot = unwrap_mod(mod, mod_args)   # a ModMask: its functor, arguments and tiles
         functor_key = functor_signature(mod, mod_args)
+        if snapshot is None:   # a scalar-argument mask_mod by name keeps its tiles under its signature
+            snapshot = named_tiles(mod, functor_key)
     key = _forward_key(q, k, v, out, causal, softmax_scale, variant, return_lse, block_mask, out_dtype, window_size,
                        softcap, attention_chunk, alibi_slopes, keyed_scales, functor_key) if (
         not fp8 and fp8_options is None and (functor_key is not None or (mod is None and mod_args is None))) else None
@@ -196,7 +198,7 @@ class _CachedFunctorForward(_CachedForward):
     def __call__(self, q, k, v, out, extra: tuple[int, ...], mod_args: dict | None, snapshot: Any = None):
         keep: list = []   # new tile buffers, alive until the launches are queued
         # the arguments' addresses and a mask_mod's tiles: classified here, before the attention, unless the
-        # snapshot (a ModMask) holds them
+        # snapshot (a ModMask, or a scalar-argument mask_mod's named_tiles) holds them
         extra = extra + self.functor.prepare(self.prepared.params, mod_args or {}, cupy_module(), keep, extra,
                                              snapshot)
         return self.launch(q, k, v, out, extra)

@@ -147,13 +147,13 @@ def _bind_backward_functor(mod: Any, mod_args: Any, problem: Problem, mods: Mods
     score_mod has no backward, and a block mask and a functor are not combined (the forward has no such kernel)."""
     if mod is None and mod_args is None:
         return None
-    from .features.functors import bind_functor, check_gradient
-    from .features.mod_mask import unwrap_mod
+    from .features.functors import bind_functor, check_gradient, functor_signature
+    from .features.mod_mask import named_tiles, unwrap_mod
     if mod is None:
         raise InputError("mod_args: given without mod (the functor they belong to)")
     mod, mod_args, snapshot = unwrap_mod(mod, mod_args)
     functor = bind_functor(mod, mod_args, problem, mods, device)
-    functor.snapshot = snapshot
+    functor.snapshot = snapshot if snapshot is not None else named_tiles(mod, functor_signature(mod, mod_args))
     check_gradient(functor.spec, "; mask_mod functors need none")
     if block_mask is not None:
         raise InputError("block_mask: cannot be combined with mod (fold the blocks into the functor's mask_mod)")

@@ -44,7 +44,7 @@ class BoundFunctor:
     values: dict[str, Any]                        # argument name -> int, float or the caller's array
     build_key: str                                # "<path>@<sha256>": BuildConfig.functor
     mods: Mods = Mods()                           # the call's built-in modifications (they shape the tiles)
-    snapshot: Any = None                          # a features/mod_mask.ModMask keeping classified tiles, or None
+    snapshot: Any = None                          # features/mod_mask.KeptTiles (a ModMask, named_tiles) or None
     keep: list = field(default_factory=list)      # device arrays alive until the launch is queued
     tiles: tuple = ()                             # tile_fields' (buffers, held by the snapshot)
     launch: "FunctorLaunch | None" = None         # set by api.run once built: what a cached call redoes

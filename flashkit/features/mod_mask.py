@@ -17,6 +17,10 @@ next calls classify again.
 
 The kept buffers are read by later launches on any stream: a launch on another stream than the classifying one
 first waits on the classification's event (an ordering of streams, no host wait).
+
+A mask_mod called by name whose arguments are all scalars (prefix_lm) has nothing that can change behind the call's
+back: its mask is a function of the indices and of scalars that are part of the call's signature. Such calls keep
+their classifications the same way, under that signature (`named_tiles`), a few signatures and geometries at most.
 """
 
 from __future__ import annotations
@@ -28,29 +32,17 @@ from ..errors import InputError
 from .mask_handles import register
 
 MAX_GEOMETRIES = 16   # kept classifications per mask (least recently used dropped first)
+NAMED_SIGNATURES = 8  # scalar-argument mask_mods by name: signatures kept (least recently used dropped first)
+NAMED_GEOMETRIES = 4  # and kernel geometries a signature (a forward and a backward, at two lengths)
 
 
-class ModMask:
-    """A mask_mod functor (docs/functors.md) with its arguments, for attention(..., mod=ModMask(...)) and
-    attention_backward(..., mod=...): its tile classification is computed on first use per kernel geometry and
-    reused, a snapshot of the arguments' contents (refresh() after changing them)."""
+class KeptTiles:
+    """Tile classifications (or backward visit lists) kept per kernel geometry key, each with the event that
+    ends its classifying launches; at most `limit`, the least recently used dropped first."""
 
-    def __init__(self, mod: str, mod_args: dict | None = None):
-        if not isinstance(mod, str):
-            raise InputError(f"mod: expected a functor name (str), got {type(mod).__name__}")
-        from ..registry import discover_kernels
-        spec = discover_kernels().get_mod(mod)
-        if not spec.mask:
-            raise InputError(f"mod: {mod!r} has no mask_mod, which a ModMask classifies; pass mod={mod!r} "
-                             "to attention() itself")
-        if mod_args is not None and not isinstance(mod_args, dict):
-            raise InputError(f"mod_args: expected a dict of {mod!r}'s arguments, got {type(mod_args).__name__}")
-        self.mod = mod
-        # CUDA arrays of other libraries (torch tensors) as CuPy views, once: a call on CuPy arrays takes the call
-        # cache's path, and the view keeps the tensor alive as long as the mask.
-        self.mod_args = {name: _device_view(value, name) for name, value in (mod_args or {}).items()}
+    def __init__(self, limit: int = MAX_GEOMETRIES):
+        self._limit = limit
         self._held: OrderedDict[tuple, tuple[Any, Any, int]] = OrderedDict()
-        self.handle = register(self)   # how a torch op names this mask (mask_handles.py)
 
     def refresh(self) -> None:
         """Forget every kept classification: the next call of each geometry classifies the arguments as they are
@@ -71,12 +63,35 @@ class ModMask:
         """Keep buffers, classified by launches just queued on the current stream, for later calls of key."""
         self._held[key] = (buffers, *mark_stream())
         self._held.move_to_end(key)
-        while len(self._held) > MAX_GEOMETRIES:
+        while len(self._held) > self._limit:
             self._held.popitem(last=False)
 
     def __len__(self) -> int:
         """How many kernel geometries hold a classification."""
         return len(self._held)
+
+
+class ModMask(KeptTiles):
+    """A mask_mod functor (docs/functors.md) with its arguments, for attention(..., mod=ModMask(...)) and
+    attention_backward(..., mod=...): its tile classification is computed on first use per kernel geometry and
+    reused, a snapshot of the arguments' contents (refresh() after changing them)."""
+
+    def __init__(self, mod: str, mod_args: dict | None = None):
+        if not isinstance(mod, str):
+            raise InputError(f"mod: expected a functor name (str), got {type(mod).__name__}")
+        from ..registry import discover_kernels
+        spec = discover_kernels().get_mod(mod)
+        if not spec.mask:
+            raise InputError(f"mod: {mod!r} has no mask_mod, which a ModMask classifies; pass mod={mod!r} "
+                             "to attention() itself")
+        if mod_args is not None and not isinstance(mod_args, dict):
+            raise InputError(f"mod_args: expected a dict of {mod!r}'s arguments, got {type(mod_args).__name__}")
+        self.mod = mod
+        # CUDA arrays of other libraries (torch tensors) as CuPy views, once: a call on CuPy arrays takes the call
+        # cache's path, and the view keeps the tensor alive as long as the mask.
+        self.mod_args = {name: _device_view(value, name) for name, value in (mod_args or {}).items()}
+        super().__init__()
+        self.handle = register(self)   # how a torch op names this mask (mask_handles.py)
 
     def __repr__(self) -> str:
         return f"ModMask({self.mod!r}, args={sorted(self.mod_args)}, {len(self._held)} classified)"
@@ -89,6 +104,28 @@ def unwrap_mod(mod: Any, mod_args: Any) -> tuple[Any, Any, ModMask | None]:
     if mod_args is not None:
         raise InputError("mod_args: a ModMask carries its arguments; pass mod=ModMask(name, mod_args) alone")
     return mod.mod, mod.mod_args, mod
+
+
+_NAMED: OrderedDict[tuple, KeptTiles] = OrderedDict()
+
+
+def named_tiles(mod: Any, signature: tuple | None) -> KeptTiles | None:
+    """The kept tiles of a mask_mod called by name whose arguments are all scalars, under its signature (the name,
+    the file's state, each scalar with its type: functors.functor_signature); None for any other call (an array
+    argument's contents may change between calls, so those classify every call)."""
+    if signature is None:
+        return None
+    from ..registry import discover_kernels
+    spec = discover_kernels().mods.get(mod)
+    if spec is None or not spec.mask or any(a.kind == "pointer" for a in spec.args):
+        return None
+    tiles = _NAMED.get(signature)
+    if tiles is None:
+        tiles = _NAMED[signature] = KeptTiles(NAMED_GEOMETRIES)
+        while len(_NAMED) > NAMED_SIGNATURES:
+            _NAMED.popitem(last=False)
+    _NAMED.move_to_end(signature)
+    return tiles
 
 
 def mark_stream() -> tuple[Any, int]:

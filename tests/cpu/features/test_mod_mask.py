@@ -115,3 +115,37 @@ def test_backward_lists_are_built_once_per_geometry(fake_gpu):
         assert _field(first[4][3], name) == _field(second[1][3], name) != 0
     forward = _launches(lambda: flashkit.attention(q, k, v, causal=True, mod=mask))
     assert [n for n, *_ in forward][:2] == CLASSIFY and len(mask) == 2   # the forward's tiles are its own
+
+
+def test_a_scalar_mask_by_name_keeps_its_tiles(fake_gpu, monkeypatch):
+    """prefix_lm takes scalars alone: by name, its tiles are classified once per signature and geometry (its
+    signature holds the scalars), forward and backward, on the cached and the full path."""
+    from collections import OrderedDict
+
+    from flashkit.runtime import call_cache
+    from ..runtime.fake_device import fake
+    from .test_bwd_lists import PASSES
+    monkeypatch.setattr(mod_mask, "_NAMED", OrderedDict())
+    b, s, h, d = 1, 256, 2, 64
+    q, k, v, dout, out = (fake((b, s, h, d)) for _ in range(5))
+    lse = fake((b, h, s), np.float32)
+    forward = lambda prefix: _launches(  # noqa: E731
+        lambda: flashkit.attention(q, k, v, mod="prefix_lm", mod_args={"prefix": prefix}))
+    assert [n for n, *_ in forward(64)] == CLASSIFY + ["flashkit_fa3_fwd"]
+    assert [n for n, *_ in forward(64)] == ["flashkit_fa3_fwd"]          # the cached path
+    call_cache.CALLS.clear()
+    assert [n for n, *_ in forward(64)] == ["flashkit_fa3_fwd"]          # the full path
+    assert [n for n, *_ in forward(65)] == CLASSIFY + ["flashkit_fa3_fwd"]   # another signature
+    backward = lambda: _launches(  # noqa: E731
+        lambda: flashkit.attention_backward(dout, q, k, v, out, lse, mod="prefix_lm", mod_args={"prefix": 64}))
+    assert [n for n, *_ in backward()] == LISTS + PASSES and [n for n, *_ in backward()] == PASSES
+    assert len(mod_mask._NAMED) == 2
+    for prefix in range(mod_mask.NAMED_SIGNATURES + 3):   # at most NAMED_SIGNATURES kept, the oldest dropped
+        forward(prefix)
+    assert len(mod_mask._NAMED) == mod_mask.NAMED_SIGNATURES
+    assert [n for n, *_ in forward(64)] == CLASSIFY + ["flashkit_fa3_fwd"]
+    # an array argument's contents may change: by name, such a functor classifies every call
+    ids = fake((b, s), np.int32)
+    document = lambda: _launches(  # noqa: E731
+        lambda: flashkit.attention(q, k, v, mod="document", mod_args={"doc_ids": ids}))
+    assert [n for n, *_ in document()] == CLASSIFY + ["flashkit_fa3_fwd"] == [n for n, *_ in document()]
