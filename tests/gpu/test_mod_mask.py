@@ -108,3 +108,25 @@ def test_a_call_on_another_stream_waits_for_the_classification():
             got = flashkit.attention(q, k, v, causal=True, mod=mask)
         other.synchronize()
         assert _same_bits(got, want), f"trial {trial}"
+
+
+def test_a_scalar_mask_by_name_classifies_once_and_follows_its_arguments(classified):
+    """prefix_lm by name keeps its tiles under the call's signature: a repeat classifies nothing and gives the same
+    bits as a ModMask; another prefix classifies anew and masks by its own prefix (the float64 reference)."""
+    import cupy as cp
+    import numpy as np
+    import flashkit
+    from flashkit.verify.reference import reference_attention
+    b, s, h, hd = 1, 700, 4, 64
+    q, k, v, _ = _inputs(b, s, h, h, hd, 5)
+    for prefix in (200, 333):
+        call = {"mod": "prefix_lm", "mod_args": {"prefix": prefix}}
+        before = len(classified)
+        outs = [flashkit.attention(q, k, v, **call) for _ in range(3)]
+        assert len(classified) - before == 1
+        assert all(_same_bits(o, outs[0]) for o in outs)
+        assert _same_bits(flashkit.attention(q, k, v, mod=flashkit.ModMask("prefix_lm", {"prefix": prefix})), outs[0])
+        rows, cols = np.arange(s)[:, None], np.arange(s)[None, :]
+        mask = cp.asarray((cols < prefix) | (cols <= rows))
+        ref, _ = reference_attention(q, k, v, scale=hd ** -0.5, mask=mask)
+        assert float(cp.abs(outs[0].astype(cp.float64) - cp.asarray(ref)).max()) < 2e-3
