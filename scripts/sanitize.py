@@ -19,6 +19,7 @@ SHAPE = (2, 77, 4, 2)   # batch, seqlen (odd, crosses no tile evenly), heads, kv
 DECODE_ROWS = 3         # query rows for the variants that only serve decode-sized calls
 PREFIX = 20             # prefix_lm's bidirectional prefix: tiles of every state at SHAPE's lengths
 WINDOW = (24, 8)        # window_size (left, right): visits cut on both sides at SHAPE's lengths
+SOFTCAP = 2.0           # softcap: small, so that its slopes (1 - tanh^2) are far from 1
 
 
 def inputs(head_dim: int, dtype: str, seed: int, rows: int = SHAPE[1]):
@@ -61,9 +62,9 @@ def main(names: list[str]) -> None:
                 q, k, v = inputs(head_dim, spec.dtypes[0], 1)
                 out, lse = attention(q, k, v, causal=causal, return_lse=True)
                 attention_backward(cp.ones_like(out), q, k, v, out, lse, causal=causal, variant=spec.name)
-                if spec.supports("window"):   # the dQ writers beside a window, in both orders; ALiBi's own blocks
-                    slopes = cp.linspace(0.1, 1.0, SHAPE[2], dtype=cp.float32)
-                    for kw in (dict(window_size=WINDOW), dict(alibi_slopes=slopes)):
+                if spec.supports("window"):   # the dQ writers beside a window, in both orders; ALiBi's own blocks;
+                    slopes = cp.linspace(0.1, 1.0, SHAPE[2], dtype=cp.float32)   # softcap's held slopes
+                    for kw in (dict(window_size=WINDOW), dict(alibi_slopes=slopes), dict(softcap=SOFTCAP)):
                         out, lse = attention(q, k, v, causal=causal, return_lse=True, **kw)
                         for deterministic in (False, True):
                             attention_backward(cp.ones_like(out), q, k, v, out, lse, causal=causal,
