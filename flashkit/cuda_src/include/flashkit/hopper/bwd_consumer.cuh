@@ -9,13 +9,12 @@
 //   dV  += P^T dO                           rs: P^T as 16-bit A fragments, dO read MN-major (as the
 //                                           forward reads V: desc_mn_major)
 //   dS^T = P^T (dP^T - dsum)                (P^T rounded to 16 bits once, reused here as fa2_bwd does)
-//   dS^T -> the shared dS^T tile [key][query] (buffer i % 2); named barrier over every consumer (hd128),
-//                                           or over the consumer's own warpgroup where it reads only its
-//                                           own rows (hd64: kDqSplitKeys)
+//   dS^T -> the shared dS^T tile [key][query] (buffer i % 2); named barrier over every consumer
 //   dQ[:, cols_c] = dS K[:, cols_c]         ss, both operands MN-major (MmaTT): A = dS^T tile read
-//                                           transposed, B = the K tile; consumer c takes head-dim
-//                                           columns [64 c, 64 c + 64) (hd128), or at hd64 every column
-//                                           over its own 64 keys, dQ_c = dS[:, keys_c] K[keys_c, :]
+//                                           transposed, B = the K tile, k = every key of the block;
+//                                           consumer c takes head-dim columns [64 c, 64 c + 64) (hd128),
+//                                           or at hd64 every column in its turn, visit i's consumer
+//                                           i % kConsumers (Kt::kDqTurns; the others skip dQ)
 //   dK  += dS^T Q                           ss: dS^T from its shared tile (the consumer's rows; rs from
 //                                           registers at hd64: below), Q read
 //                                           MN-major; issued after dQ, so that
@@ -146,36 +145,22 @@ struct BwdConsumer : BwdConsumerBase<Kt, Mask> {
 
         gmma::fence_proxy_async();   // the dS^T stores (generic proxy), before wgmma (async proxy) reads them
         this->dq_panel_free();
-        if constexpr (Kt::kDqSplitKeys)   // dQ and dK read only this consumer's rows of the tile
-            named_sync(kBwdConsumerBarrier + this->fresh_consumer(), gmma::kWarpgroupThreads);
-        else   // dQ reads every consumer's rows
-            named_sync(kBwdDsReadyBarrier, Kt::kConsumerThreads);
+        named_sync(kBwdDsReadyBarrier, Kt::kConsumerThreads);   // dQ reads every consumer's rows
         float dq[Kt::kDqTiles][4];   // dQ: rows 16 warp + g (+ 8), columns dq_col0 + 8 i + 2 t
-        // k-steps over the keys this consumer's dQ sums: all of the block's (columns split) or its own (keys split)
-        const int dq_key0 = Kt::kDqSplitKeys ? k_row0 : 0;
-        const u32 k_cols = k_tile + dq_column_offset();
-        gmma::fence();
-#pragma unroll
-        for (int kk = 0; kk < Kt::kDqKeySteps; ++kk) {   // dQ = dS K (keys are k; both read MN-major)
-            const int key = dq_key0 + kk * Kt::kStepElems;
-            gmma::MmaTT<Element, Kt::kDqCols>::ss(dq, DsTile::desc_mn_major(ds_tile, key),
-                                                   KTile::desc_mn_major(k_cols, key), kk > 0);
+        // This consumer's dQ this visit: every visit (hd128: its columns), or in its turn (hd64: Kt::kDqTurns). The
+        // turn's two paths each issue and wait for their own products (one path with the dQ issue and its wait under
+        // two tests of the turn made ptxas serialize every wgmma: C7514).
+        if (!Kt::kDqTurns || slot % Kt::kConsumers == this->consumer) {
+            issue_dq(dq, ds_tile, k_tile);
+            // dK after dQ, so that dQ's adds run under it (measured 1-7% faster than dK before the barrier)
+            issue_dk<kDsInRegisters, false>(ds, ds_tile, q_tile, k_row0);
+            gmma::wait<1>();   // dV, dQ done; dK still running
+            gmma::fence_accumulators(dq);
+            this->stage_dq(cta, dq, slot);
+            if constexpr (!Kt::kDqWriter) this->publish_dq(cta, dq, head, m_block, ws_row);
+        } else {
+            issue_dk<kDsInRegisters, true>(ds, ds_tile, q_tile, k_row0);
         }
-        gmma::commit();
-        // dK after dQ, so that dQ's adds run under it (measured 1-7% faster than dK before the barrier)
-#pragma unroll
-        for (int kk = 0; kk < Kt::kQSteps; ++kk) {   // dK += dS^T Q (dS^T from registers or its tile, Q MN-major)
-            if constexpr (kDsInRegisters)
-                gmma::MmaBT<Element, kD>::rs(acc_dk, ds[kk], QTile::desc_mn_major(q_tile, kk * Kt::kStepElems), 1);
-            else
-                gmma::MmaBT<Element, kD>::ss(acc_dk, DsTile::desc(ds_tile, k_row0, kk * gmma::kKBytes),
-                                             QTile::desc_mn_major(q_tile, kk * Kt::kStepElems), 1);
-        }
-        gmma::commit();
-        gmma::wait<1>();   // dV, dQ done; dK still running
-        gmma::fence_accumulators(dq);
-        this->stage_dq(cta, dq, slot);
-        if constexpr (!Kt::kDqWriter) this->publish_dq(cta, dq, head, m_block, ws_row);
         gmma::wait<0>();   // dK done: Q_i and dO_i are free, the dS^T buffer read
         gmma::fence_accumulators(acc_dv);
         gmma::fence_accumulators(acc_dk);
@@ -186,8 +171,37 @@ struct BwdConsumer : BwdConsumerBase<Kt, Mask> {
         if constexpr (Kt::kDqWriter) this->publish_dq(cta, dq, head, m_block, ws_row);
     }
 
+    // dQ = dS K over every key of the block (k), this consumer's columns; both read MN-major. Asynchronous (one
+    // commit group).
+    __device__ __forceinline__ void issue_dq(float (&dq)[Kt::kDqTiles][4], u32 ds_tile, u32 k_tile) const {
+        const u32 k_cols = k_tile + dq_column_offset();
+        gmma::fence();
+#pragma unroll
+        for (int kk = 0; kk < Kt::kDqKeySteps; ++kk) {
+            const int key = kk * Kt::kStepElems;
+            gmma::MmaTT<Element, Kt::kDqCols>::ss(dq, DsTile::desc_mn_major(ds_tile, key),
+                                                   KTile::desc_mn_major(k_cols, key), kk > 0);
+        }
+        gmma::commit();
+    }
+    // dK += dS^T Q: dS^T from registers (ds, kInRegisters) or its tile (the consumer's rows), Q MN-major. One commit
+    // group; kFence: the first products since the registers' last writes (right after issue_dq: none needed).
+    template <bool kInRegisters, bool kFence, int kDsSteps>
+    __device__ __forceinline__ void issue_dk(const u32 (&ds)[kDsSteps][4], u32 ds_tile, u32 q_tile, int k_row0) {
+        if constexpr (kFence) gmma::fence();
+#pragma unroll
+        for (int kk = 0; kk < Kt::kQSteps; ++kk) {
+            if constexpr (kInRegisters)
+                gmma::MmaBT<Element, kD>::rs(acc_dk, ds[kk], QTile::desc_mn_major(q_tile, kk * Kt::kStepElems), 1);
+            else
+                gmma::MmaBT<Element, kD>::ss(acc_dk, DsTile::desc(ds_tile, k_row0, kk * gmma::kKBytes),
+                                             QTile::desc_mn_major(q_tile, kk * Kt::kStepElems), 1);
+        }
+        gmma::commit();
+    }
+
     // Byte offset of this consumer's first dQ column in the K tile: panel `consumer` when the consumers split
-    // the columns (whole 128 B panels), column 0 when they split the keys.
+    // the columns (whole 128 B panels), column 0 when they take dQ by turns.
     __device__ __forceinline__ int dq_column_offset() const {
         return this->dq_col0() * Kt::kElemBytes / KTile::kPanelBytes * KTile::kPanelSize;
     }

@@ -244,15 +244,15 @@ struct BwdConsumerBase {
         return Kt::DqLayout::fragment(i, thread / kWarpSize, thread % kWarpSize);
     }
 
-    // dq_accum of the visit += dQ (this consumer's columns, unscaled), in two steps so that a kernel may issue work
-    // between them: stage_dq, then publish_dq. Split by keys (kDqBulk): the partial goes to the consumer's shared
+    // dq_accum of the visit += dQ (this consumer's columns, or at hd64 every column in its turn; unscaled), in two
+    // steps so that a kernel may issue work between them: stage_dq, then publish_dq. Split by keys (kDqBulk): the
+    // partial goes to the consumer's shared
     // panel in dq_accum's own order, and the whole panel is added by one bulk reduction, issued by the dQ writer warp
     // (Kt::kDqWriter: bwd_dq_writer.cuh; the consumer only arrives) or by the consumer's thread 0; split by columns:
     // one 16-byte reduction a tile a thread, straight from the registers.
     // Deterministic (p.bwd.deterministic), without the writer: in key-block order. Key block j waits until the
     // semaphore of (batch, head, m_block) reads the key blocks before j that visit m_block (Mask::dq_turn), adds,
-    // waits for its adds to complete, and increments it; at hd64 every consumer adds to each element: their panels
-    // in consumer order.
+    // waits for its adds to complete, and increments it (at hd64 the turn's consumer alone: one panel a visit).
     __device__ __forceinline__ void stage_dq(const BwdCta<Kt>& cta, const float (&dq)[Kt::kDqTiles][4],
                                              int slot) const {
         if constexpr (Kt::kDqBulk) {
@@ -276,6 +276,19 @@ struct BwdConsumerBase {
             (void)cta, (void)dq, (void)head, (void)m_block, (void)ws_row;
             return;
         }
+        if constexpr (Kt::kDqTurns) {   // this consumer's turn: the visit's whole dQ, one panel, one reduction
+            const int thread = fresh_tid(), me = fresh_consumer();
+            gmma::fence_proxy_async();   // the panel's stores (generic proxy), before the bulk reduction reads it
+            named_sync(kBwdConsumerBarrier + me, gmma::kWarpgroupThreads);
+            if (thread == 0) {
+                int* sema = ws.semaphore(p, batch, head, m_block);
+                if (ordered) await_dq_turn(sema, dq_turn<Kt::kBlockM, Kt::kBlockN>(mask, m_block, n_block, head, batch));
+                reduce_panel<Kt>(dq_block<Kt>(ws, ws_row, me), cta.dq_panel(me), ordered);
+                if (ordered) atomicAdd(sema, 1);
+            }
+            (void)dq;
+            return;
+        }
         const bool leader = fresh_thread() == gmma::kWarpgroupThreads;   // consumer 0's thread 0 (see fresh_thread)
         if (ordered) {
             if (leader)
@@ -288,15 +301,7 @@ struct BwdConsumerBase {
             const u32 panel = cta.dq_panel(me);
             gmma::fence_proxy_async();   // the panel's stores (generic proxy), before the bulk reduction reads it
             named_sync(kBwdConsumerBarrier + me, gmma::kWarpgroupThreads);
-            if (ordered && Kt::kDqSplitKeys) {   // every consumer adds to each element: in consumer order
-#pragma unroll 1
-                for (int c = 0; c < Kt::kConsumers; ++c) {
-                    if (c == me && thread == 0) reduce_panel<Kt>(dq_block<Kt>(ws, ws_row, me), panel, true);
-                    named_sync(kBwdDqOrderBarrier, Kt::kConsumerThreads);
-                }
-            } else if (thread == 0) {
-                reduce_panel<Kt>(dq_block<Kt>(ws, ws_row, me), panel, ordered);
-            }
+            if (thread == 0) reduce_panel<Kt>(dq_block<Kt>(ws, ws_row, me), panel, ordered);
         } else {
             float* block = dq_block<Kt>(ws, ws_row, consumer);
 #pragma unroll

@@ -102,7 +102,7 @@ struct BwdVisits<kBlockM, kBlockN, Mask, true> {
 };
 
 // The visit's query block of dq_accum (Kt::DqLayout) at consumer c's first dQ column (every column's first where
-// the consumers split the keys).
+// the consumers take dQ by turns).
 template <class Kt>
 __device__ __forceinline__ float* dq_block(const BwdWorkspace<Kt::kBlockM, Kt::kHeadDim>& ws, index_t ws_row, int c) {
     return ws.dq_accum + ws_row * Kt::kHeadDim + Kt::DqLayout::template offset<Kt::kHeadDim>(0, Kt::dq_col0(c));

@@ -7,8 +7,7 @@
 //     bwd_consumer.cuh): consumer c owns keys [64 c, 64 c + 64): its rows of S^T, dP^T, dS^T and of the dK,
 //     dV accumulators, every head-dim column. Per visited query block of kBlockM queries, dQ = dS K needs
 //     every key of the block: at hd128 the consumers exchange dS^T through a shared tile and split dQ's
-//     head-dim columns; at hd64 each adds the dQ of its own keys (kDqSplitKeys) and reads only its own dS^T
-//     rows, so the consumers never wait for each other within a visit.
+//     head-dim columns; at hd64 the consumers take the whole dQ of a visit by turns (kDqTurns).
 //   by head-dim columns (kBlockN = 64, two consumers; hd256, where one warpgroup's dK and dV of every column
 //     would take all of its registers; bwd_column_consumer.cuh): both consumers own the 64 keys, consumer c the columns
 //     [kOwnCols c, kOwnCols (c + 1)) of dK, dV and dQ; it computes S^T and dP^T for queries
@@ -21,9 +20,8 @@
 //     dQ: one fp32 panel (64 x 64, DqLayout's order) a consumer, split by keys only |
 //     lse2: kStages x kBlockM floats (bulk copies beside the Q tiles), two consumers split by keys only |
 //     mbarriers: kv_full, the Q ring, the dO ring | a mask_mod's keep bits: kStages x a word a consumer thread ]
-// dS^T (and P^T) are double-buffered by visit parity, so one named barrier a visit orders their writes and
-// reads (see bwd_consumer.cuh): over every consumer where they exchange it, over the consumer's own warpgroup
-// where each reads only its own rows (kDqSplitKeys).
+// dS^T (and P^T) are double-buffered by visit parity, so one named barrier a visit over every consumer orders
+// their writes and reads (see bwd_consumer.cuh).
 // Why three consumers at hd64: a visit's products there are short (m64n64k16, 4 k-steps each) beside its
 // serial chain (S^T wait, exponentials, dS^T, barrier, dQ staging), and a third warpgroup's chain fills the
 // tensor pipe's gaps: 15-23% faster than two at 8k (BENCHMARKS.md). It fits 160 registers a consumer; hd128's
@@ -91,22 +89,24 @@ struct BwdWsTraits {
     static constexpr int kQSteps = kBlockM / kStepElems;            // k-steps over queries (dV, dK)
     static constexpr int kQTiles = kSQueries / kMmaN;               // 8-query column tiles of S^T
     static constexpr int kDTiles = kOwnCols / kMmaN;                // 8-wide column tiles of dK, dV
-    // dQ = dS K per consumer: at hd128 the consumers split the head-dim columns (N = 64 each, one 128 B
-    // panel of the K tile, k = every key of the block); at hd64 half the columns would be N = 32 starting
-    // inside a swizzle atom, so they split the keys instead (N = 64, k = the consumer's own 64 keys) and both
-    // add into the same dq_accum elements. Split by columns (hd256): the consumer's own kOwnCols columns,
-    // one N = 64 product a 128 B panel, k = the 64 keys.
-    static constexpr bool kDqSplitKeys = !kSplitColumns && kHeadDim / kConsumers * kElemBytes < kTmaPanelBytes;
-    static constexpr int kDqCols = kDqSplitKeys ? kHeadDim : kHeadDim / kConsumers;   // dQ columns a consumer
+    // dQ = dS K over every key of the block (k): at hd128 the consumers split the head-dim columns (N = 64 each, one
+    // 128 B panel of the K tile); at hd64 half the columns would be N = 32 starting inside a swizzle atom, so they
+    // take the visit's whole dQ by turns (kDqTurns): in visit `slot` consumer slot % kConsumers alone computes it
+    // (N = 64) and adds it by one bulk reduction. (Each consumer adding the dQ of its own 64 keys staged, read and
+    // added in L2 kConsumers 64 x 64 fp32 partials a visit: 1.10-1.18x slower non-causal, 1.73x deterministic.)
+    // Split by columns (hd256): the consumer's own kOwnCols columns, one N = 64 product a 128 B panel, k = the 64
+    // keys.
+    static constexpr bool kDqTurns = !kSplitColumns && kHeadDim / kConsumers * kElemBytes < kTmaPanelBytes;
+    static constexpr int kDqCols = kDqTurns ? kHeadDim : kHeadDim / kConsumers;   // dQ columns a consumer
     static constexpr int kDqTiles = kDqCols / kMmaN;
-    static constexpr int kDqKeySteps = (kDqSplitKeys ? kConsumerKeys : kBlockN) / kStepElems;   // dQ's k-steps
+    static constexpr int kDqKeySteps = kBlockN / kStepElems;   // dQ's k-steps
     // dK += dS^T Q with dS^T from the consumer's registers (wgmma's A from registers) where the consumers split the
     // keys (hd64: its m64n64 products read both operands from shared memory, which bounds them; 1.02-1.08x), else
     // from its shared tile (16 registers fewer at the visit's peak, where hd128 causal spilled). Not on three
     // consumers of 160 registers beside a modification that reads each score's indices (ALiBi spilled 8-32 B).
     template <class Mod>
     __host__ __device__ static constexpr bool ds_in_registers() {
-        return kDqSplitKeys && !(Mod::kIndexed && kConsumers > 2);
+        return kDqTurns && !(Mod::kIndexed && kConsumers > 2);
     }
     // A modification's slopes on dS (softcap's 1 - tanh^2) taken at the recompute and held to dS as f16 pairs (16
     // registers at 64 queries), rather than read back from P with a log2 and the LSE row re-read (score_mod.cuh's
@@ -119,18 +119,19 @@ struct BwdWsTraits {
     }
     static constexpr int kPanelElems = kTmaPanelBytes / kElemBytes;   // a TMA box's head-dim extent; N of a dQ product
     static constexpr int kDqPanels = kDqCols / kPanelElems;           // dQ products a k-step
-    // How dQ reaches dq_accum (DqLayout's order): split by keys, a consumer's 64 x 64 fp32 partial goes
-    // through its own shared panel and one bulk reduction (cp.reduce.async.bulk) a visit; split by columns
+    // How dQ reaches dq_accum (DqLayout's order): split by keys, a consumer's 64 x 64 fp32 dQ (its columns at hd128,
+    // the whole visit's in its turn at hd64) goes through its own shared panel and one bulk reduction
+    // (cp.reduce.async.bulk); split by columns
     // (hd256, no shared memory left for 2 x 32 KB) by 16-byte reductions from the registers.
     static constexpr bool kDqBulk = !kSplitColumns;
     // The staged panels' reductions issued by warps of the producer warpgroup, one a consumer (bwd_dq_writer.cuh): the
     // consumers arrive on a barrier rather than synchronize their warpgroup and wait for their thread 0's issue.
-    // Measured (BENCHMARKS.md) 4-11% faster at hd128 (two consumers, dQ split by columns); at hd64 (three consumers
-    // split by keys) 6% slower causal, so there the consumers issue them. Not beside visit lists (a block mask, a
+    // Measured (BENCHMARKS.md) 4-11% faster at hd128 (two consumers, dQ split by columns); at hd64 (three consumers,
+    // each adding its own keys' dQ then) 6% slower causal, so there the consumers issue them (in their turns). Not beside visit lists (a block mask, a
     // mask_mod): with the writers in its region, the loading thread's walk of the lists spilled 8-16 B at 24 registers.
     // With a window, the writer's deterministic turn takes the window's first key block without a chunk's division
     // (bwd_mask.cuh's BwdLocalMask<false>).
-    static constexpr bool kDqWriter = kDqBulk && !kDqSplitKeys && !kListedVisits;
+    static constexpr bool kDqWriter = kDqBulk && !kDqTurns && !kListedVisits;
     static constexpr int kDqWriterWarp0 = 1;   // consumer c's writer: warp kDqWriterWarp0 + c of the producer warpgroup
     static constexpr int kDqHandshake = gmma::kWarpgroupThreads + kWarpSize;   // a consumer and the writer warp
     // setmaxnreg budgets (multiples of 8), as the forward's: 24 + 2 x 240 or 24 + 3 x 160 a lane, within what the
@@ -139,7 +140,7 @@ struct BwdWsTraits {
     static constexpr int kProducerRegs = kMaskWarps > 0 ? 32 : 24;
     static constexpr int kConsumerRegs = kConsumers == 2 ? (kMaskWarps > 0 ? 232 : 240) : 160;
     // Consumer c's first dQ column.
-    __host__ __device__ static constexpr int dq_col0(int c) { return kDqSplitKeys ? 0 : c * kDqCols; }
+    __host__ __device__ static constexpr int dq_col0(int c) { return kDqTurns ? 0 : c * kDqCols; }
     typedef DqFragments<kBlockM, false> DqLayout;   // dq_accum (dq_layout.cuh), unscaled
 
     typedef gmma::KMajorTile<kBlockM, kRowBytes> QTile;                 // Q and dO: [query][d]
@@ -190,7 +191,7 @@ struct BwdWsTraits {
     static_assert(kBlockN == kConsumers * kConsumerKeys || kSplitColumns,
                   "key blocks of 64 keys a consumer, or 64 (by columns)");
     static_assert(kConsumers >= 2 && kConsumers <= kMaxConsumers, "2 or 3 consumer warpgroups");
-    static_assert(kConsumers == 2 || kDqSplitKeys, "more than two consumers add the dQ of their own keys");
+    static_assert(kConsumers == 2 || kDqTurns, "more than two consumers take dQ by turns");
     static_assert(kRowBytes % kTmaPanelBytes == 0, "head dims of whole 128 B panels (64, 128, 256)");
     static_assert(kBlockM * kElemBytes == kTmaPanelBytes, "a dS^T row is one 128 B swizzle panel");
     static_assert(kDqCols % kPanelElems == 0, "dQ's N: whole 128 B panels of the K tile (MmaTT<T, 64>)");
