@@ -150,7 +150,8 @@ struct BwdConsumer : BwdConsumerBase<Kt, Mask> {
         // This consumer's dQ this visit: every visit (hd128: its columns), or in its turn (hd64: Kt::kDqTurns). The
         // turn's two paths each issue and wait for their own products (one path with the dQ issue and its wait under
         // two tests of the turn made ptxas serialize every wgmma: C7514).
-        if (!Kt::kDqTurns || slot % Kt::kConsumers == this->consumer) {
+        const bool dq_mine = !Kt::kDqTurns || slot % Kt::kConsumers == this->consumer;
+        if (dq_mine) {
             issue_dq(dq, ds_tile, k_tile);
             // dK after dQ, so that dQ's adds run under it (measured 1-7% faster than dK before the barrier)
             issue_dk<kDsInRegisters, false>(ds, ds_tile, q_tile, k_row0);
@@ -168,7 +169,8 @@ struct BwdConsumer : BwdConsumerBase<Kt, Mask> {
         cta.do_ring.release(slot);
         // To the dQ writer after dK's wait, so that the panel's stores drain under dK before the fence (1-2% faster
         // at hd128 than before the wait)
-        if constexpr (Kt::kDqWriter) this->publish_dq(cta, dq, head, m_block, ws_row);
+        if constexpr (Kt::kDqWriter)
+            if (dq_mine) this->publish_dq(cta, dq, head, m_block, ws_row);
     }
 
     // dQ = dS K over every key of the block (k), this consumer's columns; both read MN-major. Asynchronous (one

@@ -258,8 +258,8 @@ struct BwdConsumerBase {
         if constexpr (Kt::kDqBulk) {
             const int thread = fresh_tid(), me = fresh_consumer();
             const u32 panel = cta.dq_panel(me);
-            // the writer's reductions of the previous visit have read the panel (see bwd_dq_writer.cuh)
-            if (Kt::kDqWriter && slot > 0) named_sync(kBwdDqEmptyBarrier + me, Kt::kDqHandshake);
+            // the writer's reduction of the consumer's previous panel has read it (see bwd_dq_writer.cuh)
+            if (Kt::kDqWriter && slot >= Kt::kDqTurnStride) named_sync(kBwdDqEmptyBarrier + me, Kt::kDqHandshake);
 #pragma unroll
             for (int i = 0; i < Kt::kDqTiles; ++i)
                 st_shared_v4(panel + dq_fragment(i, thread) * sizeof(float), dq[i]);

@@ -29,24 +29,28 @@ __device__ __forceinline__ void bwd_write_dq(const Params& p, const BwdCta<Kt>& 
     const bool ordered = p.bwd.deterministic != 0;
     const int c = cta.tid / kWarpSize - Kt::kDqWriterWarp0;
     const bool lane0 = cta.tid % kWarpSize == 0;
-    BwdVisit visit = visits.at(0);
+    // consumer c's visits: every one, or by turns c, c + kConsumers, ...
+    const int first = Kt::kDqTurns ? c : 0;
+    BwdVisit visit = visits.at(first);
     // Counted down (one register for the loop, at the producer warpgroup's 24: with a count up to visits.total, the
     // causal window builds spilled the walk's bound)
 #pragma unroll 1
-    for (int left = visits.total; left > 0; visits.advance(visit, visits.total - --left)) {
+    for (int left = (visits.total - first + Kt::kDqTurnStride - 1) / Kt::kDqTurnStride; left > 0; --left) {
         named_sync(kBwdDqFullBarrier + c, Kt::kDqHandshake);
         if (lane0) {
             const index_t ws_row = ws.row0(p, batch, visit.head) + visit.m_block * Kt::kBlockM;
             if (ordered)   // the panels before this one in the query block's order are added
                 await_dq_turn(ws.semaphore(ws_row), dq_turn<Kt::kBlockM, Kt::kBlockN>(Mask(p), visit.m_block, n_block,
                                                                                     visit.head, batch) *
-                                                            Kt::kConsumers + c);
+                                                            Kt::kDqVisitPanels + (Kt::kDqTurns ? 0 : c));
             reduce_panel<Kt>(dq_block<Kt>(ws, ws_row, c), cta.dq_panel(c), ordered);
             if (ordered) atomicAdd(ws.semaphore(ws_row), 1);   // the next panel's turn
             else bulk_wait_read();                              // the panel may be written again
         }
         __syncwarp();
         if (left > 1) named_arrive(kBwdDqEmptyBarrier + c, Kt::kDqHandshake);
+#pragma unroll
+        for (int step = 0; step < Kt::kDqTurnStride; ++step) visits.advance(visit, 0);   // dense visits: no index
     }
     if (lane0) bulk_wait();   // the last reduction complete before the CTA ends
 }

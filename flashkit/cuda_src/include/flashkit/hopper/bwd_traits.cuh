@@ -34,6 +34,9 @@
 #ifndef FLASHKIT_MASK_MOD
 #define FLASHKIT_MASK_MOD 0   // functor.cuh's default: no mask_mod
 #endif
+#ifndef FLASHKIT_SCORE_MOD
+#define FLASHKIT_SCORE_MOD 0   // functor.cuh's default: no score_mod
+#endif
 #ifndef FLASHKIT_MASK_WARPS
 #define FLASHKIT_MASK_WARPS 0   // a mask_mod's element mask from the producer warpgroup's warps (bwd_keep.cuh)
 #endif
@@ -126,12 +129,17 @@ struct BwdWsTraits {
     static constexpr bool kDqBulk = !kSplitColumns;
     // The staged panels' reductions issued by warps of the producer warpgroup, one a consumer (bwd_dq_writer.cuh): the
     // consumers arrive on a barrier rather than synchronize their warpgroup and wait for their thread 0's issue.
-    // Measured (BENCHMARKS.md) 4-11% faster at hd128 (two consumers, dQ split by columns); at hd64 (three consumers,
-    // each adding its own keys' dQ then) 6% slower causal, so there the consumers issue them (in their turns). Not beside visit lists (a block mask, a
-    // mask_mod): with the writers in its region, the loading thread's walk of the lists spilled 8-16 B at 24 registers.
-    // With a window, the writer's deterministic turn takes the window's first key block without a chunk's division
+    // Measured (BENCHMARKS.md) 4-11% faster at hd128 (two consumers, dQ split by columns), 2-4% at hd64 by turns (1.45x
+    // deterministic; when each of the three consumers added its own keys' dQ, 6% slower causal). Not beside visit lists
+    // (a block mask, a mask_mod): with the writers in its region, the loading thread's walk of the lists spilled 8-16 B
+    // at 24 registers; nor beside a score_mod functor by turns (hd64: ptxas serialized its wgmma, C7514). With a
+    // window, the writer's deterministic turn takes the window's first key block without a chunk's division
     // (bwd_mask.cuh's BwdLocalMask<false>).
-    static constexpr bool kDqWriter = kDqBulk && !kDqTurns && !kListedVisits;
+    static constexpr bool kDqWriter = kDqBulk && !kListedVisits && !(kDqTurns && FLASHKIT_SCORE_MOD);
+    // A writer's panels: every visit of its consumer, or by turns every kConsumers-th visit from its consumer's index;
+    // the panels a visit adds to its query block (the deterministic order counts them).
+    static constexpr int kDqTurnStride = kDqTurns ? kConsumers : 1;
+    static constexpr int kDqVisitPanels = kDqTurns ? 1 : kConsumers;
     static constexpr int kDqWriterWarp0 = 1;   // consumer c's writer: warp kDqWriterWarp0 + c of the producer warpgroup
     static constexpr int kDqHandshake = gmma::kWarpgroupThreads + kWarpSize;   // a consumer and the writer warp
     // setmaxnreg budgets (multiples of 8), as the forward's: 24 + 2 x 240 or 24 + 3 x 160 a lane, within what the
