@@ -149,28 +149,41 @@ struct BwdConsumer : BwdConsumerBase<Kt, Mask> {
         float dq[Kt::kDqTiles][4];   // dQ: rows 16 warp + g (+ 8), columns dq_col0 + 8 i + 2 t
         // This consumer's dQ this visit: every visit (hd128: its columns), or in its turn (hd64: Kt::kDqTurns). The
         // turn's two paths each issue and wait for their own products (one path with the dQ issue and its wait under
-        // two tests of the turn made ptxas serialize every wgmma: C7514).
-        const bool dq_mine = !Kt::kDqTurns || slot % Kt::kConsumers == this->consumer;
-        if (dq_mine) {
+        // two tests of the turn made ptxas serialize every wgmma: C7514). With the dQ writer each path ends its visit
+        // itself (ended after the paths meet, hd64 ran 3-8% slower at 2k causal); without it the paths meet first
+        // (ending each, a score_mod functor's hd64 build had its wgmma serialized).
+        if (!Kt::kDqTurns || slot % Kt::kConsumers == this->consumer) {
             issue_dq(dq, ds_tile, k_tile);
             // dK after dQ, so that dQ's adds run under it (measured 1-7% faster than dK before the barrier)
             issue_dk<kDsInRegisters, false>(ds, ds_tile, q_tile, k_row0);
             gmma::wait<1>();   // dV, dQ done; dK still running
             gmma::fence_accumulators(dq);
             this->stage_dq(cta, dq, slot);
-            if constexpr (!Kt::kDqWriter) this->publish_dq(cta, dq, head, m_block, ws_row);
+            if constexpr (Kt::kDqWriter) {
+                end_visit(cta, slot);
+                // To the dQ writer after dK's wait, so that the panel's stores drain under dK before the fence (1-2%
+                // faster at hd128 than before the wait)
+                this->publish_dq(cta, dq, head, m_block, ws_row);
+                return;
+            }
+            this->publish_dq(cta, dq, head, m_block, ws_row);
         } else {
             issue_dk<kDsInRegisters, true>(ds, ds_tile, q_tile, k_row0);
+            if constexpr (Kt::kDqWriter) {
+                end_visit(cta, slot);
+                return;
+            }
         }
-        gmma::wait<0>();   // dK done: Q_i and dO_i are free, the dS^T buffer read
+        end_visit(cta, slot);
+    }
+
+    // After the visit's last products are issued: wait for them; then Q_i and dO_i are free, the dS^T buffer read.
+    __device__ __forceinline__ void end_visit(const BwdCta<Kt>& cta, int slot) {
+        gmma::wait<0>();
         gmma::fence_accumulators(acc_dv);
         gmma::fence_accumulators(acc_dk);
         cta.q_ring.release(slot);
         cta.do_ring.release(slot);
-        // To the dQ writer after dK's wait, so that the panel's stores drain under dK before the fence (1-2% faster
-        // at hd128 than before the wait)
-        if constexpr (Kt::kDqWriter)
-            if (dq_mine) this->publish_dq(cta, dq, head, m_block, ws_row);
     }
 
     // dQ = dS K over every key of the block (k), this consumer's columns; both read MN-major. Asynchronous (one
