@@ -282,7 +282,8 @@ struct BwdConsumerBase {
             named_sync(kBwdConsumerBarrier + me, gmma::kWarpgroupThreads);
             if (thread == 0) {
                 int* sema = ws.semaphore(p, batch, head, m_block);
-                if (ordered) await_dq_turn(sema, dq_turn<Kt::kBlockM, Kt::kBlockN>(mask, m_block, n_block, head, batch));
+                if (ordered)
+                    await_dq_turn(sema, dq_turn<Kt::kBlockM, Kt::kBlockN>(mask, m_block, n_block, head, batch));
                 reduce_panel<Kt>(dq_block<Kt>(ws, ws_row, me), cta.dq_panel(me), ordered);
                 if (ordered) atomicAdd(sema, 1);
             }

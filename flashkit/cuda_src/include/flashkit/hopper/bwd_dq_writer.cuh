@@ -2,17 +2,20 @@
 // warpgroup adds consumer c's staged dQ panels to dq_accum, so that the consumer only arrives on a barrier where it
 // synchronized its warpgroup and issued the reduction itself. One writer a consumer, so that neither consumer's panel
 // waits behind the other's (hd128 8k: 1.104x the tree before, against 1.088x with one writer for both; BENCHMARKS.md).
-// Per visit i, consumer c and its writer share two named barriers (kDqHandshake threads: the consumer warpgroup and
+// Writer c serves every visit of consumer c, or by turns (hd64, Kt::kDqTurns: one panel a visit, consumer i mod
+// kConsumers's) visits c, c + kConsumers, ... (1.02-1.04x, 1.45x deterministic, against the consumers' own issue).
+// Per panel, consumer c and its writer share two named barriers (kDqHandshake threads: the consumer warpgroup and
 // the writer warp):
 //   dq_full  + c   the consumer's threads stored the panel and fenced it (bar.arrive); the writer waits (bar.sync),
 //                  and its lane 0 issues the panel's bulk reduction (cp.reduce.async.bulk .add.f32) into the visit's
 //                  block of dq_accum (the writer walks the visits in the consumers' order)
 //   dq_empty + c   the reduction has read the panel (the writer's bar.arrive after wait_group.read); the consumer
-//                  waits on it before it stores visit i + 1's panel (so no arrival is left unmatched: the writer
-//                  arrives after visits 0 .. total - 2, the consumer waits in visits 1 .. total - 1)
+//                  waits on it before it stores its next panel (so no arrival is left unmatched: the writer arrives
+//                  after each of its panels but the last, the consumer waits before each but the first)
 // Deterministic (p.bwd.deterministic): the visit's semaphore counts panels; panel c of the key block whose turn is t
-// (Mask::dq_turn: t key blocks before it visit the query block) waits for t kConsumers + c, completes its reduction and
-// increments it. The panels of one query block are added in one order on every run, and the consumers never wait.
+// (Mask::dq_turn: t key blocks before it visit the query block) waits for t kDqVisitPanels + c (by turns: t), completes
+// its reduction and increments it. The panels of one query block are added in one order on every run, and the
+// consumers never wait.
 #pragma once
 
 #include "flashkit/bwd_mask.cuh"
