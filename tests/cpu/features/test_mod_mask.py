@@ -55,9 +55,9 @@ def fake_gpu(monkeypatch):
     pytest.importorskip("cupy")
     from ..runtime.fake_device import installed
     marks, waits = [], []
-    monkeypatch.setattr(mod_mask, "mark_stream", lambda: marks.append(len(marks)) or (marks[-1], 7))
-    monkeypatch.setattr(mod_mask, "order_after", lambda event, stream: waits.append((event, stream)))
     with installed(monkeypatch.setattr):
+        monkeypatch.setattr(mod_mask, "mark_stream", lambda: marks.append(len(marks)) or (marks[-1], 7))
+        monkeypatch.setattr(mod_mask, "order_after", lambda event, stream: waits.append((event, stream)))
         yield marks, waits
 
 
@@ -117,15 +117,12 @@ def test_backward_lists_are_built_once_per_geometry(fake_gpu):
     assert [n for n, *_ in forward][:2] == CLASSIFY and len(mask) == 2   # the forward's tiles are its own
 
 
-def test_a_scalar_mask_by_name_keeps_its_tiles(fake_gpu, monkeypatch):
+def test_a_scalar_mask_by_name_keeps_its_tiles(fake_gpu):
     """prefix_lm takes scalars alone: by name, its tiles are classified once per signature and geometry (its
     signature holds the scalars), forward and backward, on the cached and the full path."""
-    from collections import OrderedDict
-
     from flashkit.runtime import call_cache
     from ..runtime.fake_device import fake
     from .test_bwd_lists import PASSES
-    monkeypatch.setattr(mod_mask, "_NAMED", OrderedDict())
     b, s, h, d = 1, 256, 2, 64
     q, k, v, dout, out = (fake((b, s, h, d)) for _ in range(5))
     lse = fake((b, h, s), np.float32)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import ctypes
 import itertools
+from collections import OrderedDict
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -18,6 +19,7 @@ import ml_dtypes
 import numpy as np
 
 from flashkit import api, backward, kvcache, varlen
+from flashkit.features import mod_mask
 from flashkit.runtime import build, call_cache
 from flashkit.runtime import launch as launch_mod
 from flashkit.runtime.device import DeviceInfo
@@ -122,6 +124,10 @@ def install(setattr_) -> None:
     setattr_(launch_mod, "encode", lambda g: np.frombuffer(
         np.array([g.address] + [0] * 15, dtype=np.uint64).tobytes(), dtype=TENSOR_MAP_DTYPE)[0])
     setattr_(call_cache, "current_device", lambda: 0)
+    # kept tile classifications (ModMask, a scalar mask_mod by name) mark and order streams: none here
+    setattr_(mod_mask, "mark_stream", lambda: (None, 0))
+    setattr_(mod_mask, "order_after", lambda event, stream: None)
+    setattr_(mod_mask, "_NAMED", OrderedDict())
     workspaces: dict = {}
 
     def workspace(nbytes: int):

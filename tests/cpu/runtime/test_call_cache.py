@@ -491,12 +491,13 @@ FUNCTOR_ENTRIES = ["flashkit_functor_classify", "flashkit_functor_compact", "fla
 @pytest.mark.parametrize("mod,make_args,entries", [
     ("relative_bias", lambda: {"slopes": fake((2,), np.float32)}, ["flashkit_fa3_fwd"]),    # score_mod, an array
     ("document", lambda: {"doc_ids": fake((1, 256), np.int32)}, FUNCTOR_ENTRIES),           # mask_mod, an array
-    ("prefix_lm", lambda: {"prefix": 40}, FUNCTOR_ENTRIES),                                 # mask_mod, an int
+    ("prefix_lm", lambda: {"prefix": 40}, ["flashkit_fa3_fwd"]),   # mask_mod, an int: its tiles kept by signature
 ])
 def test_functor_calls_are_cached_and_put_each_calls_arguments_in(pooled_gpu, counted, mod, make_args, entries):
     """A functor call's signature (features/functors.functor_signature) is cached like any other: a later call
     with other arrays of the same signature takes the cached path (no validation, no selection), classifies a
-    mask_mod's tiles again, and launches what the full path builds for those arguments, bit for bit."""
+    mask_mod's tiles again (unless its arguments are all scalars: kept under the signature), and launches what the
+    full path builds for those arguments, bit for bit."""
     q, k, v = qkv((1, 256, 2, 64))
     out = fake(q.shape)
     call = lambda args: flashkit.attention(q, k, v, out=out, causal=True, mod=mod, mod_args=args)  # noqa: E731
