@@ -246,10 +246,9 @@ struct BwdConsumerBase {
 
     // dq_accum of the visit += dQ (this consumer's columns, or at hd64 every column in its turn; unscaled), in two
     // steps so that a kernel may issue work between them: stage_dq, then publish_dq. Split by keys (kDqBulk): the
-    // partial goes to the consumer's shared
-    // panel in dq_accum's own order, and the whole panel is added by one bulk reduction, issued by the dQ writer warp
-    // (Kt::kDqWriter: bwd_dq_writer.cuh; the consumer only arrives) or by the consumer's thread 0; split by columns:
-    // one 16-byte reduction a tile a thread, straight from the registers.
+    // partial goes to the consumer's shared panel in dq_accum's own order, and the whole panel is added by one bulk
+    // reduction, issued by the dQ writer warp (Kt::kDqWriter: bwd_dq_writer.cuh; the consumer only arrives) or by the
+    // consumer's thread 0; split by columns: one 16-byte reduction a tile a thread, straight from the registers.
     // Deterministic (p.bwd.deterministic), without the writer: in key-block order. Key block j waits until the
     // semaphore of (batch, head, m_block) reads the key blocks before j that visit m_block (Mask::dq_turn), adds,
     // waits for its adds to complete, and increments it (at hd64 the turn's consumer alone: one panel a visit).

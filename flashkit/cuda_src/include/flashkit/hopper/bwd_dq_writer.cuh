@@ -29,6 +29,7 @@ template <class Kt, class Mask, class Visits>
 __device__ __forceinline__ void bwd_write_dq(const Params& p, const BwdCta<Kt>& cta, const Visits& visits, int n_block,
                                              int batch) {
     const BwdWorkspace<Kt::kBlockM, Kt::kHeadDim> ws(p);
+    static_assert(!Kt::kListedVisits, "the writers walk dense visits (BwdVisits::advance without an index)");
     const bool ordered = p.bwd.deterministic != 0;
     const int c = cta.tid / kWarpSize - Kt::kDqWriterWarp0;
     const bool lane0 = cta.tid % kWarpSize == 0;
