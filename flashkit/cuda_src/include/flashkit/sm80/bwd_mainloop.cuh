@@ -149,80 +149,20 @@ struct BwdMainloop {
         cp_async_commit();
     }
 
-    // C = A B^T over the head dim for this warp's tile: A the warp's kWarpKeys rows of a [key][d] tile (K or V),
-    // B its kWarpQueries rows of a [query][d] tile (Q or dO): S^T = K Q^T, dP^T = V dO^T.
-    // c[mi][ni]: keys key_row0() + 16 mi + (g, g + 8) x queries query_col0() + 8 ni + (2t, 2t + 1).
+    // The warp's products (defined in sm80/bwd_products.cuh):
+    // S^T = K Q^T and dP^T = V dO^T over the head dim (c: keys key_row0() + 16 mi + (g, g + 8) x queries
+    // query_col0() + 8 ni + (2t, 2t + 1));
     __device__ __forceinline__ void gemm_keys_by_queries(float (&c)[Kt::kKeyTiles][Kt::kQueryTiles][4], u32 sA,
-                                                         u32 sB) const {
-        const LdsmLane<kD> la = ldsm_rows16<kD>(lane);
-        const LdsmLane<kD> lb = ldsm_rows8x2<kD>(lane);
-        const int r0 = key_row0(), q0 = query_col0();
-#pragma unroll
-        for (int mi = 0; mi < Kt::kKeyTiles; ++mi)
-#pragma unroll
-            for (int ni = 0; ni < Kt::kQueryTiles; ++ni)
-#pragma unroll
-                for (int e = 0; e < 4; ++e) c[mi][ni][e] = 0.f;
-#pragma unroll
-        for (int kk = 0; kk < Kt::kDSteps; ++kk) {
-            u32 a[Kt::kKeyTiles][4];
-#pragma unroll
-            for (int mi = 0; mi < Kt::kKeyTiles; ++mi) ldsm_x4(a[mi], la.addr(sA, r0 + mi * kMmaM, kk));
-#pragma unroll
-            for (int np = 0; np < Kt::kQueryTiles / 2; ++np) {
-                u32 b[4];   // b0, b1 of query tile 2 np, then of 2 np + 1
-                ldsm_x4(b, lb.addr(sB, q0 + np * 2 * kMmaN, kk));
-#pragma unroll
-                for (int mi = 0; mi < Kt::kKeyTiles; ++mi) {
-                    mma_16816<Element>(c[mi][2 * np], a[mi], b[0], b[1]);
-                    mma_16816<Element>(c[mi][2 * np + 1], a[mi], b[2], b[3]);
-                }
-            }
-        }
-    }
-
+                                                         u32 sB) const;
     struct FragmentA {
         u32 r[4];
     };
-    // acc += A B over the queries 16 kk .. 16 kk + 15 for this warp's columns: A a 16-key A fragment in registers
-    // (P^T or dS^T of the warp's own queries), B a [query][d] tile read transposed (dO or Q).
+    // acc += A B over queries 16 kk.. for the warp's columns, A a 16-key fragment in registers (P^T or dS^T);
     __device__ __forceinline__ void mma_fragment_by_cols(float (&acc)[Kt::kColTiles][4], const FragmentA& a, u32 sB,
-                                                         int kk) const {
-        const LdsmLane<kD> lb = ldsm_rows16<kD>(lane);
-        const int s0 = col0() / kMmaK;
-#pragma unroll
-        for (int dp = 0; dp < Kt::kColTiles / 2; ++dp) {
-            u32 b[4];   // b0, b1 of column tile 2 dp, then of 2 dp + 1
-            ldsm_x4_trans(b, lb.addr(sB, kk * kMmaK, s0 + dp));
-            mma_16816<Element>(acc[2 * dp], a.r, b[0], b[1]);
-            mma_16816<Element>(acc[2 * dp + 1], a.r, b[2], b[3]);
-        }
-    }
-
-    // acc += X B for this warp's keys and columns over the block's queries: X a [key][query] tile in shared
-    // memory (P^T or dS^T), B a [query][d] tile read transposed (dO or Q): dV += P^T dO, dK += dS^T Q.
+                                                         int kk) const;
+    // acc += X B over the block's queries for the warp's keys and columns, X a [key][query] tile (P^T or dS^T).
     __device__ __forceinline__ void mma_keys_by_cols(float (&acc)[Kt::kKeyTiles][Kt::kColTiles][4], u32 sX,
-                                                     u32 sB) const {
-        const LdsmLane<kM> la = ldsm_rows16<kM>(lane);
-        const LdsmLane<kD> lb = ldsm_rows16<kD>(lane);
-        const int r0 = key_row0(), s0 = col0() / kMmaK;
-#pragma unroll
-        for (int kk = 0; kk < Kt::kMSteps; ++kk) {
-            u32 a[Kt::kKeyTiles][4];
-#pragma unroll
-            for (int mi = 0; mi < Kt::kKeyTiles; ++mi) ldsm_x4(a[mi], la.addr(sX, r0 + mi * kMmaM, kk));
-#pragma unroll
-            for (int dp = 0; dp < Kt::kColTiles / 2; ++dp) {
-                u32 b[4];   // b0, b1 of column tile 2 dp, then of 2 dp + 1
-                ldsm_x4_trans(b, lb.addr(sB, kk * kMmaK, s0 + dp));
-#pragma unroll
-                for (int mi = 0; mi < Kt::kKeyTiles; ++mi) {
-                    mma_16816<Element>(acc[mi][2 * dp], a[mi], b[0], b[1]);
-                    mma_16816<Element>(acc[mi][2 * dp + 1], a[mi], b[2], b[3]);
-                }
-            }
-        }
-    }
+                                                     u32 sB) const;
 
     // dV += P^T dO_i, dK += dS^T Q_i (after the barrier that completes P^T and dS^T); with operands in registers
     // step() has added them.

@@ -8,6 +8,7 @@
 
 #include "flashkit/sm80/bwd_dq.cuh"
 #include "flashkit/sm80/bwd_mainloop.cuh"
+#include "flashkit/sm80/bwd_products.cuh"
 
 namespace flashkit {
 

@@ -1,0 +1,86 @@
+// The FlashAttention-2 backward's warp products (sm80/bwd_mainloop.cuh's BwdMainloop): mma.sync.m16n8k16 over
+// operands read from shared memory with ldmatrix (ldsm_lane.cuh), both ways round. Members of the main loop
+// defined here, as its dQ is in sm80/bwd_dq.cuh (the same inlined code).
+#pragma once
+
+#include "flashkit/sm80/bwd_mainloop.cuh"
+
+namespace flashkit {
+
+// C = A B^T over the head dim for this warp's tile: A the warp's kWarpKeys rows of a [key][d] tile (K or V),
+// B its kWarpQueries rows of a [query][d] tile (Q or dO): S^T = K Q^T, dP^T = V dO^T.
+// c[mi][ni]: keys key_row0() + 16 mi + (g, g + 8) x queries query_col0() + 8 ni + (2t, 2t + 1).
+template <class Kt, class Mask, class Mod>
+__device__ __forceinline__ void BwdMainloop<Kt, Mask, Mod>::gemm_keys_by_queries(
+    float (&c)[Kt::kKeyTiles][Kt::kQueryTiles][4], u32 sA, u32 sB) const {
+    const LdsmLane<kD> la = ldsm_rows16<kD>(lane);
+    const LdsmLane<kD> lb = ldsm_rows8x2<kD>(lane);
+    const int r0 = key_row0(), q0 = query_col0();
+#pragma unroll
+    for (int mi = 0; mi < Kt::kKeyTiles; ++mi)
+#pragma unroll
+        for (int ni = 0; ni < Kt::kQueryTiles; ++ni)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) c[mi][ni][e] = 0.f;
+#pragma unroll
+    for (int kk = 0; kk < Kt::kDSteps; ++kk) {
+        u32 a[Kt::kKeyTiles][4];
+#pragma unroll
+        for (int mi = 0; mi < Kt::kKeyTiles; ++mi) ldsm_x4(a[mi], la.addr(sA, r0 + mi * kMmaM, kk));
+#pragma unroll
+        for (int np = 0; np < Kt::kQueryTiles / 2; ++np) {
+            u32 b[4];   // b0, b1 of query tile 2 np, then of 2 np + 1
+            ldsm_x4(b, lb.addr(sB, q0 + np * 2 * kMmaN, kk));
+#pragma unroll
+            for (int mi = 0; mi < Kt::kKeyTiles; ++mi) {
+                mma_16816<Element>(c[mi][2 * np], a[mi], b[0], b[1]);
+                mma_16816<Element>(c[mi][2 * np + 1], a[mi], b[2], b[3]);
+            }
+        }
+    }
+}
+
+// acc += A B over the queries 16 kk .. 16 kk + 15 for this warp's columns: A a 16-key A fragment in registers
+// (P^T or dS^T of the warp's own queries), B a [query][d] tile read transposed (dO or Q).
+template <class Kt, class Mask, class Mod>
+__device__ __forceinline__ void BwdMainloop<Kt, Mask, Mod>::mma_fragment_by_cols(float (&acc)[Kt::kColTiles][4],
+                                                                                 const FragmentA& a, u32 sB,
+                                                                                 int kk) const {
+    const LdsmLane<kD> lb = ldsm_rows16<kD>(lane);
+    const int s0 = col0() / kMmaK;
+#pragma unroll
+    for (int dp = 0; dp < Kt::kColTiles / 2; ++dp) {
+        u32 b[4];   // b0, b1 of column tile 2 dp, then of 2 dp + 1
+        ldsm_x4_trans(b, lb.addr(sB, kk * kMmaK, s0 + dp));
+        mma_16816<Element>(acc[2 * dp], a.r, b[0], b[1]);
+        mma_16816<Element>(acc[2 * dp + 1], a.r, b[2], b[3]);
+    }
+}
+
+// acc += X B for this warp's keys and columns over the block's queries: X a [key][query] tile in shared
+// memory (P^T or dS^T), B a [query][d] tile read transposed (dO or Q): dV += P^T dO, dK += dS^T Q.
+template <class Kt, class Mask, class Mod>
+__device__ __forceinline__ void BwdMainloop<Kt, Mask, Mod>::mma_keys_by_cols(
+    float (&acc)[Kt::kKeyTiles][Kt::kColTiles][4], u32 sX, u32 sB) const {
+    const LdsmLane<kM> la = ldsm_rows16<kM>(lane);
+    const LdsmLane<kD> lb = ldsm_rows16<kD>(lane);
+    const int r0 = key_row0(), s0 = col0() / kMmaK;
+#pragma unroll
+    for (int kk = 0; kk < Kt::kMSteps; ++kk) {
+        u32 a[Kt::kKeyTiles][4];
+#pragma unroll
+        for (int mi = 0; mi < Kt::kKeyTiles; ++mi) ldsm_x4(a[mi], la.addr(sX, r0 + mi * kMmaM, kk));
+#pragma unroll
+        for (int dp = 0; dp < Kt::kColTiles / 2; ++dp) {
+            u32 b[4];   // b0, b1 of column tile 2 dp, then of 2 dp + 1
+            ldsm_x4_trans(b, lb.addr(sB, kk * kMmaK, s0 + dp));
+#pragma unroll
+            for (int mi = 0; mi < Kt::kKeyTiles; ++mi) {
+                mma_16816<Element>(acc[mi][2 * dp], a[mi], b[0], b[1]);
+                mma_16816<Element>(acc[mi][2 * dp + 1], a[mi], b[2], b[3]);
+            }
+        }
+    }
+}
+
+}  // namespace flashkit
