@@ -60,12 +60,9 @@ def attention(q: Any, k: Any, v: Any, *, causal: bool = False, softmax_scale: fl
     keyed_scales = scales if prequantized else ()
     functor_key = snapshot = None
     if mod is not None or mod_args is not None:
-        from .features.functors import functor_signature
-        from .features.mod_mask import named_tiles, unwrap_mod
-        mod, mod_args, snapshot = unwrap_mod(mod, mod_args)   # a ModMask: its functor, arguments and tiles
-        functor_key = functor_signature(mod, mod_args)
-        if snapshot is None:   # a scalar-argument mask_mod by name keeps its tiles under its signature
-            snapshot = named_tiles(mod, functor_key)
+        from .features.mod_mask import call_tiles
+        # a ModMask: its functor, arguments and tiles; a scalar-argument mask_mod by name: tiles kept by signature
+        mod, mod_args, snapshot, functor_key = call_tiles(mod, mod_args)
     key = _forward_key(q, k, v, out, causal, softmax_scale, variant, return_lse, block_mask, out_dtype, window_size,
                        softcap, attention_chunk, alibi_slopes, keyed_scales, functor_key) if (
         not fp8 and fp8_options is None and (functor_key is not None or (mod is None and mod_args is None))) else None

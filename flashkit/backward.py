@@ -19,7 +19,8 @@ from .runtime.launch import POINTER_FIELDS, LaunchInputs, PreparedLaunch, prepar
 from .runtime.params import merge_fields
 from .call.validate import Problem, check_device, check_flag, check_on_gpu, check_variant, validate_inputs
 from .features.mods import Mods, launch_fields as mod_launch_fields, mods_of
-from .features.varlen import VARLEN_FIELDS, check_values, kernel_fields, offsets_pointers, validate_varlen
+from .features.varlen import (VARLEN_FIELDS, check_values, kernel_fields, offsets_pointers, packed_key,
+                               validate_varlen)
 
 LSE_DTYPE = "float32"
 BWD_POINTERS = ("bwd.dout", "bwd.dq", "bwd.dk", "bwd.dv")   # per call beside POINTER_FIELDS: dout and the gradients
@@ -147,13 +148,13 @@ def _bind_backward_functor(mod: Any, mod_args: Any, problem: Problem, mods: Mods
     score_mod has no backward, and a block mask and a functor are not combined (the forward has no such kernel)."""
     if mod is None and mod_args is None:
         return None
-    from .features.functors import bind_functor, check_gradient, functor_signature
-    from .features.mod_mask import named_tiles, unwrap_mod
+    from .features.functors import bind_functor, check_gradient
+    from .features.mod_mask import call_tiles
     if mod is None:
         raise InputError("mod_args: given without mod (the functor they belong to)")
-    mod, mod_args, snapshot = unwrap_mod(mod, mod_args)
+    mod, mod_args, snapshot, _ = call_tiles(mod, mod_args)
     functor = bind_functor(mod, mod_args, problem, mods, device)
-    functor.snapshot = snapshot if snapshot is not None else named_tiles(mod, functor_signature(mod, mod_args))
+    functor.snapshot = snapshot
     check_gradient(functor.spec, "; mask_mod functors need none")
     if block_mask is not None:
         raise InputError("block_mask: cannot be combined with mod (fold the blocks into the functor's mask_mod)")
@@ -228,13 +229,9 @@ def _varlen_backward_key(dout, q, k, v, out, lse, cu_q, cu_k, max_seqlen_q, max_
                          deterministic, variant, window_size, softcap, attention_chunk, alibi_slopes) -> tuple | None:
     """The signature of an attention_varlen_backward() call on CuPy arrays: _backward_key's of the packed arrays
     with the offsets' signatures and the longest lengths; None for the full path."""
-    offsets = arrays_signature(cu_q, cu_k)
-    if offsets is None or None in offsets:
-        return None
-    key = _backward_key(dout, q, k, v, out, lse, causal, softmax_scale, deterministic, variant, window_size, softcap,
-                        attention_chunk, alibi_slopes)
-    return None if key is None else ("attention_varlen_backward", key, offsets, type(max_seqlen_q), max_seqlen_q,
-                                     type(max_seqlen_k), max_seqlen_k)
+    return packed_key("attention_varlen_backward", cu_q, cu_k, max_seqlen_q, max_seqlen_k,
+                      lambda: _backward_key(dout, q, k, v, out, lse, causal, softmax_scale, deterministic, variant,
+                                            window_size, softcap, attention_chunk, alibi_slopes))
 
 
 def _launch_backward(spec, cc, problem: Problem, causal: bool, deterministic: bool, inputs: tuple, grads: tuple,

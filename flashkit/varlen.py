@@ -15,10 +15,10 @@ from .call.arrays import describe, to_cupy
 from .call.validate import check_flag, check_variant
 from .features.mods import launch_fields as mod_launch_fields
 from .features.mods import mods_of
-from .features.varlen import VARLEN_FIELDS, check_values, kernel_fields, offsets_pointers, validate_varlen
+from .features.varlen import VARLEN_FIELDS, check_values, kernel_fields, offsets_pointers, packed_key, validate_varlen
 from .registry import discover_kernels, select_kernel
 from .registry.select import check_head_dim_v
-from .runtime.call_cache import CALLS, CachedLaunch, arrays_signature
+from .runtime.call_cache import CALLS, CachedLaunch
 from .runtime.device import cupy_module, device_info
 from .runtime.launch import LaunchInputs
 
@@ -101,10 +101,6 @@ def _varlen_key(q, k, v, out, cu_q, cu_k, max_seqlen_q, max_seqlen_k, causal, so
                 window_size, softcap, alibi_slopes, attention_chunk, variant) -> tuple | None:
     """The signature of an attention_varlen() call on CuPy arrays: api._forward_key's of the packed arrays with the
     offsets' signatures and the longest lengths (scalars with their types); None for the full path."""
-    offsets = arrays_signature(cu_q, cu_k)
-    if offsets is None or None in offsets:
-        return None
-    key = _forward_key(q, k, v, out, causal, softmax_scale, variant, return_lse, None, None, window_size, softcap,
-                       attention_chunk, alibi_slopes)
-    return None if key is None else ("attention_varlen", key, offsets, type(max_seqlen_q), max_seqlen_q,
-                                     type(max_seqlen_k), max_seqlen_k)
+    return packed_key("attention_varlen", cu_q, cu_k, max_seqlen_q, max_seqlen_k,
+                      lambda: _forward_key(q, k, v, out, causal, softmax_scale, variant, return_lse, None, None,
+                                           window_size, softcap, attention_chunk, alibi_slopes))

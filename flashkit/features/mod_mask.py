@@ -106,6 +106,15 @@ def unwrap_mod(mod: Any, mod_args: Any) -> tuple[Any, Any, ModMask | None]:
     return mod.mod, mod.mod_args, mod
 
 
+def call_tiles(mod: Any, mod_args: Any) -> tuple[Any, Any, KeptTiles | None, tuple | None]:
+    """(functor name, its arguments, where its tiles are kept or None, its signature: functors.functor_signature)
+    of a call's mod / mod_args: a ModMask's own tiles, else a scalar-argument mask_mod's named_tiles."""
+    from .functors import functor_signature
+    mod, mod_args, mask = unwrap_mod(mod, mod_args)
+    signature = functor_signature(mod, mod_args)
+    return mod, mod_args, mask if mask is not None else named_tiles(mod, signature), signature
+
+
 _NAMED: OrderedDict[tuple, KeptTiles] = OrderedDict()
 
 

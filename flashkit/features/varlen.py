@@ -9,13 +9,14 @@ The kernels run the grid of the longest sequence (max_seqlen_q, max_seqlen_k), s
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
 from ..call.arrays import ArrayMeta
 from ..call.validate import Problem, check_device, check_on_gpu, validate_inputs
 from ..errors import InputError
+from ..runtime.call_cache import arrays_signature
 
 PACKED_RANK = 3
 PACKED_LAYOUT = "(total_tokens, heads, head_dim)"
@@ -92,6 +93,19 @@ def check_values(call: VarlenCall, cu_q: Any, cu_k: Any) -> None:
 
 
 VARLEN_FIELDS = ("varlen.cu_seqlens_q", "varlen.cu_seqlens_k")   # a cached call's per-call addresses (kernel_fields)
+
+
+def packed_key(kind: str, cu_q: Any, cu_k: Any, max_seqlen_q: Any, max_seqlen_k: Any,
+               dense_key: Callable[[], tuple | None]) -> tuple | None:
+    """The call-cache key of a packed call (attention_varlen, its backward): its dense call's key (dense_key(), asked
+    only where the offsets have a signature) with the offsets' signatures and the longest lengths (with their types);
+    None for the full path."""
+    offsets = arrays_signature(cu_q, cu_k)
+    if offsets is None or None in offsets:
+        return None
+    key = dense_key()
+    return None if key is None else (kind, key, offsets, type(max_seqlen_q), max_seqlen_q, type(max_seqlen_k),
+                                     max_seqlen_k)
 
 
 def offsets_pointers(cu_q: Any, cu_k: Any, alibi_slopes: Any = None) -> tuple[int, ...]:
