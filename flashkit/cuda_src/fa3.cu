@@ -19,13 +19,15 @@ launch: {grid: tiles, persistent: 1, defer_pv_wait: 1, block_m: 128, block_n: 12
 # idle: 12% faster at 512, 2% at 1k; slower from 2k). Three consumers, hd256 and
 # drop-in functors run one tile a CTA: the persistent loop's state does not fit beside their main loops (spills). A consumer waits for each P V at the top of its next visit
 # (defer_pv_wait, ws_mainloop.cuh): measured 3-15% faster at hd96/128/192 on two consumers, 1-3% slower at
-# hd64/256; not for packed sequences at hd128 (ptxas spills).
-overrides: {"hd64": {block_m: 192, warps: 16, persistent: 0, defer_pv_wait: 0}, "hd64/softcap": {block_m: 128, warps: 12},
+# hd64/256; not for packed sequences at hd128 (ptxas spills). On 192-row tiles a causal consumer passes by the key tiles
+# none of its rows sees (pass_unseen, ws_mainloop.cuh; compiled where block_m > block_n): 1.5-4.7% faster at hd64 / hd96
+# from 4k; on hd256's 128 x 64 tiles 1-2% slower (the ping-pong turns keep the passing consumer waiting).
+overrides: {"hd64": {block_m: 192, warps: 16, persistent: 0, defer_pv_wait: 0, pass_unseen: 1}, "hd64/softcap": {block_m: 128, warps: 12},
             "hd64/alibi": {block_m: 128, warps: 12}, "hd64/score_mod": {block_m: 128, warps: 12},
             "hd64/mask_mod": {block_m: 128, warps: 12},
             "hd64/seqlen_q<=1024": {block_m: 128, warps: 12, persistent: 1, defer_pv_wait: 1},
             "hd64/causal/seqlen_q<=2048": {block_m: 128, warps: 12, persistent: 1, defer_pv_wait: 1, stages: 3},
-            "hd96": {block_m: 192, block_n: 112, warps: 16, persistent: 0, defer_pv_wait: 0},
+            "hd96": {block_m: 192, block_n: 112, warps: 16, persistent: 0, defer_pv_wait: 0, pass_unseen: 1},
             "hd96/causal/seqlen_q<=2048": &hd96_narrow {block_m: 128, block_n: 128, warps: 12, persistent: 1, defer_pv_wait: 1},
             "hd96/window": *hd96_narrow, "hd96/alibi": *hd96_narrow,
             "hd96/score_mod": {<<: *hd96_narrow, persistent: 0}, "hd96/mask_mod": {<<: *hd96_narrow, persistent: 0},

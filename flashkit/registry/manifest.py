@@ -28,7 +28,7 @@ FEATURES = ("causal", "block_sparse", "fp8", "backward", "lse", "gqa", "window",
 # heaviest_first: a causal backward's CTAs take key blocks heaviest first in groups the host sizes per call
 # (Params.bwd.order_pairs: hopper/bwd_launch_order.cuh, runtime/bwd_order.py); mask_warps: a Hopper backward's
 # mask_mod element mask is evaluated by the producer warpgroup's other warps, not by the consumers (hopper/bwd_keep.cuh).
-LAUNCH_FLAGS = ("persistent", "defer_pv_wait", "heaviest_first", "mask_warps")
+LAUNCH_FLAGS = ("persistent", "defer_pv_wait", "heaviest_first", "mask_warps", "pass_unseen")
 GRID_KINDS = ("q_blocks", "tiles", "heads", "score_tiles", "row_groups", "kv_tiles", "kv_splits", "split_combine")
 WORKSPACE_KINDS = ("none", "scores", "running_state", "v_transposed", "dq_accum", "split_partials")
 REQUIRED = ("name", "summary", "entry", "arch", "dtypes", "head_dims", "features", "launch")

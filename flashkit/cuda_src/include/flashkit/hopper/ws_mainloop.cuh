@@ -195,20 +195,44 @@ __device__ __forceinline__ void consumer_step(Loop& loop, const Turn& turn, cons
     if constexpr (!kDeferPvWait) settle_pv(loop, v_ring, slot - 1, true);
 }
 
+// Where a consumer passes by the first visits of a causal tile that none of its rows sees (the launch flag
+// pass_unseen, FLASHKIT_PASS_UNSEEN = 1; mask.cuh's unseen_leading_visits): with 192-row tiles, or 64-key tiles, the
+// top consumer's rows see fewer key tiles than the bottom one's (up to 9% of a causal call's products at 4k keys).
+#ifndef FLASHKIT_PASS_UNSEEN
+#define FLASHKIT_PASS_UNSEEN 0
+#endif
+constexpr bool kPassUnseen = FLASHKIT_PASS_UNSEEN != 0;
+
+// A visit a consumer passes by: the stages handed back in their phases (each after it has landed, so that an
+// arrival never counts towards an earlier round of the stage) and the turn the visit's products would have taken.
+template <class Turn, class Ring>
+__device__ __forceinline__ void pass_visit(const Turn& turn, const Ring& k_ring, const Ring& v_ring, int slot) {
+    k_ring.wait_full(slot);
+    turn.wait_turn();
+    turn.pass_turn();
+    k_ring.release(slot);
+    v_ring.wait_full(slot);
+    v_ring.release(slot);
+}
+
 // The whole main loop of one consumer over the tile's n_blocks visited tiles (n_blocks > 0; Q has
 // landed): visit i is tile mask.kv_block(n_blocks - 1 - i), in ring slot cta.ring_pos + i; the first
-// num_masked_blocks() visits need the element mask. Masked and unmasked visits run in two copies of the
-// step and the last P V is peeled: a branch between the wgmma waits would make ptxas wait for every
-// product in flight.
+// num_masked_blocks() visits need the element mask. The first `skip` visits are passed by (pass_visit) and the rest
+// run as a main loop of their own, its slots and visit numbers from the first one run. Masked and unmasked visits
+// run in two copies of the step and the last P V is peeled: a branch between the wgmma waits would make ptxas wait
+// for every product in flight.
 template <class Kt, class Loop, class Turn>
 __device__ __forceinline__ void consumer_mainloop(Loop& loop, const Turn& turn, const WsCta<Kt>& cta, int n_blocks,
-                                                  int row0, int col_lane) {
+                                                  int skip, int row0, int col_lane) {
     const typename Kt::Ring& k_ring = cta.k_ring;
     const typename Kt::Ring& v_ring = cta.v_ring;
-    const int pos = cta.ring_pos;
-    const int n_masked = loop.mask.num_masked_blocks();
-    loop.prefetch(loop.mask.kv_block(n_blocks - 1));
+    const int pos = cta.ring_pos + skip;
+    const int n_masked = loop.mask.num_masked_blocks() - skip;   // (every visit passed by is a masked one)
+    n_blocks -= skip;
     turn.start();
+#pragma unroll 1
+    for (int i = 0; i < skip; ++i) pass_visit(turn, k_ring, v_ring, cta.ring_pos + i);
+    loop.prefetch(loop.mask.kv_block(n_blocks - 1));
     k_ring.wait_full(pos);
     turn.wait_turn();
     loop.issue_scores(pos);
