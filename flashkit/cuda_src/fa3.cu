@@ -20,7 +20,7 @@ launch: {grid: tiles, persistent: 1, defer_pv_wait: 1, block_m: 128, block_n: 12
 # drop-in functors run one tile a CTA: the persistent loop's state does not fit beside their main loops (spills). A consumer waits for each P V at the top of its next visit
 # (defer_pv_wait, ws_mainloop.cuh): measured 3-15% faster at hd96/128/192 on two consumers, 1-3% slower at
 # hd64/256; not for packed sequences at hd128 (ptxas spills). On 192-row tiles a causal consumer passes by the key tiles
-# none of its rows sees (pass_unseen, ws_mainloop.cuh; compiled where block_m > block_n): 1.5-4.7% faster at hd64 / hd96
+# none of its rows sees (pass_unseen, ws_mainloop.cuh; compiled where block_m > block_n): 1.1-4.7% faster at hd64 / hd96
 # from 4k; on hd256's 128 x 64 tiles 1-2% slower (the ping-pong turns keep the passing consumer waiting).
 overrides: {"hd64": {block_m: 192, warps: 16, persistent: 0, defer_pv_wait: 0, pass_unseen: 1}, "hd64/softcap": {block_m: 128, warps: 12},
             "hd64/alibi": {block_m: 128, warps: 12}, "hd64/score_mod": {block_m: 128, warps: 12},
