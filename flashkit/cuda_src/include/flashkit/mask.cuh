@@ -68,7 +68,8 @@ struct CausalMask {
 // How many of the first visited tiles (num_kv_blocks() > 0) no row of a part of the block sees (rows [row_lo,
 // row_lo + rows): one consumer warpgroup's of a Hopper query tile), so that the part may pass them by: causal, the
 // tiles past the part's last visible key, which come first in visiting order; at most all but one, so that a part
-// still runs a main loop (O = 0 on rows that see nothing). Every visit passed by is a masked one. Other masks: none.
+// still runs a main loop (O = 0 on rows that see nothing). Every visit passed by is a masked one (but for a part
+// wholly past seqlen_q, whose rows are never stored). Other masks: none.
 // The count is the same in every lane of a warp, and is returned through a warp reduction, whose result ptxas keeps in
 // a uniform register: the ring slots formed from it then stay uniform, as the wgmma descriptors need them (formed in
 // ordinary registers, the causal hd128 kernel measured 8% slower).

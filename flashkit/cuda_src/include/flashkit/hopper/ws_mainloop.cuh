@@ -227,7 +227,9 @@ __device__ __forceinline__ void consumer_mainloop(Loop& loop, const Turn& turn, 
     const typename Kt::Ring& k_ring = cta.k_ring;
     const typename Kt::Ring& v_ring = cta.v_ring;
     const int pos = cta.ring_pos + skip;
-    const int n_masked = loop.mask.num_masked_blocks() - skip;   // (every visit passed by is a masked one)
+    // (every visit passed by is a masked one, but for a consumer wholly past seqlen_q: its one visit may then run
+    // unmasked, on rows that are never stored)
+    const int n_masked = loop.mask.num_masked_blocks() - skip;
     n_blocks -= skip;
     turn.start();
 #pragma unroll 1
