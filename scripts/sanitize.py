@@ -20,7 +20,8 @@ DECODE_ROWS = 3         # query rows for the variants that only serve decode-siz
 PREFIX = 20             # prefix_lm's bidirectional prefix: tiles of every state at SHAPE's lengths
 WINDOW = (24, 8)        # window_size (left, right): visits cut on both sides at SHAPE's lengths
 SOFTCAP = 2.0           # softcap: small, so that its slopes (1 - tanh^2) are far from 1
-PASS_ROWS = 2113        # causal rows past 2048 at hd64: 192-row tiles, whose top consumers pass key tiles by
+PASS_ROWS = 2113        # causal rows past 2048: hd64's 192-row tiles and hd256's 64-key ones, whose top consumers
+                        # pass key tiles by
 
 
 def inputs(head_dim: int, dtype: str, seed: int, rows: int = SHAPE[1]):
@@ -83,9 +84,11 @@ def main(names: list[str]) -> None:
                 forward(spec, head_dim, causal)
             if causal and passes_unseen(spec):   # the stages a consumer hands back unread (hopper/ws_mainloop.cuh)
                 rng = cp.random.default_rng(3)
-                q, k, v = (rng.standard_normal((1, rows, heads, 64), dtype=cp.float32).astype(BY_NAME["bfloat16"].storage)
-                           for rows, heads in ((PASS_ROWS, 2), (PASS_ROWS + 16, 1), (PASS_ROWS + 16, 1)))
-                attention(q, k, v, causal=True, variant=spec.name, fp8=bool(spec.requires.get("fp8")))
+                for d in (64, 256):
+                    q, k, v = (rng.standard_normal((1, rows, heads, d), dtype=cp.float32).astype(
+                        BY_NAME["bfloat16"].storage) for rows, heads in ((PASS_ROWS, 2), (PASS_ROWS + 16, 1),
+                                                                        (PASS_ROWS + 16, 1)))
+                    attention(q, k, v, causal=True, variant=spec.name, fp8=bool(spec.requires.get("fp8")))
             cp.cuda.runtime.deviceSynchronize()
             print(f"{spec.name} hd{head_dim} causal={causal}: ran", flush=True)
 

@@ -21,7 +21,10 @@ launch: {grid: tiles, persistent: 1, defer_pv_wait: 1, block_m: 128, block_n: 12
 # (defer_pv_wait, ws_mainloop.cuh): measured 3-15% faster at hd96/128/192 on two consumers, 1-3% slower at
 # hd64/256; not for packed sequences at hd128 (ptxas spills). On 192-row tiles a causal consumer passes by the key tiles
 # none of its rows sees (pass_unseen, ws_mainloop.cuh; compiled where block_m > block_n): 1.1-4.7% faster at hd64 / hd96
-# from 4k; on hd256's 128 x 64 tiles 1-2% slower (the ping-pong turns keep the passing consumer waiting).
+# from 4k. At hd192 / hd256 (128 x 64 tiles) the two consumers issue without the ping-pong turns (free_issue): 0.2-3%
+# faster, and hd256's pass-by 1.3-1.7% more causal (with the turns it lost 1-2%); drop-in functors keep the turns there
+# (ptxas spills them without). At hd128 free issue measured +0.6 to +2.7% causal in one run, -1.3 to +0.6% in another,
+# and 5% slower with ALiBi: the turns stay; three consumers (hd64, hd96) lose 2-8% without them.
 overrides: {"hd64": {block_m: 192, warps: 16, persistent: 0, defer_pv_wait: 0, pass_unseen: 1}, "hd64/softcap": {block_m: 128, warps: 12},
             "hd64/alibi": {block_m: 128, warps: 12}, "hd64/score_mod": {block_m: 128, warps: 12},
             "hd64/mask_mod": {block_m: 128, warps: 12},
@@ -33,8 +36,9 @@ overrides: {"hd64": {block_m: 192, warps: 16, persistent: 0, defer_pv_wait: 0, p
             "hd96/score_mod": {<<: *hd96_narrow, persistent: 0}, "hd96/mask_mod": {<<: *hd96_narrow, persistent: 0},
             "hd96/score_mod+window": {persistent: 0}, "hd96/mask_mod+window": {persistent: 0},
             "hd128/varlen": {defer_pv_wait: 0}, "hd128/score_mod": {persistent: 0}, "hd128/mask_mod": {persistent: 0},
-            "hd192": {block_n: 64}, "hd192/score_mod": {persistent: 0}, "hd192/mask_mod": {persistent: 0},
-            "hd256": {block_n: 64, persistent: 0, defer_pv_wait: 0}}
+            "hd192": {block_n: 64, free_issue: 1}, "hd192/score_mod": {persistent: 0, free_issue: 0}, "hd192/mask_mod": {persistent: 0, free_issue: 0},
+            "hd256": {block_n: 64, persistent: 0, defer_pv_wait: 0, pass_unseen: 1, free_issue: 1},
+            "hd256/score_mod": {free_issue: 0, pass_unseen: 0}, "hd256/mask_mod": {free_issue: 0, pass_unseen: 0}}
 tensor_maps: {q: block_m, k: block_n, v: block_n, o: 64}   # box rows; o: one consumer's 64 rows
 workspace: none
 ---*/
