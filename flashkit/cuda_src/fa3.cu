@@ -23,13 +23,14 @@ launch: {grid: tiles, persistent: 1, defer_pv_wait: 1, block_m: 128, block_n: 12
 # none of its rows sees (pass_unseen, ws_mainloop.cuh; compiled where block_m > block_n): 1.1-4.7% faster at hd64 / hd96
 # from 4k. At hd192 / hd256 (128 x 64 tiles) the two consumers issue without the ping-pong turns (free_issue): 0.2-3%
 # faster, and hd256's pass-by 1.3-1.7% more causal (with the turns it lost 1-2%); drop-in functors keep the turns there
-# (ptxas spills them without). At hd128 free issue measured +0.6 to +2.7% causal in one run, -1.3 to +0.6% in another,
-# and 5% slower with ALiBi: the turns stay; three consumers (hd64, hd96) lose 2-8% without them.
-overrides: {"hd64": {block_m: 192, warps: 16, persistent: 0, defer_pv_wait: 0, pass_unseen: 1}, "hd64/softcap": {block_m: 128, warps: 12},
+# (ptxas spills them without). hd64's two-consumer tables (short calls, softcap) issue freely too: 2-7% faster. At hd128 free issue
+# measured +0.6 to +2.7% causal in one run, -1.3 to +0.6% in another, and 5% slower with ALiBi: the turns stay; three
+# consumers (hd64, hd96) lose 2-8% without them.
+overrides: {"hd64": {block_m: 192, warps: 16, persistent: 0, defer_pv_wait: 0, pass_unseen: 1}, "hd64/softcap": {block_m: 128, warps: 12, free_issue: 1},
             "hd64/alibi": {block_m: 128, warps: 12}, "hd64/score_mod": {block_m: 128, warps: 12},
             "hd64/mask_mod": {block_m: 128, warps: 12},
-            "hd64/seqlen_q<=1024": {block_m: 128, warps: 12, persistent: 1, defer_pv_wait: 1},
-            "hd64/causal/seqlen_q<=2048": {block_m: 128, warps: 12, persistent: 1, defer_pv_wait: 1, stages: 3},
+            "hd64/seqlen_q<=1024": {block_m: 128, warps: 12, persistent: 1, defer_pv_wait: 1, free_issue: 1},
+            "hd64/causal/seqlen_q<=2048": {block_m: 128, warps: 12, persistent: 1, defer_pv_wait: 1, stages: 3, free_issue: 1},
             "hd96": {block_m: 192, block_n: 112, warps: 16, persistent: 0, defer_pv_wait: 0, pass_unseen: 1},
             "hd96/causal/seqlen_q<=2048": &hd96_narrow {block_m: 128, block_n: 128, warps: 12, persistent: 1, defer_pv_wait: 1},
             "hd96/window": *hd96_narrow, "hd96/alibi": *hd96_narrow,
