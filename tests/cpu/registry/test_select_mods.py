@@ -64,6 +64,26 @@ def test_a_score_mod_moves_fa3_hd64_to_two_consumers():
     assert make_config(spec, "bfloat16", 64, False, (9, 0), mods=("window",)).launch_dict["block_m"] == 192
 
 
+def test_fa3_turns_and_pass_by_follow_the_measured_tables():
+    """free_issue (no ping-pong turns) on two consumers at hd64's short / softcap tables, hd192 and hd256, not at hd128,
+    on three consumers or beside a functor; pass_unseen where a tile has more rows than keys (BENCHMARKS.md)."""
+    spec = discover_kernels().specs["fa3"]
+
+    def launch(hd, causal=True, seqlen_q=8192, mods=(), functor=None):
+        cfg = make_config(spec, "bfloat16", hd, causal, (9, 0), False, None, mods, functor, seqlen_q=seqlen_q)
+        d = cfg.launch_dict
+        return d["block_m"], d["block_n"], d.get("free_issue", 0), d.get("pass_unseen", 0)
+
+    assert launch(64) == (192, 128, 0, 1) and launch(96) == (192, 112, 0, 1)         # three consumers: the turns
+    assert launch(64, seqlen_q=2048) == (128, 128, 1, 1)                            # (no pass-by code at 128 x 128)
+    assert launch(64, False, seqlen_q=1024)[2] == 1 and launch(64, mods=("softcap",))[2] == 1
+    assert launch(64, mods=("alibi",))[2] == 0                                      # not measured: the turns
+    assert launch(128)[2:] == (0, 0) and launch(128, mods=("alibi",))[2] == 0
+    assert launch(192)[2] == 1 and launch(256) == (128, 64, 1, 1)
+    assert launch(256, mods=("score_mod", "score_mod_grad"), functor="relative_bias")[2:] == (0, 0)
+    assert "-DFLASHKIT_FREE_ISSUE=1" in make_config(spec, "bfloat16", 256, True, (9, 0)).defines()
+
+
 def test_build_config_defines_only_the_asked_mods():
     spec = discover_kernels().specs["fa2"]
     plain = make_config(spec, "float16", 64, False, (8, 0))
