@@ -1,8 +1,8 @@
 """Tile-shape sweep of the fa3 kernel against cuDNN in the same run (the benchmark convention).
 
-Usage: python3 scripts/sweep_fa3.py [--seqlens 2048,8192] [hd:block_m,block_n,stages[,persistent[,defer[,pass]]] ...]
-(no configuration: the default grid; persistent, defer (defer_pv_wait) and pass (pass_unseen) 0 or 1, default the
-manifest's launch table's, pass 0). Prints TFLOP/s of each configuration and of PyTorch's cuDNN backend, timed interleaved call by
+Usage: python3 scripts/sweep_fa3.py [--seqlens 2048,8192] [hd:block_m,block_n,stages[,persistent[,defer[,pass[,free]]]]
+...] (no configuration: the default grid; persistent, defer (defer_pv_wait), pass (pass_unseen) and free (free_issue)
+0 or 1, default the manifest's launch table's). Prints TFLOP/s of each configuration and of PyTorch's cuDNN backend, timed interleaved call by
 call (both under the same clocks), their ratio, and the largest difference of the two outputs (a configuration
 that computes something else shows there, not only in its time).
 """
@@ -16,6 +16,7 @@ GRID = {64: [(128, 128, 2), (128, 128, 3), (192, 128, 2), (192, 64, 3)],
         128: [(128, 128, 2), (128, 128, 3), (128, 64, 3)],
         256: [(128, 64, 2)]}
 SEQLENS = (2048, 8192)
+FLAGS = ("persistent", "defer_pv_wait", "pass_unseen", "free_issue")   # a configuration's optional fields, in order
 TOKENS, HIDDEN = 16384, 2048
 
 
@@ -66,12 +67,10 @@ def main(argv: list[str]) -> None:
                 problem = Problem(batch=b, seqlen_q=n, seqlen_k=n, heads=heads, kv_heads=heads, head_dim=hd,
                                   dtype="bfloat16", softmax_scale=hd ** -0.5)
                 for bm, bn, st, *rest in configs:
-                    persistent = rest[0] if rest else base.launch.get("persistent", 0)
-                    defer = rest[1] if len(rest) > 1 else base.launch.get("defer_pv_wait", 0)
-                    passing = rest[2] if len(rest) > 2 else 0
+                    flags = dict(zip(FLAGS, rest))   # the switches given, the others the launch table's
+                    flags = {f: flags.get(f, base.launch.get(f, 0)) for f in FLAGS}
                     spec = dataclasses.replace(base, launch={"block_m": bm, "block_n": bn, "stages": st,
-                                                             "warps": (bm // 64 + 1) * 4, "persistent": persistent,
-                                                             "defer_pv_wait": defer, "pass_unseen": passing},
+                                                             "warps": (bm // 64 + 1) * 4, **flags},
                                                overrides={})
 
                     q0, k0, v0 = inputs[0]
@@ -91,7 +90,7 @@ def main(argv: list[str]) -> None:
                     try:   # each configuration timed interleaved with cuDNN (bench/timing.time_interleaved)
                         t_cudnn, t = time_cupy_interleaved([cudnn_call, fa3], 5, 30)
                         tf, tc = flops / t / 1e9, flops / t_cudnn / 1e9
-                        tag = ("p" if persistent else "") + ("d" if defer else "") + ("u" if passing else "")
+                        tag = "".join(letter for f, letter in zip(FLAGS, "pduf") if flags[f])
                         print(f"{shape.label:28.28s} {bm}x{bn}x{st}{tag:<6s} "
                               f"{tf:6.0f} {tc:6.0f} {tf / tc:.3f}  max|fa3 - cudnn| {err:.2e}", flush=True)
                     except Exception as exc:

@@ -124,12 +124,12 @@ def named_tiles(mod: Any, signature: tuple | None) -> KeptTiles | None:
     argument's contents may change between calls, so those classify every call)."""
     if signature is None:
         return None
-    from ..registry import discover_kernels
-    spec = discover_kernels().mods.get(mod)
-    if spec is None or not spec.mask or any(a.kind == "pointer" for a in spec.args):
-        return None
-    tiles = _NAMED.get(signature)
+    tiles = _NAMED.get(signature)   # (a kept signature was checked when it was first seen: its file state is in it)
     if tiles is None:
+        from ..registry import discover_kernels
+        spec = discover_kernels().mods.get(mod)
+        if spec is None or not spec.mask or any(a.kind == "pointer" for a in spec.args):
+            return None
         tiles = _NAMED[signature] = KeptTiles(NAMED_GEOMETRIES)
         while len(_NAMED) > NAMED_SIGNATURES:
             _NAMED.popitem(last=False)

@@ -39,6 +39,17 @@ __device__ __forceinline__ void pack_a_fragment(u32 (&a)[4], const float (&p)[kN
     a[3] = pack_float2<T>(p[2 * kk + 1][2], p[2 * kk + 1][3]);
 }
 
+// Every element of a set of mma accumulator fragments (c[i][j]: one 16x8 fp32 C fragment, 4 a thread) set to 0.
+template <int kI, int kJ>
+__device__ __forceinline__ void zero_fragments(float (&c)[kI][kJ][4]) {
+#pragma unroll
+    for (int i = 0; i < kI; ++i)
+#pragma unroll
+        for (int j = 0; j < kJ; ++j)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) c[i][j][e] = 0.f;
+}
+
 __device__ __forceinline__ float quad_max(float x) {
     x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 1));
     return fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 2));

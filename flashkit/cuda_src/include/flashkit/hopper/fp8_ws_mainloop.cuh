@@ -63,10 +63,7 @@ struct WsMainloop {
             const int row = min(row0 + h * kFragRowHalf, p.seqlen_q - 1);
             row_scale[h] = q_scale[row / p.scale_block_rows] * p.softmax_scale_log2;
         }
-#pragma unroll
-        for (int nd = 0; nd < Kt::kDTiles; ++nd)
-#pragma unroll
-            for (int e = 0; e < 4; ++e) acc_o[0][nd][e] = 0.f;
+        zero_fragments(acc_o);
         v_ref = 1.f;
         softmax.init();
     }

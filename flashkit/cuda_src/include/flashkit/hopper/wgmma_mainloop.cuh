@@ -45,10 +45,7 @@ struct HopperMainloop {
         k_gmem = gmma::slice_bytes<Element>(p.k, batch * p.k_batch_stride, kv_head * p.k_head_stride);
         v_gmem = gmma::slice_bytes<Element>(p.v, batch * p.v_batch_stride, kv_head * p.v_head_stride);
         warpgroup = tid / gmma::kWarpgroupThreads;
-#pragma unroll
-        for (int nd = 0; nd < Kt::kDTiles; ++nd)
-#pragma unroll
-            for (int e = 0; e < 4; ++e) acc_o[0][nd][e] = 0.f;
+        zero_fragments(acc_o);
         softmax.init();
     }
 

@@ -115,10 +115,7 @@ struct WsMainloop {
                                           int consumer, int /*tile_row0*/)
         : mask(mask_), score_mod(p, head, batch), q_tile(smem + Kt::kQOffset), k_tiles(smem + Kt::kKOffset), v_tiles(smem + Kt::kVOffset),
           q_row0(consumer * gmma::kWarpgroupRows), scale_log2(p.softmax_scale_log2) {
-#pragma unroll
-        for (int nd = 0; nd < Kt::kDTiles; ++nd)
-#pragma unroll
-            for (int e = 0; e < 4; ++e) acc_o[0][nd][e] = 0.f;
+        zero_fragments(acc_o);
         softmax.init();
     }
 

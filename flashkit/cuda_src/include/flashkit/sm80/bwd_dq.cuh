@@ -19,12 +19,7 @@ __device__ __forceinline__ void BwdMainloop<Kt, Mask, Mod>::accumulate_dq(int he
     const LdsmLane<kM> la = ldsm_rows8x2<kM>(lane);   // dS from dS^T [key][query]: .trans A
     const LdsmLane<kD> lb = ldsm_rows16<kD>(lane);    // K [key][d]: .trans B
     float acc[Kt::kDqMTiles][Kt::kDqDTiles][4];
-#pragma unroll
-    for (int mt = 0; mt < Kt::kDqMTiles; ++mt)
-#pragma unroll
-        for (int nd = 0; nd < Kt::kDqDTiles; ++nd)
-#pragma unroll
-            for (int e = 0; e < 4; ++e) acc[mt][nd][e] = 0.f;
+    zero_fragments(acc);
 #pragma unroll
     for (int kk = 0; kk < Kt::kNSteps; ++kk) {
         u32 a[Kt::kDqMTiles][4];

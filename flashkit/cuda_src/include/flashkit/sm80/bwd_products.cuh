@@ -16,12 +16,7 @@ __device__ __forceinline__ void BwdMainloop<Kt, Mask, Mod>::gemm_keys_by_queries
     const LdsmLane<kD> la = ldsm_rows16<kD>(lane);
     const LdsmLane<kD> lb = ldsm_rows8x2<kD>(lane);
     const int r0 = key_row0(), q0 = query_col0();
-#pragma unroll
-    for (int mi = 0; mi < Kt::kKeyTiles; ++mi)
-#pragma unroll
-        for (int ni = 0; ni < Kt::kQueryTiles; ++ni)
-#pragma unroll
-            for (int e = 0; e < 4; ++e) c[mi][ni][e] = 0.f;
+    zero_fragments(c);
 #pragma unroll
     for (int kk = 0; kk < Kt::kDSteps; ++kk) {
         u32 a[Kt::kKeyTiles][4];

@@ -70,10 +70,7 @@ struct DecodeWarp {
         const u32 q_lane = sQ + (lane % 16) * Kt::kRowBytes;
 #pragma unroll
         for (int kk = 0; kk < Kt::kQKSteps; ++kk) ldsm_x4(q_frag[kk], q_lane + cols_hi16.col(kk) * Kt::kElemBytes);
-#pragma unroll
-        for (int nd = 0; nd < Kt::kDTiles; ++nd)
-#pragma unroll
-            for (int e = 0; e < 4; ++e) acc_o[0][nd][e] = 0.f;
+        zero_fragments(acc_o);
         softmax.init();
     }
 
@@ -81,10 +78,7 @@ struct DecodeWarp {
     __device__ __forceinline__ void step(u32 sK, int n0, bool masked, const int (&key_end)[2], int lane,
                                          float scale_log2) {
         float s[1][Kt::kNTiles][4];
-#pragma unroll
-        for (int ni = 0; ni < Kt::kNTiles; ++ni)
-#pragma unroll
-            for (int e = 0; e < 4; ++e) s[0][ni][e] = 0.f;
+        zero_fragments(s);
 #pragma unroll
         for (int kk = 0; kk < Kt::kQKSteps; ++kk) {   // S = Q K^T
             u32 b[4];

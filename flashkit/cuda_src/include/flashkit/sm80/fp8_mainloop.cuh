@@ -139,12 +139,7 @@ struct Mainloop {
                 const int row = min(row0 + mi * kMmaM + h * kFragRowHalf, p.seqlen_q - 1);
                 row_scale[mi][h] = q_scale[row / p.scale_block_rows] * p.softmax_scale_log2;
             }
-#pragma unroll
-        for (int mi = 0; mi < kMTiles; ++mi)
-#pragma unroll
-            for (int nd = 0; nd < Kt::kDTiles; ++nd)
-#pragma unroll
-                for (int e = 0; e < 4; ++e) acc_o[mi][nd][e] = 0.f;
+        zero_fragments(acc_o);
         v_scale_cur = 1.f;
         softmax.init();
     }
@@ -177,12 +172,7 @@ struct Mainloop {
 
     // S = Q K^T (raw e4m3 products) for the resident K tile.
     __device__ __forceinline__ void gemm_qk(float (&s)[kMTiles][Kt::kNTiles][4]) const {
-#pragma unroll
-        for (int mi = 0; mi < kMTiles; ++mi)
-#pragma unroll
-            for (int ni = 0; ni < Kt::kNTiles; ++ni)
-#pragma unroll
-                for (int e = 0; e < 4; ++e) s[mi][ni][e] = 0.f;
+        zero_fragments(s);
 #pragma unroll
         for (int kk = 0; kk < Kt::kQKSteps; ++kk) {
             u32 a[kMTiles][4];

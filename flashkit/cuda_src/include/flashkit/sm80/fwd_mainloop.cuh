@@ -78,12 +78,7 @@ struct FwdMainloop {
         // V (B operand of P V, .trans): lanes 8-15 / 24-31 address keys 8-15, lanes 16+ the
         // second 8-column half (cols_hi16).
         v_lane = sV + (((lane / 8) % 2) * kMmaN + r8) * kVRowBytes;
-#pragma unroll
-        for (int mi = 0; mi < kMTiles; ++mi)
-#pragma unroll
-            for (int nd = 0; nd < Kt::kDTiles; ++nd)
-#pragma unroll
-                for (int e = 0; e < 4; ++e) acc_o[mi][nd][e] = 0.f;
+        zero_fragments(acc_o);
         softmax.init();
     }
 
@@ -108,12 +103,7 @@ struct FwdMainloop {
 
     // S = Q K^T for the resident K tile.
     __device__ __forceinline__ void gemm_qk(float (&s)[kMTiles][Kt::kNTiles][4]) const {
-#pragma unroll
-        for (int mi = 0; mi < kMTiles; ++mi)
-#pragma unroll
-            for (int ni = 0; ni < Kt::kNTiles; ++ni)
-#pragma unroll
-                for (int e = 0; e < 4; ++e) s[mi][ni][e] = 0.f;
+        zero_fragments(s);
 #pragma unroll
         for (int kk = 0; kk < Kt::kQKSteps; ++kk) {
             u32 a[kMTiles][4];
