@@ -13,6 +13,7 @@
 #pragma once
 
 #include "flashkit/fp8.cuh"
+#include "flashkit/hopper/stage_scales.cuh"
 #include "flashkit/hopper/ws_cta.cuh"
 #include "flashkit/hopper/ws_mainloop.cuh"
 #include "flashkit/mask.cuh"
@@ -26,17 +27,17 @@ struct WsMainloop {
     typedef typename Kt::VTile VTile;   // Vt: kHeadDim rows of the tile's keys
     typedef typename Kt::Ring Ring;
     static constexpr int kBN = Kt::kBlockN;
-    static constexpr int kScaleParts = kBN > kMinScaleBlock ? kBN / kMinScaleBlock : 1;   // scale blocks a tile may span
+    static constexpr int kScaleParts = hopper::StagedScales<Kt>::kParts;   // scale blocks a tile may span
     static constexpr int kPartTiles = Kt::kNTiles / kScaleParts;
     static_assert(Kt::kVTransposed, "e4m3 P V reads Vt");
     static constexpr bool kPingPong = false;   // FreeIssue (ws_mainloop.cuh): the turns cost more than they hide
 
     const Mask& mask;
     const Params& params;
+    u32 smem;            // the CTA's layout base (the staged scales)
     u32 q_tile;          // this consumer's 64 rows start at row 64 * consumer of the Q tile
     u32 k_tiles, v_tiles;
     int q_row0;          // first Q tile row of this consumer
-    int kv_scale0;       // this (batch, kv head)'s first scale block
     float row_scale[2];  // q_scale(row) softmax_scale log2(e), rows g and g + 8
     float v_ref;         // the V scale O is expressed in
     float acc_o[1][Kt::kDTiles][4];
@@ -48,15 +49,13 @@ struct WsMainloop {
     float next_v_ref;
     Softmax<1> softmax;
 
-    __device__ __forceinline__ WsMainloop(const Mask& mask_, const Params& p, int head, int batch, u32 smem,
+    __device__ __forceinline__ WsMainloop(const Mask& mask_, const Params& p, int head, int batch, u32 smem_,
                                           int consumer, int tile_row0)
-        : mask(mask_), params(p), q_tile(smem + Kt::kQOffset), k_tiles(smem + Kt::kKOffset),
-          v_tiles(smem + Kt::kVOffset), q_row0(consumer * gmma::kWarpgroupRows) {
+        : mask(mask_), params(p), smem(smem_), q_tile(smem_ + Kt::kQOffset), k_tiles(smem_ + Kt::kKOffset),
+          v_tiles(smem_ + Kt::kVOffset), q_row0(consumer * gmma::kWarpgroupRows) {
         const int tid_in_group = threadIdx.x % gmma::kWarpgroupThreads;
         const int row0 = tile_row0 + q_row0 + tid_in_group / kWarpSize * Kt::kWarpRows +
                          tid_in_group % kWarpSize / kQuadLanes;   // the thread's row g (then g + 8)
-        const int kv_head = head / (p.heads / p.kv_heads);   // GQA / MQA
-        kv_scale0 = (batch * p.kv_heads + kv_head) * p.k_scale_blocks;
         const float* q_scale = p.q_scale + (static_cast<index_t>(batch) * p.heads + head) * p.q_scale_blocks;
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
@@ -68,20 +67,14 @@ struct WsMainloop {
         softmax.init();
     }
 
-    // The K and V scales of tile n_block's key blocks (read before the visit's waits, so that their
-    // latency runs under the products): v_ref is their maximum, the ratios what P is multiplied by where
-    // the tile spans two V scale blocks.
-    __device__ __forceinline__ void prefetch(int n_block) {
+    // The K and V scales of the tile in ring slot `slot`, staged by the producer (stage_scales.cuh): v_ref is their
+    // maximum, the ratios what P is multiplied by where the tile spans two V scale blocks.
+    __device__ __forceinline__ void stage_landed(int slot) {
         float vs[kScaleParts];
+        hopper::StagedScales<Kt>::read(smem, Ring::stage(slot), next_ks, vs);
         next_v_ref = 0.f;
 #pragma unroll
-        for (int part = 0; part < kScaleParts; ++part) {
-            const int block = min((n_block * kBN + part * kMinScaleBlock) / params.scale_block_rows,
-                                  params.k_scale_blocks - 1);
-            next_ks[part] = params.k_scale[kv_scale0 + block];
-            vs[part] = params.v_scale[kv_scale0 + block];
-            next_v_ref = fmaxf(next_v_ref, vs[part]);
-        }
+        for (int part = 0; part < kScaleParts; ++part) next_v_ref = fmaxf(next_v_ref, vs[part]);
 #pragma unroll
         for (int part = 0; part < kScaleParts; ++part) next_v_ratio[part] = __fdividef(vs[part], next_v_ref);
     }

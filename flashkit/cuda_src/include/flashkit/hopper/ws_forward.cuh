@@ -35,8 +35,8 @@ __device__ __forceinline__ void produce_tile(WsCta<Kt>& cta, const Params& p, co
                                              const SeqOrigin& origin) {
     const int n_blocks = mask.num_kv_blocks();
     const int kv_head = head / (p.heads / p.kv_heads);   // GQA / MQA: the kv head of this query head
-    produce<Kt>(cta, mask, n_blocks, maps, TileCoords{origin.q_row + m_block * Kt::kBlockM, head, origin.batch},
-                TileCoords{origin.k_row, kv_head, origin.batch});
+    produce<Kt>(cta, p, mask, n_blocks, maps, TileCoords{origin.q_row + m_block * Kt::kBlockM, head, origin.batch},
+                TileCoords{origin.k_row, kv_head, origin.batch}, batch);
     cta.advance(n_blocks);
 }
 

@@ -119,9 +119,9 @@ struct WsMainloop {
         softmax.init();
     }
 
-    // Before the waits of the visit to tile n_block: what its softmax step reads from global memory (nothing
-    // here; the fp8 loop's scales).
-    __device__ __forceinline__ void prefetch(int /*n_block*/) {}
+    // A visit's K stage has landed in ring slot `slot`: what the producer staged beside the tile (nothing here; the
+    // fp8 loop's scales, stage_scales.cuh), read before the stage is handed back.
+    __device__ __forceinline__ void stage_landed(int /*slot*/) {}
 
     // S_i = Q K_i^T from ring slot `slot` (asynchronous; the first k-step overwrites s).
     __device__ __forceinline__ void issue_scores(int slot) { issue_qk<Kt>(s[0], q_tile, q_row0, k_tiles, slot); }
@@ -188,8 +188,8 @@ __device__ __forceinline__ void consumer_step(Loop& loop, const Turn& turn, cons
                                               const typename Loop::Ring& v_ring, int i, int slot, int n_blocks,
                                               int row0, int col_lane) {
     if constexpr (kDeferPvWait) settle_pv(loop, v_ring, slot - 2, i >= 2);
-    loop.prefetch(loop.mask.kv_block(n_blocks - 1 - i));
     k_ring.wait_full(slot);
+    loop.stage_landed(slot);
     v_ring.wait_full(slot - 1);
     turn.wait_turn();
     loop.issue_scores(slot);
@@ -240,8 +240,8 @@ __device__ __forceinline__ void consumer_mainloop(Loop& loop, const Turn& turn, 
     turn.start();
 #pragma unroll 1
     for (int i = 0; i < skip; ++i) pass_visit(turn, k_ring, v_ring, cta.ring_pos + i);
-    loop.prefetch(loop.mask.kv_block(n_blocks - 1));
     k_ring.wait_full(pos);
+    loop.stage_landed(pos);
     turn.wait_turn();
     loop.issue_scores(pos);
     turn.pass_turn();

@@ -1,11 +1,12 @@
 // The producer of the warp-specialized Hopper forward: one thread of the producer warpgroup issues every
 // TMA load of a query tile. Visit i of the tile loads K_i and V_i into ring slot ring_pos + i as soon as
-// the consumers have handed that stage back; Q loads once per tile, into the Q tile, once every consumer
-// has stored the previous tile's O from it (q_empty). K_0 and V_0 go first: their stages were freed during
-// the previous tile's main loop, so with the persistent scheduler they land under its epilogue.
+// the consumers have handed that stage back, K a visit ahead of V; Q loads once per tile, into the Q tile, once
+// every consumer has stored the previous tile's O from it (q_empty). K_0 goes first: its stage was freed during
+// the previous tile's main loop, so with the persistent scheduler it lands under its epilogue.
 // Rows past seqlen_k read as zeros (TMA's out-of-bounds fill): no ragged-tail code here.
 #pragma once
 
+#include "flashkit/hopper/stage_scales.cuh"
 #include "flashkit/hopper/ws_cta.cuh"
 
 namespace flashkit {
@@ -28,25 +29,37 @@ __device__ __forceinline__ void load_v_tile(u32 dst, const TensorMap& map, u32 b
 }
 
 // One query tile's loads; n_blocks == 0 (no key visible to the tile): no loads, q_full is announced alone.
+// (8-bit inputs: each K stage also gets its tile's scales, stage_scales.cuh; kv_batch: their batch.)
 template <class Kt, class Mask>
-__device__ __forceinline__ void produce(const WsCta<Kt>& cta, const Mask& mask, int n_blocks, const ForwardMaps& maps,
-                                        const TileCoords& q_at, const TileCoords& k_origin) {
+__device__ __forceinline__ void produce(const WsCta<Kt>& cta, const Params& p, const Mask& mask, int n_blocks,
+                                        const ForwardMaps& maps, const TileCoords& q_at, const TileCoords& k_origin,
+                                        int kv_batch) {
     if (cta.tiles == 0) {
         prefetch_tensor_map(maps.q);
         prefetch_tensor_map(maps.k);
         prefetch_tensor_map(maps.v);
     }
-    const auto load_kv = [&](int i) {
-        const int slot = cta.ring_pos + i;
-        const TileCoords kv_at{k_origin.row + mask.kv_block(n_blocks - 1 - i) * Kt::kBlockN, k_origin.head,
-                               k_origin.batch};
-        const int stage = Kt::Ring::stage(slot);
-        load_tile<Kt, typename Kt::KTile>(cta.smem + Kt::kKOffset + stage * Kt::kKStageBytes, maps.k,
-                                          cta.k_ring.acquire(slot, Kt::KTile::kBytes), kv_at);
-        load_v_tile<Kt>(cta.smem + Kt::kVOffset + stage * Kt::kVStageBytes, maps.v,
-                        cta.v_ring.acquire(slot, Kt::VTile::kBytes), kv_at);
+    const auto coords = [&](int i) {
+        return TileCoords{k_origin.row + mask.kv_block(n_blocks - 1 - i) * Kt::kBlockN, k_origin.head, k_origin.batch};
     };
-    if (n_blocks > 0) load_kv(0);
+    const auto load_k = [&](int i) {
+        const int slot = cta.ring_pos + i;
+        const int stage = Kt::Ring::stage(slot);
+        if constexpr (Kt::kStagedScales) {
+            float scales[4];
+            StagedScales<Kt>::load(p, k_origin.head, kv_batch, mask.kv_block(n_blocks - 1 - i), scales);
+            cta.k_ring.wait_empty(slot);
+            st_shared_v4(StagedScales<Kt>::slot(cta.smem, stage), scales);   // published by acquire's arrive
+        }
+        load_tile<Kt, typename Kt::KTile>(cta.smem + Kt::kKOffset + stage * Kt::kKStageBytes, maps.k,
+                                          cta.k_ring.acquire(slot, Kt::KTile::kBytes), coords(i));
+    };
+    const auto load_v = [&](int i) {
+        const int slot = cta.ring_pos + i;
+        load_v_tile<Kt>(cta.smem + Kt::kVOffset + Kt::Ring::stage(slot) * Kt::kVStageBytes, maps.v,
+                        cta.v_ring.acquire(slot, Kt::VTile::kBytes), coords(i));
+    };
+    if (n_blocks > 0) load_k(0);
     // Q is free again (round `tiles` of q_empty, ws_cta.cuh; the first passes at once).
     mbarrier_wait(cta.q_empty, (static_cast<u32>(cta.tiles) & 1u) ^ 1u);
     if (n_blocks > 0) {
@@ -55,7 +68,13 @@ __device__ __forceinline__ void produce(const WsCta<Kt>& cta, const Mask& mask, 
     } else {
         mbarrier_arrive(cta.q_full);
     }
-    for (int i = 1; i < n_blocks; ++i) load_kv(i);
+    // K runs a visit ahead of V (FlashAttention-3's order): a K stage comes back once S has read it, a V stage only
+    // after P V, so K_{i+1} does not queue behind V_i's stage. (K_i after V_i, K_{i+1} landed just in time: bf16 hd128
+    // consumers waited 140-250 of a 2700-cycle visit for it in a clock64 timeline.)
+    for (int i = 0; i < n_blocks; ++i) {
+        if (i + 1 < n_blocks) load_k(i + 1);
+        load_v(i);
+    }
 }
 
 }  // namespace hopper

@@ -7,7 +7,7 @@
 // OnlineSoftmax, pack_a_fragment) serve unchanged. Shared memory, each tile 1024 B aligned in
 // gmma::KMajorTile's layout (what TMA's 128 B swizzle writes, one 128 B panel per box):
 //   [ Q: kBlockM rows | K: kStages tiles of kBlockN rows | V: likewise | (O: kBlockM rows) | mbarriers:
-//     q_full, q_empty, the rings ]
+//     q_full, q_empty, the rings | (8-bit: each stage's scales) ]
 // Each consumer stages its O for the TMA store in its own rows of the O tile: a tile of its own after the
 // V stages when kOwnOTile (the persistent kernels: Q is handed back for the next tile as soon as the last
 // S product has read it, and the O store drains under the next tile's main loop), else the Q tile. Either
@@ -120,7 +120,11 @@ struct WsTraits {
     static constexpr int kQEmptyBarOffset = kQBarOffset + kBarrierBytes;       // q_empty
     static constexpr int kKRingOffset = kQEmptyBarOffset + kBarrierBytes;
     static constexpr int kVRingOffset = kKRingOffset + Ring::kBytes;
-    static constexpr int kSmemBytes = kVRingOffset + Ring::kBytes + gmma::kTileAlign;   // + alignment slack
+    // 8-bit inputs: each K stage's K and V scales, staged by the producer (stage_scales.cuh: 16 B a stage).
+    static constexpr bool kStagedScales = kElemBytes == 1;
+    static constexpr int kScaleOffset = kVRingOffset + Ring::kBytes;
+    static constexpr int kSmemBytes =
+        kScaleOffset + (kStagedScales ? kStages * 16 : 0) + gmma::kTileAlign;   // + alignment slack
 
     static_assert(kConsumers >= 2 && kConsumers <= kMaxConsumers, "2 or 3 consumer warpgroups");
     static_assert(kBlockM == kConsumers * gmma::kWarpgroupRows, "64 query rows per consumer warpgroup");
