@@ -78,7 +78,7 @@ struct OnlineSoftmax {
         for (int mi = 0; mi < kMTiles; ++mi)
 #pragma unroll
             for (int h = 0; h < kRowsPerTile; ++h) {
-                const float m_new = quad_max(row_tile_max<kChains>(s, mi, h, row_max[mi][h]));
+                const float m_new = quad_max(fmaxf(row_max[mi][h], row_tile_max<kChains>(s, mi, h)));
                 alpha[mi][h] = fast_exp2(row_max[mi][h] * scale_log2 - scaled_row_max(m_new, scale_log2));
                 row_max[mi][h] = m_new;
                 row_sum[mi][h] *= alpha[mi][h];
@@ -112,7 +112,7 @@ struct OnlineSoftmax {
 #pragma unroll
             for (int h = 0; h < kRowsPerTile; ++h) {
                 const float m_new =
-                    fmaxf(row_max[mi][h], quad_max(row_tile_max<kChains>(s, mi, h, FLASHKIT_NEG_INF)) * c[mi][h]);
+                    fmaxf(row_max[mi][h], quad_max(row_tile_max<kChains>(s, mi, h)) * c[mi][h]);
                 alpha[mi][h] = fast_exp2(row_max[mi][h] - scaled_row_max(m_new, 1.f));
                 row_max[mi][h] = m_new;
                 const float bias = scaled_row_max(m_new, 1.f) - PScale::kLog2;
@@ -135,15 +135,16 @@ struct OnlineSoftmax {
             }
     }
 
-    // max(init, this lane's entries of row h of tile mi), in kChains independent chains (short dependency chains).
+    // max of this lane's entries of row h of tile mi, in kChains independent chains (short dependency chains), each
+    // started from its first pair (a chain started from an initial value costs an instruction more per chain).
     template <int kChains, int kNTiles>
-    __device__ __forceinline__ static float row_tile_max(const float (&s)[kMTiles][kNTiles][4], int mi, int h,
-                                                         float init) {
+    __device__ __forceinline__ static float row_tile_max(const float (&s)[kMTiles][kNTiles][4], int mi, int h) {
+        static_assert(kNTiles >= kChains, "a pair for every chain");
         float chain[kChains];
 #pragma unroll
-        for (int c = 0; c < kChains; ++c) chain[c] = init;
+        for (int c = 0; c < kChains; ++c) chain[c] = fmaxf(s[mi][c][2 * h], s[mi][c][2 * h + 1]);
 #pragma unroll
-        for (int ni = 0; ni < kNTiles; ++ni)
+        for (int ni = kChains; ni < kNTiles; ++ni)
             chain[ni % kChains] = fmaxf(chain[ni % kChains], fmaxf(s[mi][ni][2 * h], s[mi][ni][2 * h + 1]));
         float m = chain[0];
 #pragma unroll
