@@ -78,7 +78,7 @@ struct OnlineSoftmax {
         for (int mi = 0; mi < kMTiles; ++mi)
 #pragma unroll
             for (int h = 0; h < kRowsPerTile; ++h) {
-                const float m_new = quad_max(fmaxf(row_max[mi][h], row_tile_max<kChains>(s, mi, h)));
+                const float m_new = quad_max(row_tile_max<kChains>(s, mi, h, row_max[mi][h]));
                 alpha[mi][h] = fast_exp2(row_max[mi][h] * scale_log2 - scaled_row_max(m_new, scale_log2));
                 row_max[mi][h] = m_new;
                 row_sum[mi][h] *= alpha[mi][h];
@@ -135,8 +135,25 @@ struct OnlineSoftmax {
             }
     }
 
-    // max of this lane's entries of row h of tile mi, in kChains independent chains (short dependency chains), each
-    // started from its first pair (a chain started from an initial value costs an instruction more per chain).
+    // max(init, this lane's entries of row h of tile mi), in kChains independent chains (short dependency chains).
+    template <int kChains, int kNTiles>
+    __device__ __forceinline__ static float row_tile_max(const float (&s)[kMTiles][kNTiles][4], int mi, int h,
+                                                         float init) {
+        float chain[kChains];
+#pragma unroll
+        for (int c = 0; c < kChains; ++c) chain[c] = init;
+#pragma unroll
+        for (int ni = 0; ni < kNTiles; ++ni)
+            chain[ni % kChains] = fmaxf(chain[ni % kChains], fmaxf(s[mi][ni][2 * h], s[mi][ni][2 * h + 1]));
+        float m = chain[0];
+#pragma unroll
+        for (int c = 1; c < kChains; ++c) m = fmaxf(m, chain[c]);
+        return m;
+    }
+
+    // The same without an initial value: each chain starts from its first pair (to_probabilities_scaled, whose
+    // chains started from -inf, four instructions a row for nothing). (update_max keeps the form above: folding
+    // row_max in after the chains made ptxas spill fa2's fp16 hd192 kernel, 16 B.)
     template <int kChains, int kNTiles>
     __device__ __forceinline__ static float row_tile_max(const float (&s)[kMTiles][kNTiles][4], int mi, int h) {
         static_assert(kNTiles >= kChains, "a pair for every chain");
