@@ -163,6 +163,7 @@ class LoadedKernel:
     smem_bytes: int
     aux: dict = field(default_factory=dict)   # helper entries by name (a mask_mod build's tile classifier)
     entry_smem: tuple = ()                    # per entry, where the module exports its own (else smem_bytes)
+    module: object = None                     # the cupy RawModule (its globals: the timeline launch flag's stamps)
 
     def smem_of(self, index: int) -> int:
         """The dynamic shared memory entry `index` launches with."""
@@ -203,7 +204,7 @@ def build_module(spec: KernelSpec, config: BuildConfig, cc: tuple[int, int]) -> 
         if bytes_ > DEFAULT_SMEM_LIMIT:
             fn.max_dynamic_shared_size_bytes = bytes_
     aux = {entry: module.get_function(entry) for entry in aux_entries(spec, config)}
-    loaded = LoadedKernel(functions, smem, aux, entry_smem)
+    loaded = LoadedKernel(functions, smem, aux, entry_smem, module)
     _MODULES[key] = loaded
     return loaded
 

@@ -14,6 +14,7 @@
 // may ask for FreeIssue instead (kPingPong = false: fp8's, whose products are short beside its softmax).
 #pragma once
 
+#include "flashkit/hopper/timeline.cuh"
 #include "flashkit/hopper/ws_cta.cuh"
 #include "flashkit/fragment.cuh"
 #include "flashkit/mask.cuh"
@@ -187,17 +188,23 @@ template <bool kMasked, class Loop, class Turn>
 __device__ __forceinline__ void consumer_step(Loop& loop, const Turn& turn, const typename Loop::Ring& k_ring,
                                               const typename Loop::Ring& v_ring, int i, int slot, int n_blocks,
                                               int row0, int col_lane) {
+    timeline_stamp(i, kVisitStart);
     if constexpr (kDeferPvWait) settle_pv(loop, v_ring, slot - 2, i >= 2);
+    timeline_stamp(i, kVisitSettled);
     k_ring.wait_full(slot);
     loop.stage_landed(slot);
     v_ring.wait_full(slot - 1);
+    timeline_stamp(i, kOperandsIn);
     turn.wait_turn();
     loop.issue_scores(slot);
     loop.issue_pv(slot - 1);
     turn.pass_turn();
+    timeline_stamp(i, kIssued);
     gmma::wait<1>();   // S_i landed; P_{i-1} V_{i-1} still running
+    timeline_stamp(i, kScoresIn);
     k_ring.release(slot);
     loop.template softmax_step<kMasked>(loop.mask.kv_block(n_blocks - 1 - i), row0, col_lane);
+    timeline_stamp(i, kSoftmaxDone);
     if constexpr (!kDeferPvWait) settle_pv(loop, v_ring, slot - 1, true);
 }
 

@@ -7,6 +7,7 @@
 #pragma once
 
 #include "flashkit/hopper/stage_scales.cuh"
+#include "flashkit/hopper/timeline.cuh"
 #include "flashkit/hopper/ws_cta.cuh"
 
 namespace flashkit {
@@ -53,11 +54,13 @@ __device__ __forceinline__ void produce(const WsCta<Kt>& cta, const Params& p, c
         }
         load_tile<Kt, typename Kt::KTile>(cta.smem + Kt::kKOffset + stage * Kt::kKStageBytes, maps.k,
                                           cta.k_ring.acquire(slot, Kt::KTile::kBytes), coords(i));
+        timeline_stamp(i, kKIssued);
     };
     const auto load_v = [&](int i) {
         const int slot = cta.ring_pos + i;
         load_v_tile<Kt>(cta.smem + Kt::kVOffset + Kt::Ring::stage(slot) * Kt::kVStageBytes, maps.v,
                         cta.v_ring.acquire(slot, Kt::VTile::kBytes), coords(i));
+        timeline_stamp(i, kVIssued);
     };
     if (n_blocks > 0) load_k(0);
     // Q is free again (round `tiles` of q_empty, ws_cta.cuh; the first passes at once).
