@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
-"""Where a Hopper forward visit's cycles go (flashkit/bench/timeline.py): the variant rebuilt with clock64 stamps,
-one call, the median cycles of each phase of a main-loop visit per consumer warpgroup.
+"""Where a Hopper kernel's visit cycles go (flashkit/bench/timeline.py): the variant rebuilt with clock64 stamps,
+one call, the median cycles of each phase of a main-loop visit per consumer warpgroup. Forward: fa3, fa3_fp8,
+block_sparse_hopper; backward: fa3_bwd (hd64 to hd128), on the default forward's output.
 
 Usage: python3 scripts/timeline.py [--variant fa3] [--head-dim 128] [--seqlen 8192] [--batch 1] [--heads 16]
                                    [--dtype bfloat16]

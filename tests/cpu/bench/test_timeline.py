@@ -20,6 +20,12 @@ def test_the_copy_is_a_renamed_drop_in_with_the_flag(tmp_path):
     assert copy.overrides == spec.overrides and copy.entries == spec.entries
 
 
+@pytest.mark.parametrize("variant", ["fa3", "fa3_fp8", "block_sparse_hopper", "fa3_bwd"])
+def test_every_hopper_variant_has_a_copy(tmp_path, variant):
+    copy = parse_file(tmp_path / f"{timeline.write_copy(discover_kernels().get(variant), tmp_path)}.cu")
+    assert copy.launch["timeline"] == 1 and copy.name == variant + timeline.SUFFIX
+
+
 def test_a_variant_without_timeline_points_is_refused(tmp_path):
     with pytest.raises(FlashkitError, match="no timeline points"):
         timeline.write_copy(discover_kernels().get("fa2"), tmp_path)
@@ -30,11 +36,12 @@ def test_a_manifest_it_cannot_rewrite_is_refused():
         timeline.timeline_source("/*---\nname: other\n---*/\n", "fa3")
 
 
-def test_the_timeline_build_carries_its_stamps_and_the_plain_one_does_not(tmp_path):
-    """GPU-less NVRTC compile of fa3 hd128 with and without the flag (the symbol scripts/timeline.py reads)."""
+@pytest.mark.parametrize("variant", ["fa3", "fa3_bwd"])
+def test_the_timeline_build_carries_its_stamps_and_the_plain_one_does_not(tmp_path, variant):
+    """GPU-less NVRTC compile of hd128 with and without the flag (the symbol scripts/timeline.py reads)."""
     from flashkit.errors import DeviceError
     from flashkit.runtime.build import compile_variant, make_config
-    spec = discover_kernels().get("fa3")
+    spec = discover_kernels().get(variant)
     copy = parse_file(tmp_path / f"{timeline.write_copy(spec, tmp_path)}.cu")
     try:
         cubins = [compile_variant(s, make_config(s, "bfloat16", 128, False, (9, 0)), s.target((9, 0))).cubin
@@ -45,10 +52,10 @@ def test_the_timeline_build_carries_its_stamps_and_the_plain_one_does_not(tmp_pa
     assert timeline.SYMBOL.encode() + b"\0" not in cubins[1]
 
 
-def _stamps(period=1000, phases=(100, 50, 80, 20, 600), offset=0, visits=range(1, 20)):
+def _stamps(period=1000, phases=(100, 50, 80, 20, 600), offset=0, visits=range(1, 20), consumers=2):
     """Two consumers with the given phase lengths (rest = period - their sum), the producer issuing K 700 early."""
     rows = [[[0] * timeline.POINTS for _ in range(timeline.VISITS)] for _ in range(timeline.ROLES)]
-    for c in range(2):
+    for c in range(consumers):
         for v in visits:
             t = 10_000 + v * period + c * offset
             for p, d in enumerate((0,) + phases):
@@ -68,6 +75,14 @@ def test_summary_medians():
     assert s.visits == 18 - 4   # visits 1..18 have a successor; the first four left out
     text = s.render()
     assert "visit period 1000" in text and "consumer 1:" in text and "700 cycles" in text
+
+
+def test_backward_summary():
+    phases = (30, 200, 150, 40, 120, 60, 400)   # timeline.BWD_PHASES' intervals
+    s = timeline.summarize(_stamps(period=1200, phases=phases, consumers=3), phases=timeline.BWD_PHASES)
+    assert s.period == 1200 and len(s.phases) == 3
+    assert [s.phases[2][k] for k in timeline.BWD_PHASES] == list(phases) and s.phases[2]["rest"] == 200
+    assert "dS barrier" in s.render() and "settle" not in s.render()
 
 
 def test_summary_refuses_empty_stamps():

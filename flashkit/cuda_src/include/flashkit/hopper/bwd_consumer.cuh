@@ -37,6 +37,7 @@
 #pragma once
 
 #include "flashkit/hopper/bwd_consumer_base.cuh"
+#include "flashkit/hopper/timeline.cuh"
 
 namespace flashkit {
 namespace hopper {
@@ -91,9 +92,12 @@ struct BwdConsumer : BwdConsumerBase<Kt, Mask> {
         }
         float s[Kt::kQTiles][4];    // S^T, then P^T: rows warp_row (+ 8), queries 8 ni + col2 (+ 1)
         float dp[Kt::kQTiles][4];   // dP^T
+        timeline_stamp(slot, kBwdVisitStart);
         this->issue_scores(cta, slot, s, dp);
+        timeline_stamp(slot, kBwdIssued);
 
         gmma::wait<1>();   // S^T landed; dP^T still running
+        timeline_stamp(slot, kBwdScoresIn);
         gmma::fence_accumulators(s);
         const Mod mod(p, head, batch);
         u32 slope[kHeld ? Kt::kQTiles : 1][2];   // kHeld: d mod / ds of S^T's elements, f16 pairs (ds_pair's)
@@ -122,8 +126,10 @@ struct BwdConsumer : BwdConsumerBase<Kt, Mask> {
         for (int kk = 0; kk < Kt::kQSteps; ++kk)   // dV += P^T dO (queries 16 kk.. are k, dO read MN-major)
             gmma::MmaBT<Element, kD>::rs(acc_dv, pt[kk], QTile::desc_mn_major(do_tile, kk * Kt::kStepElems), 1);
         gmma::commit();
+        timeline_stamp(slot, kBwdDvIssued);
 
         gmma::wait<1>();   // dP^T landed; dV still running
+        timeline_stamp(slot, kBwdDpIn);
         gmma::fence_accumulators(dp);
         const float* dsum = ws.dsum + ws_row;
         constexpr bool kDsInRegisters = Kt::template ds_in_registers<Mod>();
@@ -144,8 +150,10 @@ struct BwdConsumer : BwdConsumerBase<Kt, Mask> {
             }
 
         gmma::fence_proxy_async();   // the dS^T stores (generic proxy), before wgmma (async proxy) reads them
+        timeline_stamp(slot, kBwdDsStored);
         this->dq_panel_free();
         named_sync(kBwdDsReadyBarrier, Kt::kConsumerThreads);   // dQ reads every consumer's rows
+        timeline_stamp(slot, kBwdDsShared);
         float dq[Kt::kDqTiles][4];   // dQ: rows 16 warp + g (+ 8), columns dq_col0 + 8 i + 2 t
         // This consumer's dQ this visit: every visit (hd128: its columns), or in its turn (hd64: Kt::kDqTurns). The
         // turn's two paths each issue and wait for their own products (one path with the dQ issue and its wait under
@@ -184,6 +192,7 @@ struct BwdConsumer : BwdConsumerBase<Kt, Mask> {
         gmma::fence_accumulators(acc_dk);
         cta.q_ring.release(slot);
         cta.do_ring.release(slot);
+        timeline_stamp(slot, kBwdVisitDone);
     }
 
     // dQ = dS K over every key of the block (k), this consumer's columns; both read MN-major. Asynchronous (one
