@@ -37,6 +37,7 @@ PHASE_HELP = {"settle": "the P V waited for, O rescaled, P packed", "operands": 
               "dS": "dS^T formed and stored", "dS barrier": "until every consumer's dS^T rows are stored",
               "dQ, dK": "dQ and dK issued and waited for, dQ handed on", "rest": "to the next visit's start"}
 K_ISSUED, V_ISSUED = 1, 2   # the forward producer's points
+SETTLED = 1                 # the forward consumer's point after which it waits for the visit's K
 
 
 def timeline_source(source: str, name: str) -> str:
@@ -100,7 +101,7 @@ def summarize(stamps, skip: int = 4, phases: tuple[str, ...] = PHASES) -> Summar
         medians.append(ph)
     period = statistics.median(consumers[0][v + 1][0] - consumers[0][v][0] for v in visits)
     prod = rows[PRODUCER]
-    leads = [consumers[0][v][1] - prod[v][K_ISSUED] for v in visits if prod[v][K_ISSUED]]
+    leads = [consumers[0][v][SETTLED] - prod[v][K_ISSUED] for v in visits if prod[v][K_ISSUED]]
     return Summary(period, medians, statistics.median(leads) if leads else None, len(visits))
 
 
@@ -128,6 +129,7 @@ def run_timeline(variant: str, head_dim: int, seqlen: int, batch: int = 1, heads
     spec = discover_kernels().get(variant)
     with tempfile.TemporaryDirectory(prefix="flashkit-timeline-") as tmp:
         name = write_copy(spec, Path(tmp))
+        path = Path(tmp) / f"{name}.cu"
         old = os.environ.get("FLASHKIT_KERNEL_PATH")
         os.environ["FLASHKIT_KERNEL_PATH"] = os.pathsep.join([tmp] + ([old] if old else []))
         try:
@@ -149,7 +151,7 @@ def run_timeline(variant: str, head_dim: int, seqlen: int, batch: int = 1, heads
             for _ in range(repeats):
                 call()
             cp.cuda.runtime.deviceSynchronize()
-            loaded = [m for key, m in build._MODULES.items() if Path(key[0]).stem == name]
+            loaded = build.loaded_from(path)
             if not loaded:
                 raise FlashkitError(f"the timeline build of {variant!r} was not loaded")
             return summarize(read_stamps(loaded[-1]), phases=BWD_PHASES if backward else PHASES)

@@ -209,6 +209,11 @@ def build_module(spec: KernelSpec, config: BuildConfig, cc: tuple[int, int]) -> 
     return loaded
 
 
+def loaded_from(path: Path) -> list[LoadedKernel]:
+    """The builds of the variant file at `path` this process has loaded (every configuration, device)."""
+    return [loaded for key, loaded in _MODULES.items() if Path(key[0]) == Path(path)]
+
+
 # Entries a build adds beside the manifest's: functor.cuh's FLASHKIT_FUNCTOR_ENTRIES (a mask_mod's tile classifier)
 # and a backward's list compactions (bwd_lists.cuh: with a block mask or a mask_mod).
 AUX_ENTRIES = {"mask_mod": ("flashkit_functor_classify", "flashkit_functor_compact"),

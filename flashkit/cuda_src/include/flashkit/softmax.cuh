@@ -142,13 +142,7 @@ struct OnlineSoftmax {
         float chain[kChains];
 #pragma unroll
         for (int c = 0; c < kChains; ++c) chain[c] = init;
-#pragma unroll
-        for (int ni = 0; ni < kNTiles; ++ni)
-            chain[ni % kChains] = fmaxf(chain[ni % kChains], fmaxf(s[mi][ni][2 * h], s[mi][ni][2 * h + 1]));
-        float m = chain[0];
-#pragma unroll
-        for (int c = 1; c < kChains; ++c) m = fmaxf(m, chain[c]);
-        return m;
+        return fold_row_max<0>(chain, s, mi, h);
     }
 
     // The same without an initial value: each chain starts from its first pair (to_probabilities_scaled, whose
@@ -160,8 +154,15 @@ struct OnlineSoftmax {
         float chain[kChains];
 #pragma unroll
         for (int c = 0; c < kChains; ++c) chain[c] = fmaxf(s[mi][c][2 * h], s[mi][c][2 * h + 1]);
+        return fold_row_max<kChains>(chain, s, mi, h);
+    }
+
+    // The chains' max after folding in the pairs of row h from column tile kFirst on (chain ni % kChains).
+    template <int kFirst, int kChains, int kNTiles>
+    __device__ __forceinline__ static float fold_row_max(float (&chain)[kChains], const float (&s)[kMTiles][kNTiles][4],
+                                                         int mi, int h) {
 #pragma unroll
-        for (int ni = kChains; ni < kNTiles; ++ni)
+        for (int ni = kFirst; ni < kNTiles; ++ni)
             chain[ni % kChains] = fmaxf(chain[ni % kChains], fmaxf(s[mi][ni][2 * h], s[mi][ni][2 * h + 1]));
         float m = chain[0];
 #pragma unroll

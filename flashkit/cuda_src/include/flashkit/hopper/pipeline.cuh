@@ -41,6 +41,11 @@ struct StageRing {
     // Producer: wait until tile i's stage is free, then announce its bytes.
     __device__ __forceinline__ u32 acquire(int i, u32 bytes) const {
         wait_empty(i);
+        return announce(i, bytes);
+    }
+    // Producer, the stage already free (wait_empty, then what it writes itself): announce tile i's bytes, whose
+    // arrive (release) also publishes those writes.
+    __device__ __forceinline__ u32 announce(int i, u32 bytes) const {
         mbarrier_arrive_expect_tx(full(i), bytes);
         return full(i);
     }

@@ -9,12 +9,11 @@
 
 #include "flashkit/fp8.cuh"
 #include "flashkit/hopper/tma.cuh"
+#include "flashkit/hopper/ws_traits.cuh"
 #include "flashkit/params.cuh"
 
 namespace flashkit {
 namespace hopper {
-
-constexpr int kStageScaleBytes = 16;   // one slot: four floats
 
 template <class Kt>
 struct StagedScales {
@@ -25,12 +24,14 @@ struct StagedScales {
         return smem + Kt::kScaleOffset + stage * kStageScaleBytes;
     }
 
-    // Producer: tile n_block's scales of (batch, kv head) -> {k(part 0), k(part 1), v(part 0), v(part 1)}.
+    // Producer: tile n_block's scales of (batch, kv head) -> {k(part 0), k(part 1), v(part 0), v(part 1)} (a part
+    // past kParts is never read).
     __device__ __forceinline__ static void load(const Params& p, int kv_head, int batch, int n_block, float (&out)[4]) {
         const int first = (batch * p.kv_heads + kv_head) * p.k_scale_blocks;   // this (batch, kv head)'s blocks
+        out[1] = out[3] = 0.f;
 #pragma unroll
-        for (int part = 0; part < 2; ++part) {
-            const int block = min((n_block * Kt::kBlockN + (part % kParts) * fp8::kMinScaleBlock) / p.scale_block_rows,
+        for (int part = 0; part < kParts; ++part) {
+            const int block = min((n_block * Kt::kBlockN + part * fp8::kMinScaleBlock) / p.scale_block_rows,
                                   p.k_scale_blocks - 1);
             out[part] = p.k_scale[first + block];
             out[2 + part] = p.v_scale[first + block];

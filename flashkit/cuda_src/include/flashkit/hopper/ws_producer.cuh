@@ -50,10 +50,12 @@ __device__ __forceinline__ void produce(const WsCta<Kt>& cta, const Params& p, c
             float scales[4];
             StagedScales<Kt>::load(p, k_origin.head, kv_batch, mask.kv_block(n_blocks - 1 - i), scales);
             cta.k_ring.wait_empty(slot);
-            st_shared_v4(StagedScales<Kt>::slot(cta.smem, stage), scales);   // published by acquire's arrive
+            st_shared_v4(StagedScales<Kt>::slot(cta.smem, stage), scales);   // published by announce's arrive
         }
         load_tile<Kt, typename Kt::KTile>(cta.smem + Kt::kKOffset + stage * Kt::kKStageBytes, maps.k,
-                                          cta.k_ring.acquire(slot, Kt::KTile::kBytes), coords(i));
+                                          Kt::kStagedScales ? cta.k_ring.announce(slot, Kt::KTile::kBytes)
+                                                            : cta.k_ring.acquire(slot, Kt::KTile::kBytes),
+                                          coords(i));
         timeline_stamp(i, kKIssued);
     };
     const auto load_v = [&](int i) {

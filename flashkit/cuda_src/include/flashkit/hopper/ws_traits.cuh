@@ -35,6 +35,7 @@ constexpr int kSchedulerBarrierBase = 1;
 constexpr int kMaxConsumers = 3;
 constexpr int kEpilogueBarrierBase = kSchedulerBarrierBase + kMaxConsumers;
 constexpr int kRegisterFile = 65536;   // 32-bit registers of one SM
+constexpr int kStageScaleBytes = 16;   // an 8-bit K stage's scales: four floats (stage_scales.cuh)
 
 // The roles of a warp-specialized CTA, shared by the forward (ws_cta.cuh) and the backward (bwd_cta.cuh):
 // warpgroup 0 produces (its thread 0 issues every load), warpgroups 1 .. kConsumers consume.
@@ -120,11 +121,11 @@ struct WsTraits {
     static constexpr int kQEmptyBarOffset = kQBarOffset + kBarrierBytes;       // q_empty
     static constexpr int kKRingOffset = kQEmptyBarOffset + kBarrierBytes;
     static constexpr int kVRingOffset = kKRingOffset + Ring::kBytes;
-    // 8-bit inputs: each K stage's K and V scales, staged by the producer (stage_scales.cuh: 16 B a stage).
+    // 8-bit inputs: each K stage's K and V scales, staged by the producer (stage_scales.cuh).
     static constexpr bool kStagedScales = kElemBytes == 1;
     static constexpr int kScaleOffset = kVRingOffset + Ring::kBytes;
     static constexpr int kSmemBytes =
-        kScaleOffset + (kStagedScales ? kStages * 16 : 0) + gmma::kTileAlign;   // + alignment slack
+        kScaleOffset + (kStagedScales ? kStages * kStageScaleBytes : 0) + gmma::kTileAlign;   // + alignment slack
 
     static_assert(kConsumers >= 2 && kConsumers <= kMaxConsumers, "2 or 3 consumer warpgroups");
     static_assert(kBlockM == kConsumers * gmma::kWarpgroupRows, "64 query rows per consumer warpgroup");

@@ -7,6 +7,29 @@
 
 namespace flashkit {
 
+// c[mi][2 np + j] += A_mi B_(2 np + j) over kSteps k-steps of 16: each A tile an ldmatrix x4 at a_addr(mi, kk), each
+// pair of B tiles (b0, b1 of tile 2 np, then of 2 np + 1) by load_b(b, np, kk). Both warp products below.
+template <int kSteps, class Element, int kATiles, int kBTiles, class AAddr, class LoadB>
+__device__ __forceinline__ void mma_tile_pairs(float (&c)[kATiles][kBTiles][4], const AAddr& a_addr,
+                                               const LoadB& load_b) {
+#pragma unroll
+    for (int kk = 0; kk < kSteps; ++kk) {
+        u32 a[kATiles][4];
+#pragma unroll
+        for (int mi = 0; mi < kATiles; ++mi) ldsm_x4(a[mi], a_addr(mi, kk));
+#pragma unroll
+        for (int np = 0; np < kBTiles / 2; ++np) {
+            u32 b[4];
+            load_b(b, np, kk);
+#pragma unroll
+            for (int mi = 0; mi < kATiles; ++mi) {
+                mma_16816<Element>(c[mi][2 * np], a[mi], b[0], b[1]);
+                mma_16816<Element>(c[mi][2 * np + 1], a[mi], b[2], b[3]);
+            }
+        }
+    }
+}
+
 // C = A B^T over the head dim for this warp's tile: A the warp's kWarpKeys rows of a [key][d] tile (K or V),
 // B its kWarpQueries rows of a [query][d] tile (Q or dO): S^T = K Q^T, dP^T = V dO^T.
 // c[mi][ni]: keys key_row0() + 16 mi + (g, g + 8) x queries query_col0() + 8 ni + (2t, 2t + 1).
@@ -17,22 +40,9 @@ __device__ __forceinline__ void BwdMainloop<Kt, Mask, Mod>::gemm_keys_by_queries
     const LdsmLane<kD> lb = ldsm_rows8x2<kD>(lane);
     const int r0 = key_row0(), q0 = query_col0();
     zero_fragments(c);
-#pragma unroll
-    for (int kk = 0; kk < Kt::kDSteps; ++kk) {
-        u32 a[Kt::kKeyTiles][4];
-#pragma unroll
-        for (int mi = 0; mi < Kt::kKeyTiles; ++mi) ldsm_x4(a[mi], la.addr(sA, r0 + mi * kMmaM, kk));
-#pragma unroll
-        for (int np = 0; np < Kt::kQueryTiles / 2; ++np) {
-            u32 b[4];   // b0, b1 of query tile 2 np, then of 2 np + 1
-            ldsm_x4(b, lb.addr(sB, q0 + np * 2 * kMmaN, kk));
-#pragma unroll
-            for (int mi = 0; mi < Kt::kKeyTiles; ++mi) {
-                mma_16816<Element>(c[mi][2 * np], a[mi], b[0], b[1]);
-                mma_16816<Element>(c[mi][2 * np + 1], a[mi], b[2], b[3]);
-            }
-        }
-    }
+    mma_tile_pairs<Kt::kDSteps, Element>(
+        c, [&](int mi, int kk) { return la.addr(sA, r0 + mi * kMmaM, kk); },
+        [&](u32(&b)[4], int np, int kk) { ldsm_x4(b, lb.addr(sB, q0 + np * 2 * kMmaN, kk)); });
 }
 
 // acc += A B over the queries 16 kk .. 16 kk + 15 for this warp's columns: A a 16-key A fragment in registers
@@ -60,22 +70,9 @@ __device__ __forceinline__ void BwdMainloop<Kt, Mask, Mod>::mma_keys_by_cols(
     const LdsmLane<kM> la = ldsm_rows16<kM>(lane);
     const LdsmLane<kD> lb = ldsm_rows16<kD>(lane);
     const int r0 = key_row0(), s0 = col0() / kMmaK;
-#pragma unroll
-    for (int kk = 0; kk < Kt::kMSteps; ++kk) {
-        u32 a[Kt::kKeyTiles][4];
-#pragma unroll
-        for (int mi = 0; mi < Kt::kKeyTiles; ++mi) ldsm_x4(a[mi], la.addr(sX, r0 + mi * kMmaM, kk));
-#pragma unroll
-        for (int dp = 0; dp < Kt::kColTiles / 2; ++dp) {
-            u32 b[4];   // b0, b1 of column tile 2 dp, then of 2 dp + 1
-            ldsm_x4_trans(b, lb.addr(sB, kk * kMmaK, s0 + dp));
-#pragma unroll
-            for (int mi = 0; mi < Kt::kKeyTiles; ++mi) {
-                mma_16816<Element>(acc[mi][2 * dp], a[mi], b[0], b[1]);
-                mma_16816<Element>(acc[mi][2 * dp + 1], a[mi], b[2], b[3]);
-            }
-        }
-    }
+    mma_tile_pairs<Kt::kMSteps, Element>(
+        acc, [&](int mi, int kk) { return la.addr(sX, r0 + mi * kMmaM, kk); },
+        [&](u32(&b)[4], int dp, int kk) { ldsm_x4_trans(b, lb.addr(sB, kk * kMmaK, s0 + dp)); });
 }
 
 }  // namespace flashkit
