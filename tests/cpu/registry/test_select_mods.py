@@ -75,7 +75,8 @@ def test_fa3_turns_and_pass_by_follow_the_measured_tables():
         return d["block_m"], d["block_n"], d.get("free_issue", 0), d.get("pass_unseen", 0)
 
     assert launch(64) == (192, 128, 0, 1) and launch(96) == (192, 112, 0, 1)         # three consumers: the turns
-    assert launch(64, seqlen_q=2048) == (128, 128, 1, 1)                            # (no pass-by code at 128 x 128)
+    assert launch(64, seqlen_q=1024) == (128, 128, 1, 1)                            # (no pass-by code at 128 x 128)
+    assert launch(64, seqlen_q=2048) == (192, 128, 0, 1)                            # persistent three consumers
     assert launch(64, False, seqlen_q=1024)[2] == 1 and launch(64, mods=("softcap",))[2] == 1
     assert launch(64, mods=("alibi",))[2] == 0                                      # not measured: the turns
     assert launch(128)[2:] == (0, 0) and launch(128, mods=("alibi",))[2] == 0

@@ -37,6 +37,16 @@ constexpr int kFragCols = 2;
 // cp.async / ldmatrix move 16-byte chunks.
 constexpr int kChunkBytes = 16;
 
+// threadIdx.x from a volatile read of %tid.x: a value ptxas cannot prove equal to an earlier read, so what derives
+// from it (a thread's shared-memory addresses, its fragment indices) is formed where it is used rather than hoisted
+// out of a loop and held in registers over the loop's register peak (where it spilled: the persistent forward's
+// epilogue addresses beside a drop-in functor; the backward's dQ staging and score indices).
+__device__ __forceinline__ int fresh_thread_index() {
+    unsigned thread;
+    asm volatile("mov.u32 %0, %%tid.x;\n" : "=r"(thread));
+    return static_cast<int>(thread);
+}
+
 // Per-thread register budget (32-bit registers) below which Q is kept in registers for the
 // whole main loop instead of being re-read from shared memory with ldmatrix every K/V tile.
 constexpr int kQInRegsBudget = 160;

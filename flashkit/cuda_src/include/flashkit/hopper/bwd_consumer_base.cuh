@@ -220,11 +220,7 @@ struct BwdConsumerBase {
     // the dQ staging uses them. ptxas otherwise kept `consumer` (for the panel's address) over the whole visit
     // and spilled it at the register peak (S^T and dP^T in flight beside dK and dV; 4-8 B at hd128 causal)
     // rather than form it again.
-    __device__ __forceinline__ static int fresh_thread() {
-        u32 thread;
-        asm volatile("mov.u32 %0, %%tid.x;\n" : "=r"(thread));
-        return static_cast<int>(thread);
-    }
+    __device__ __forceinline__ static int fresh_thread() { return fresh_thread_index(); }
     __device__ __forceinline__ static int fresh_tid() { return fresh_thread() % gmma::kWarpgroupThreads; }
     // warp_row and col2 formed again from fresh_tid, where per-element indices feed a score modification. From the
     // members, ptxas formed the elements' indices (a functor's 16 clamped queries, ALiBi's distances undone for

@@ -71,7 +71,11 @@ __device__ __forceinline__ void consume_tile(WsCta<Kt>& cta, const Params& p, co
     }
     float lse[1][2];
     loop.finalize(lse);
-    store_output_tma<Kt>(loop.acc_o, lse, cta.smem, consumer, maps.o, p, q_at, origin, tid_in_group);
+    // In a persistent loop the epilogue takes a fresh thread index (fresh_thread_index): ptxas otherwise formed the
+    // O staging addresses once before the loop and held them over every tile's main loop (16 registers), which made
+    // the mask_mod functors' builds spill there (measured 5-8% faster persistent at hd128, BENCHMARKS.md).
+    const int epilogue_tid = FLASHKIT_PERSISTENT ? fresh_thread_index() % gmma::kWarpgroupThreads : tid_in_group;
+    store_output_tma<Kt>(loop.acc_o, lse, cta.smem, consumer, maps.o, p, q_at, origin, epilogue_tid);
     if (!Kt::kOwnOTile && tid_in_group == 0) mbarrier_arrive(cta.q_empty);   // its O has left the Q rows
     cta.advance(n_blocks);
 }
