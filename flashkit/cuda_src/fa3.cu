@@ -16,12 +16,12 @@ launch: {grid: tiles, persistent: 1, defer_pv_wait: 1, block_m: 128, block_n: 12
 # (hd96) and 1024 (hd64) run 128 x 128 on two persistent consumers (22% / 30% faster at 1k: short causal rows are
 # mostly diagonal tiles, and the persistent loop hides each tile's prologue and epilogue; at hd64 three stages, 1-2%
 # faster there), and so do non-causal hd64 calls of up to 1024 rows (192-row tiles leave a third of 1024 rows' last
-# tile idle: 12% faster at 512, 2% at 1k). hd64's three-consumer tiles run persistent up to 4096 rows but packed
-# (varlen: 36 B spilled): 2-4% faster at 2-4k, 1-2% slower from 8k; causal 2k 4% faster than on 128 x 128. (They fit
-# since the epilogue takes a fresh thread index, ws_forward.cuh; hd96's spill 8-56 B causal and packed.) hd256 runs one
-# tile a CTA. Drop-in functors run persistent at hd96 and mask_mods at hd128 (1-8% faster, the document mask most),
-# one tile a CTA elsewhere: hd128's score_mods measured the same either way, hd192's 1-10% slower persistent, and
-# hd128's causal mask_mods spill 20-40 B persistent. A consumer waits for
+# tile idle: 12% faster at 512, 2% at 1k). The three-consumer tiles run persistent up to 4096 rows: 2-8% faster at
+# 1-4k (hd64 causal 2k 3% faster than on 128 x 128), the same or 1% slower from 8k. They fit the persistent loop
+# since its epilogue takes a fresh thread index and three consumers a warp-uniform consumer index (ws_forward.cuh).
+# hd256 runs one tile a CTA. Drop-in functors run persistent at hd96 and mask_mods at hd128 (4-9% faster, the document
+# mask most), one tile a CTA elsewhere: hd128's score_mods measured the same either way, hd192's 1-10% slower
+# persistent. A consumer waits for
 # each P V at the top of its next visit (defer_pv_wait, ws_mainloop.cuh): measured 3-15% faster at hd96/128/192 on two consumers, 1-3% slower at
 # hd64/256; not for packed sequences at hd128 (ptxas spills). On 192-row tiles a causal consumer passes by the key tiles
 # none of its rows sees (pass_unseen, ws_mainloop.cuh; compiled where block_m > block_n): 1.1-4.7% faster at hd64 / hd96
@@ -33,8 +33,7 @@ launch: {grid: tiles, persistent: 1, defer_pv_wait: 1, block_m: 128, block_n: 12
 overrides: {"hd64": {block_m: 192, warps: 16, persistent: 0, defer_pv_wait: 0, pass_unseen: 1}, "hd64/softcap": {block_m: 128, warps: 12, free_issue: 1},
             "hd64/alibi": {block_m: 128, warps: 12}, "hd64/score_mod": {block_m: 128, warps: 12},
             "hd64/mask_mod": {block_m: 128, warps: 12},
-            "hd64/seqlen_q<=4096": {persistent: 1}, "hd64/varlen/seqlen_q<=4096": {persistent: 0},
-            "hd64/varlen/seqlen_q<=1024": {persistent: 1},
+            "hd64/seqlen_q<=4096": {persistent: 1}, "hd96/seqlen_q<=4096": {persistent: 1},
             "hd64/seqlen_q<=1024": {block_m: 128, warps: 12, persistent: 1, defer_pv_wait: 1, free_issue: 1},
             "hd64/causal/seqlen_q<=1024": {block_m: 128, warps: 12, persistent: 1, defer_pv_wait: 1, stages: 3, free_issue: 1},
             "hd96": {block_m: 192, block_n: 112, warps: 16, persistent: 0, defer_pv_wait: 0, pass_unseen: 1},
@@ -42,7 +41,7 @@ overrides: {"hd64": {block_m: 192, warps: 16, persistent: 0, defer_pv_wait: 0, p
             "hd96/window": *hd96_narrow, "hd96/alibi": *hd96_narrow,
             "hd96/score_mod": *hd96_narrow, "hd96/mask_mod": *hd96_narrow,
             "hd96/score_mod+window": {persistent: 0}, "hd96/mask_mod+window": {persistent: 0},
-            "hd128/varlen": {defer_pv_wait: 0}, "hd128/score_mod": {persistent: 0}, "hd128/causal/mask_mod": {persistent: 0},
+            "hd128/varlen": {defer_pv_wait: 0}, "hd128/score_mod": {persistent: 0},
             "hd192": {block_n: 64, free_issue: 1}, "hd192/score_mod": {persistent: 0, free_issue: 0}, "hd192/mask_mod": {persistent: 0, free_issue: 0},
             "hd256": {block_n: 64, persistent: 0, defer_pv_wait: 0, pass_unseen: 1, free_issue: 1},
             "hd256/score_mod": {free_issue: 0, pass_unseen: 0}, "hd256/mask_mod": {free_issue: 0, pass_unseen: 0}}

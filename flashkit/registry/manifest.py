@@ -16,7 +16,7 @@ from ..errors import ManifestError
 MANIFEST_RE = re.compile(r"\A\s*/\*---\s*\n(.*?)\n\s*---\*/", re.S)
 NAME_RE = re.compile(r"^[a-z][a-z0-9_]*$")
 SYMBOL_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-LENGTH_KEY_RE = re.compile(r"(hd\d+(?:/causal)?(?:/[a-z_]+)?)/seqlen_q<=(\d+)")   # an override for calls of at most L rows
+LENGTH_KEY_RE = re.compile(r"(hd\d+(?:/causal)?)/seqlen_q<=(\d+)")   # an override for calls of at most L rows
 # window: window_size or attention_chunk (a local mask); chunk: attention_chunk itself, which a kernel may lack
 # beside a window (fa3_bwd's one-register window test has no chunks).
 FEATURES = ("causal", "block_sparse", "fp8", "backward", "lse", "gqa", "window", "chunk", "softcap", "alibi", "kv_cache",
@@ -164,8 +164,8 @@ class KernelSpec:
         """The launch table with overrides applied: arch key, hd key, 'arch/hd' key, 'hd/causal' for a causal call,
         then 'hd/<mod>' per modification, then each 'hd/<mod>+<mod>..' whose modifications are all among the
         call's, then for a causal call 'hd/causal/<mod>' per modification (hd: the head dim's class).
-        'hd/seqlen_q<=L' follows 'hd', 'hd/causal/seqlen_q<=L' follows 'hd/causal' and 'hd/<mod>/seqlen_q<=L' follows
-        'hd/<mod>' for a call of at most L query rows (the smallest L last); seqlen_q None: no length key."""
+        'hd/seqlen_q<=L' follows 'hd' and 'hd/causal/seqlen_q<=L' follows 'hd/causal' for a call of at most L query
+        rows (the smallest L last); seqlen_q None: no length key."""
         config = dict(self.launch)
         arch_key = None
         if cc is not None:
@@ -179,16 +179,14 @@ class KernelSpec:
         combined = sorted(k for k in self.overrides if k.startswith(f"hd{hd}/") and "+" in k
                           and set(k.split("/", 1)[1].split("+")) <= set(mods))
         causal_mods = [f"hd{hd}/causal/{m}" for m in sorted(mods)] if causal else []
-        mod_keys = [key for m in sorted(mods) for key in [f"hd{hd}/{m}"] + self._length_keys(f"hd{hd}/{m}", seqlen_q)]
-        for key in keys + mod_keys + combined + causal_mods:
+        for key in keys + [f"hd{hd}/{m}" for m in sorted(mods)] + combined + causal_mods:
             if key and key in self.overrides:
                 config.update(self.overrides[key])
         return config
 
     @cached_property
     def _length_overrides(self) -> dict[str, tuple[tuple[int, str], ...]]:
-        """The 'prefix/seqlen_q<=L' keys by prefix ('hd<N>', 'hd<N>/causal' or 'hd<N>/<mod>'): (L, key), the largest L
-        first."""
+        """The 'prefix/seqlen_q<=L' keys by prefix ('hd<N>' or 'hd<N>/causal'): (L, key), the largest L first."""
         found: dict[str, list[tuple[int, str]]] = {}
         for key in self.overrides:
             if m := LENGTH_KEY_RE.fullmatch(key):
@@ -205,8 +203,8 @@ class KernelSpec:
         """The L of every 'hd/..seqlen_q<=L' key of head_dim's class: a call of seqlen_q = L builds what every call
         up to L (and above the next smaller bound) builds (the compile matrix compiles each)."""
         hd = self.head_dims.class_of(head_dim)
-        return tuple(sorted({bound for prefix, keys in self._length_overrides.items()
-                             if prefix == f"hd{hd}" or prefix.startswith(f"hd{hd}/") for bound, _ in keys}))
+        return tuple(sorted({bound for prefix in (f"hd{hd}", f"hd{hd}/causal")
+                             for bound, _ in self._length_overrides.get(prefix, ())}))
 
     def target(self, cc: tuple[int, int]) -> str:
         """The NVRTC -arch value for a compute capability: the manifest's target or plain sm_XY."""

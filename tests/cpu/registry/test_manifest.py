@@ -105,8 +105,7 @@ def test_overrides_order(tmp_path):
         "hd256/causal": {"block_n": 80, "warps": 8}, "hd256/softcap": {"warps": 12},
         "hd256/causal/softcap": {"block_m": 48},
         "hd128/seqlen_q<=1024": {"warps": 6}, "hd128/seqlen_q<=512": {"warps": 2},
-        "hd128/causal/seqlen_q<=256": {"block_m": 16}, "hd128/softcap": {"block_n": 16},
-        "hd128/softcap/seqlen_q<=2048": {"block_n": 32}})
+        "hd128/causal/seqlen_q<=256": {"block_m": 16}})
     base = {"block_m": 64, "block_n": 64, "warps": 4}
     assert spec.launch_config(None, 128) == base
     assert spec.launch_config(None, 256) == {"block_m": 32, "block_n": 16, "warps": 4}
@@ -125,10 +124,7 @@ def test_overrides_order(tmp_path):
     assert spec.launch_config((9, 0), 128, seqlen_q=100)["warps"] == 2
     assert spec.launch_config((9, 0), 128, seqlen_q=100, causal=True)["block_m"] == 16
     assert spec.launch_config((9, 0), 128, seqlen_q=100)["block_m"] == 64             # the causal one for causal only
-    assert spec.launch_config((9, 0), 128, ("softcap",), seqlen_q=2048)["block_n"] == 32   # a modification's length
-    assert spec.launch_config((9, 0), 128, ("softcap",), seqlen_q=2049)["block_n"] == 16   # key follows its key
-    assert spec.launch_config((9, 0), 128, seqlen_q=2048)["block_n"] == 128               # for its calls only
-    assert spec.length_bounds(128) == (256, 512, 1024, 2048) and spec.length_bounds(256) == ()
+    assert spec.length_bounds(128) == (256, 512, 1024) and spec.length_bounds(256) == ()
     assert spec.launch_config((10, 0), 128) == base                  # another major: no arch key applies
     assert spec.launch_config((7, 5), 128) == base
     assert spec.launch == base                                       # the manifest itself is untouched

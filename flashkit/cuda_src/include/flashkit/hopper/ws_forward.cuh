@@ -18,6 +18,10 @@
 #include "flashkit/hopper/ws_producer.cuh"
 #include "flashkit/varlen.cuh"
 
+#ifndef FLASHKIT_MASK_MOD
+#define FLASHKIT_MASK_MOD 0   // functor.cuh's default: no mask_mod functor built in
+#endif
+
 namespace flashkit {
 namespace hopper {
 
@@ -49,7 +53,12 @@ __device__ __forceinline__ void consume_tile(WsCta<Kt>& cta, const Params& p, co
                                              const SeqOrigin& origin) {
     const int n_blocks = mask.num_kv_blocks();
     const TileCoords q_at{m_block * Kt::kBlockM, head, batch};   // rows within the sequence
-    const int consumer = cta.consumer();
+    // The consumer index warp-uniform (a shuffle from lane 0) on three consumers and beside a mask_mod functor, so that
+    // ptxas keeps what derives from it (the Q tile's descriptors) in uniform registers: the persistent loop held them
+    // in 8 registers a thread over every tile and spilled them (hd64 / hd96 packed 12-56 B, hd96 causal 8 B, hd128's
+    // causal mask_mods 20-40 B). On two consumers without one it measured 1-3% slower (hd128, hd192, the block mask).
+    constexpr bool kUniformConsumer = Kt::kConsumers > 2 || FLASHKIT_MASK_MOD;
+    const int consumer = kUniformConsumer ? __shfl_sync(kFullWarp, cta.consumer(), 0) : cta.consumer();
     const int tid_in_group = cta.tid % gmma::kWarpgroupThreads;
     const int lane = cta.tid % kWarpSize;
     typedef Mainloop<Kt, Mask, ScoreMod> Loop;
