@@ -1,10 +1,11 @@
 """Tile-shape sweep of the fa3 kernel against cuDNN in the same run (the benchmark convention).
 
-Usage: python3 scripts/sweep_fa3.py [--seqlens 2048,8192] [hd:block_m,block_n,stages[,persistent[,defer[,pass[,free]]]]
-...] (no configuration: the default grid; persistent, defer (defer_pv_wait), pass (pass_unseen) and free (free_issue)
-0 or 1, default the manifest's launch table's). Prints TFLOP/s of each configuration and of PyTorch's cuDNN backend, timed interleaved call by
-call (both under the same clocks), their ratio, and the largest difference of the two outputs (a configuration
-that computes something else shows there, not only in its time).
+Usage: python3 scripts/sweep_fa3.py [--seqlens 2048,8192]
+                                   [hd:block_m,block_n,stages[,persistent[,defer[,pass[,free]]]] ...]
+(no configuration: the default grid; persistent, defer (defer_pv_wait), pass (pass_unseen) and free (free_issue) 0 or
+1, default the manifest's launch table's). Prints TFLOP/s of each configuration and of PyTorch's cuDNN backend, timed
+interleaved call by call (both under the same clocks), their ratio, and the largest difference of the two outputs (a
+configuration that computes something else shows there, not only in its time).
 """
 
 from __future__ import annotations

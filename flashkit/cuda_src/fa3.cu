@@ -21,13 +21,13 @@ launch: {grid: tiles, persistent: 1, defer_pv_wait: 1, block_m: 128, block_n: 12
 # since its epilogue takes a fresh thread index and three consumers a warp-uniform consumer index (ws_forward.cuh).
 # hd256 runs one tile a CTA. Drop-in functors run persistent at hd96 and mask_mods at hd128 (4-9% faster, the document
 # mask most), one tile a CTA elsewhere: hd128's score_mods measured the same either way, hd192's 1-10% slower
-# persistent. A consumer waits for
-# each P V at the top of its next visit (defer_pv_wait, ws_mainloop.cuh): measured 3-15% faster at hd96/128/192 on two consumers, 1-3% slower at
-# hd64/256; not for packed sequences at hd128 (ptxas spills). On 192-row tiles a causal consumer passes by the key tiles
-# none of its rows sees (pass_unseen, ws_mainloop.cuh; compiled where block_m > block_n): 1.1-4.7% faster at hd64 / hd96
-# from 4k. At hd192 / hd256 (128 x 64 tiles) the two consumers issue without the ping-pong turns (free_issue): 0.2-3%
-# faster, and hd256's pass-by 1.3-1.7% more causal (with the turns it lost 1-2%); drop-in functors keep the turns there
-# (ptxas spills them without). hd64's two-consumer tables (short calls, softcap) issue freely too: 2-7% faster. At hd128 free issue
+# persistent. A consumer waits for each P V at the top of its next visit (defer_pv_wait, ws_mainloop.cuh): measured
+# 3-15% faster at hd96/128/192 on two consumers, 1-3% slower at hd64/256; not for packed sequences at hd128 (ptxas
+# spills). On 192-row tiles a causal consumer passes by the key tiles none of its rows sees (pass_unseen,
+# ws_mainloop.cuh; compiled where block_m > block_n): 1.1-4.7% faster at hd64 / hd96 from 4k. At hd192 / hd256
+# (128 x 64 tiles) the two consumers issue without the ping-pong turns (free_issue): 0.2-3% faster, and hd256's
+# pass-by 1.3-1.7% more causal (with the turns it lost 1-2%); drop-in functors keep the turns there (ptxas spills them
+# without). hd64's two-consumer tables (short calls, softcap) issue freely too: 2-7% faster. At hd128 free issue
 # measured +0.6 to +2.7% causal in one run, -1.3 to +0.6% in another, and 5% slower with ALiBi: the turns stay; three
 # consumers (hd64, hd96) lose 2-8% without them.
 overrides: {"hd64": {block_m: 192, warps: 16, persistent: 0, defer_pv_wait: 0, pass_unseen: 1}, "hd64/softcap": {block_m: 128, warps: 12, free_issue: 1},

@@ -18,14 +18,8 @@
 #include "flashkit/mask.cuh"
 #include "flashkit/score_mod.cuh"
 
-#ifndef FLASHKIT_SCORE_MOD
-#define FLASHKIT_SCORE_MOD 0
-#endif
 #ifndef FLASHKIT_SCORE_MOD_GRAD
-#define FLASHKIT_SCORE_MOD_GRAD 0
-#endif
-#ifndef FLASHKIT_MASK_MOD
-#define FLASHKIT_MASK_MOD 0
+#define FLASHKIT_SCORE_MOD_GRAD 0   // (FLASHKIT_SCORE_MOD, FLASHKIT_MASK_MOD: traits.cuh)
 #endif
 
 

@@ -47,9 +47,23 @@ __device__ __forceinline__ int fresh_thread_index() {
     return static_cast<int>(thread);
 }
 
+// x from lane 0 of the warp: a value ptxas knows to be the same in every lane, so that what derives from it (ring
+// slots, wgmma descriptors) stays in uniform registers instead of one register a thread (a warpgroup's index, where
+// the warpgroups' registers run short: the Hopper kernels' kUniformConsumer).
+__device__ __forceinline__ int warp_uniform(int x) { return __shfl_sync(kFullWarp, x, 0); }
+
 // Per-thread register budget (32-bit registers) below which Q is kept in registers for the
 // whole main loop instead of being re-read from shared memory with ldmatrix every K/V tile.
 constexpr int kQInRegsBudget = 160;
+
+// A drop-in functor built in (functor.cuh includes its file): its score_mod, its mask_mod. Every kernel header that
+// specializes on them reads these defaults.
+#ifndef FLASHKIT_SCORE_MOD
+#define FLASHKIT_SCORE_MOD 0
+#endif
+#ifndef FLASHKIT_MASK_MOD
+#define FLASHKIT_MASK_MOD 0
+#endif
 
 #ifndef FLASHKIT_HEAD_DIM_PADDED
 #define FLASHKIT_HEAD_DIM_PADDED 0   // the call's head dim is the class itself

@@ -38,7 +38,7 @@ struct BwdConsumerBase {
 
     __device__ __forceinline__ BwdConsumerBase(const Params& p_, int consumer_, int n_block_, int kv_head_, int batch_)
         : p(p_), ws(p_), mask(p_), batch(batch_), kv_head(kv_head_), n_block(n_block_),
-          consumer(Kt::kUniformConsumer ? __shfl_sync(kFullWarp, consumer_, 0) : consumer_) {
+          consumer(Kt::kUniformConsumer ? warp_uniform(consumer_) : consumer_) {
         key0 = n_block * Kt::kBlockN + (Kt::kSplitColumns ? 0 : consumer * Kt::kConsumerKeys);
         tid = threadIdx.x % gmma::kWarpgroupThreads;
         const ConsumerPlace at(tid);
@@ -152,7 +152,7 @@ struct BwdConsumerBase {
                     }
                 }
             }
-            st_shared_b32(cta.keep_word(slot, fresh_thread() - gmma::kWarpgroupThreads), bits);
+            st_shared_b32(cta.keep_word(slot, fresh_thread_index() - gmma::kWarpgroupThreads), bits);
         }
 #else
         (void)cta, (void)slot, (void)partial, (void)head, (void)m0;
@@ -162,7 +162,7 @@ struct BwdConsumerBase {
     // visits (the mask warps write none there) and without a mask_mod.
     __device__ __forceinline__ static u32 staged_keep(const BwdCta<Kt>& cta, int slot, bool partial) {
 #if FLASHKIT_MASK_MOD
-        const u32 word = ld_shared_b32(cta.keep_word(slot, fresh_thread() - gmma::kWarpgroupThreads));
+        const u32 word = ld_shared_b32(cta.keep_word(slot, fresh_thread_index() - gmma::kWarpgroupThreads));
         return Kt::kMaskWarps == 0 || partial ? word : ~0u;
 #else
         (void)cta, (void)slot, (void)partial;
@@ -216,22 +216,20 @@ struct BwdConsumerBase {
     __device__ __forceinline__ int own_col0() const { return Kt::kSplitColumns ? consumer * Kt::kOwnCols : 0; }
     __device__ __forceinline__ int dq_col0() const { return Kt::dq_col0(consumer); }
 
-    // The thread's index in its warpgroup (tid) and its consumer index, from a volatile read of %tid.x where
-    // the dQ staging uses them. ptxas otherwise kept `consumer` (for the panel's address) over the whole visit
-    // and spilled it at the register peak (S^T and dP^T in flight beside dK and dV; 4-8 B at hd128 causal)
+    // The thread's index in its warpgroup (fresh_warpgroup_thread) and its consumer index, from a volatile read of
+    // %tid.x where the dQ staging uses them. ptxas otherwise kept `consumer` (for the panel's address) over the whole
+    // visit and spilled it at the register peak (S^T and dP^T in flight beside dK and dV; 4-8 B at hd128 causal)
     // rather than form it again.
-    __device__ __forceinline__ static int fresh_thread() { return fresh_thread_index(); }
-    __device__ __forceinline__ static int fresh_tid() { return fresh_thread() % gmma::kWarpgroupThreads; }
-    // warp_row and col2 formed again from fresh_tid, where per-element indices feed a score modification. From the
+    // warp_row and col2 formed again from a fresh index, where per-element indices feed a score modification. From the
     // members, ptxas formed the elements' indices (a functor's 16 clamped queries, ALiBi's distances undone for
     // softcap's slope) before the S^T wait and held them over it: relative_bias and softcap with ALiBi spilled
     // 80-112 B on hd128's non-causal 128-key blocks; 0 from the fresh place. (The members stay formed from
     // threadIdx.x: formed from a FreshPlace too, they were one value to ptxas again, and 120-128 B spilled.)
     struct FreshPlace : ConsumerPlace {
-        __device__ __forceinline__ FreshPlace() : ConsumerPlace(fresh_tid()) {}
+        __device__ __forceinline__ FreshPlace() : ConsumerPlace(fresh_warpgroup_thread()) {}
     };
     __device__ __forceinline__ static int fresh_consumer() {   // consumer warpgroups follow the producer's
-        return fresh_thread() / gmma::kWarpgroupThreads - 1;
+        return fresh_thread_index() / gmma::kWarpgroupThreads - 1;
     }
 
     // Float offset of thread `thread`'s fragment of dQ column tile i (from the consumer's first column): warp w of
@@ -251,7 +249,7 @@ struct BwdConsumerBase {
     __device__ __forceinline__ void stage_dq(const BwdCta<Kt>& cta, const float (&dq)[Kt::kDqTiles][4],
                                              int slot) const {
         if constexpr (Kt::kDqBulk) {
-            const int thread = fresh_tid(), me = fresh_consumer();
+            const int thread = fresh_warpgroup_thread(), me = fresh_consumer();
             const u32 panel = cta.dq_panel(me);
             // the writer's reduction of the consumer's previous panel has read it (see bwd_dq_writer.cuh)
             if (Kt::kDqWriter && slot >= Kt::kDqTurnStride) named_sync(kBwdDqEmptyBarrier + me, Kt::kDqHandshake);
@@ -272,7 +270,7 @@ struct BwdConsumerBase {
             return;
         }
         if constexpr (Kt::kDqTurns) {   // this consumer's turn: the visit's whole dQ, one panel, one reduction
-            const int thread = fresh_tid(), me = fresh_consumer();
+            const int thread = fresh_warpgroup_thread(), me = fresh_consumer();
             gmma::fence_proxy_async();   // the panel's stores (generic proxy), before the bulk reduction reads it
             named_sync(kBwdConsumerBarrier + me, gmma::kWarpgroupThreads);
             if (thread == 0) {
@@ -285,7 +283,7 @@ struct BwdConsumerBase {
             (void)dq;
             return;
         }
-        const bool leader = fresh_thread() == gmma::kWarpgroupThreads;   // consumer 0's thread 0 (see fresh_thread)
+        const bool leader = fresh_thread_index() == gmma::kWarpgroupThreads;   // consumer 0's thread 0
         if (ordered) {
             if (leader)
                 await_dq_turn(ws.semaphore(p, batch, head, m_block),
@@ -293,7 +291,7 @@ struct BwdConsumerBase {
             named_sync(kBwdDqOrderBarrier, Kt::kConsumerThreads);
         }
         if constexpr (Kt::kDqBulk) {
-            const int thread = fresh_tid(), me = fresh_consumer();
+            const int thread = fresh_warpgroup_thread(), me = fresh_consumer();
             const u32 panel = cta.dq_panel(me);
             gmma::fence_proxy_async();   // the panel's stores (generic proxy), before the bulk reduction reads it
             named_sync(kBwdConsumerBarrier + me, gmma::kWarpgroupThreads);
@@ -316,7 +314,7 @@ struct BwdConsumerBase {
     // Before a visit's dQ is staged: thread 0 waits until the previous visit's bulk reduction has read the
     // panel; the named barrier that every consumer thread passes next (dS^T ready) publishes it.
     __device__ __forceinline__ void dq_panel_free() const {
-        if (Kt::kDqBulk && !Kt::kDqWriter && fresh_tid() == 0) bulk_wait_read();
+        if (Kt::kDqBulk && !Kt::kDqWriter && fresh_warpgroup_thread() == 0) bulk_wait_read();
     }
     // After the last visit: the last reduction complete before the CTA (and its shared memory) ends.
     __device__ __forceinline__ void dq_drain() const {

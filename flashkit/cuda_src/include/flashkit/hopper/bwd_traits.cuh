@@ -31,12 +31,6 @@
 #include "flashkit/dq_layout.cuh"
 #include "flashkit/hopper/ws_traits.cuh"   // TileCoords, kRegisterFile, the stage ring, tma, wgmma
 
-#ifndef FLASHKIT_MASK_MOD
-#define FLASHKIT_MASK_MOD 0   // functor.cuh's default: no mask_mod
-#endif
-#ifndef FLASHKIT_SCORE_MOD
-#define FLASHKIT_SCORE_MOD 0   // functor.cuh's default: no score_mod
-#endif
 #ifndef FLASHKIT_MASK_WARPS
 #define FLASHKIT_MASK_WARPS 0   // a mask_mod's element mask from the producer warpgroup's warps (bwd_keep.cuh)
 #endif

@@ -18,10 +18,6 @@
 #include "flashkit/hopper/ws_producer.cuh"
 #include "flashkit/varlen.cuh"
 
-#ifndef FLASHKIT_MASK_MOD
-#define FLASHKIT_MASK_MOD 0   // functor.cuh's default: no mask_mod functor built in
-#endif
-
 namespace flashkit {
 namespace hopper {
 
@@ -53,12 +49,7 @@ __device__ __forceinline__ void consume_tile(WsCta<Kt>& cta, const Params& p, co
                                              const SeqOrigin& origin) {
     const int n_blocks = mask.num_kv_blocks();
     const TileCoords q_at{m_block * Kt::kBlockM, head, batch};   // rows within the sequence
-    // The consumer index warp-uniform (a shuffle from lane 0) on three consumers and beside a mask_mod functor, so that
-    // ptxas keeps what derives from it (the Q tile's descriptors) in uniform registers: the persistent loop held them
-    // in 8 registers a thread over every tile and spilled them (hd64 / hd96 packed 12-56 B, hd96 causal 8 B, hd128's
-    // causal mask_mods 20-40 B). On two consumers without one it measured 1-3% slower (hd128, hd192, the block mask).
-    constexpr bool kUniformConsumer = Kt::kConsumers > 2 || FLASHKIT_MASK_MOD;
-    const int consumer = kUniformConsumer ? __shfl_sync(kFullWarp, cta.consumer(), 0) : cta.consumer();
+    const int consumer = Kt::kUniformConsumer ? warp_uniform(cta.consumer()) : cta.consumer();
     const int tid_in_group = cta.tid % gmma::kWarpgroupThreads;
     const int lane = cta.tid % kWarpSize;
     typedef Mainloop<Kt, Mask, ScoreMod> Loop;
@@ -83,7 +74,7 @@ __device__ __forceinline__ void consume_tile(WsCta<Kt>& cta, const Params& p, co
     // In a persistent loop the epilogue takes a fresh thread index (fresh_thread_index): ptxas otherwise formed the
     // O staging addresses once before the loop and held them over every tile's main loop (16 registers), which made
     // the mask_mod functors' builds spill there (measured 5-8% faster persistent at hd128, BENCHMARKS.md).
-    const int epilogue_tid = FLASHKIT_PERSISTENT ? fresh_thread_index() % gmma::kWarpgroupThreads : tid_in_group;
+    const int epilogue_tid = FLASHKIT_PERSISTENT ? fresh_warpgroup_thread() : tid_in_group;
     store_output_tma<Kt>(loop.acc_o, lse, cta.smem, consumer, maps.o, p, q_at, origin, epilogue_tid);
     if (!Kt::kOwnOTile && tid_in_group == 0) mbarrier_arrive(cta.q_empty);   // its O has left the Q rows
     cta.advance(n_blocks);

@@ -51,6 +51,9 @@ struct WsRoles {
     __device__ __forceinline__ int consumer() const { return warpgroup - 1; }
 };
 
+// The thread's index in its warpgroup from a fresh read of %tid.x (fresh_thread_index, traits.cuh).
+__device__ __forceinline__ int fresh_warpgroup_thread() { return fresh_thread_index() % gmma::kWarpgroupThreads; }
+
 // Where a tile starts in a contract tensor: the TMA coordinates past the head-dim panel.
 struct TileCoords {
     int row;    // first row (query or key index)
@@ -77,6 +80,11 @@ struct WsTraits {
     // setmaxnreg budgets (multiples of 8): the producer keeps a few, the consumers share the rest.
     static constexpr int kProducerRegs = kConsumers == 2 ? 24 : 32;
     static constexpr int kConsumerRegs = kConsumers == 2 ? 240 : 160;
+    // The consumer index warp-uniform (warp_uniform) on three consumers and beside a mask_mod functor, so that ptxas
+    // keeps what derives from it (the Q tile's descriptors) in uniform registers: the persistent loop held them in 8
+    // registers a thread over every tile and spilled them (hd64 / hd96 packed 12-56 B, hd96 causal 8 B, hd128's causal
+    // mask_mods 20-40 B). On two consumers without a mask_mod it measured 1-3% slower (hd128, hd192, the block mask).
+    static constexpr bool kUniformConsumer = kConsumers > 2 || FLASHKIT_MASK_MOD;
 
     static constexpr int kWarpRows = kMmaM;
     static constexpr int kMTiles = 1;
