@@ -17,7 +17,8 @@ launch: {grid: tiles, persistent: 1, defer_pv_wait: 1, block_m: 128, block_n: 12
 # mostly diagonal tiles, and the persistent loop hides each tile's prologue and epilogue; at hd64 three stages, 1-2%
 # faster there), and so do non-causal hd64 calls of up to 1024 rows (192-row tiles leave a third of 1024 rows' last
 # tile idle: 12% faster at 512, 2% at 1k). The three-consumer tiles run persistent up to 4096 rows: 2-8% faster at
-# 1-4k (hd64 causal 2k 3% faster than on 128 x 128), the same or 1% slower from 8k. They fit the persistent loop
+# 1-4k (hd64 causal 2k 3% faster than on 128 x 128), the same or 1% slower from 8k, but hd96 causal 4% faster
+# persistent at 8k (the same at 16k). They fit the persistent loop
 # since its epilogue takes a fresh thread index and three consumers a warp-uniform consumer index (ws_forward.cuh).
 # hd256 runs one tile a CTA. Drop-in functors run persistent at hd96 and mask_mods at hd128 (4-9% faster, the document
 # mask most), one tile a CTA elsewhere: hd128's score_mods measured the same either way, hd192's 1-10% slower
@@ -29,7 +30,8 @@ launch: {grid: tiles, persistent: 1, defer_pv_wait: 1, block_m: 128, block_n: 12
 # pass-by 1.3-1.7% more causal (with the turns it lost 1-2%); drop-in functors keep the turns there (ptxas spills them
 # without). hd64's two-consumer tables (short calls, softcap) issue freely too: 2-7% faster. At hd128 free issue
 # measured +0.6 to +2.7% causal in one run, -1.3 to +0.6% in another, and 5% slower with ALiBi: the turns stay; three
-# consumers (hd64, hd96) lose 2-8% without them.
+# consumers (hd64, hd96) lose 2-8% without them. Remeasured on the persistent loop's fresh epilogue index (two A/Bs):
+# dense hd128 issues freely, 1.8-2.9% faster causal from 2k, 0.3-0.9% non-causal; its modified builds keep the turns.
 overrides: {"hd64": {block_m: 192, warps: 16, persistent: 0, defer_pv_wait: 0, pass_unseen: 1}, "hd64/softcap": {block_m: 128, warps: 12, free_issue: 1},
             "hd64/alibi": {block_m: 128, warps: 12}, "hd64/score_mod": {block_m: 128, warps: 12},
             "hd64/mask_mod": {block_m: 128, warps: 12},
@@ -37,11 +39,14 @@ overrides: {"hd64": {block_m: 192, warps: 16, persistent: 0, defer_pv_wait: 0, p
             "hd64/seqlen_q<=1024": {block_m: 128, warps: 12, persistent: 1, defer_pv_wait: 1, free_issue: 1},
             "hd64/causal/seqlen_q<=1024": {block_m: 128, warps: 12, persistent: 1, defer_pv_wait: 1, stages: 3, free_issue: 1},
             "hd96": {block_m: 192, block_n: 112, warps: 16, persistent: 0, defer_pv_wait: 0, pass_unseen: 1},
+            "hd96/causal/seqlen_q<=8192": {persistent: 1},
             "hd96/causal/seqlen_q<=2048": &hd96_narrow {block_m: 128, block_n: 128, warps: 12, persistent: 1, defer_pv_wait: 1},
             "hd96/window": *hd96_narrow, "hd96/alibi": *hd96_narrow,
             "hd96/score_mod": *hd96_narrow, "hd96/mask_mod": *hd96_narrow,
             "hd96/score_mod+window": {persistent: 0}, "hd96/mask_mod+window": {persistent: 0},
-            "hd128/varlen": {defer_pv_wait: 0}, "hd128/score_mod": {persistent: 0},
+            "hd128": {free_issue: 1}, "hd128/window": &hd128_turns {free_issue: 0}, "hd128/softcap": *hd128_turns,
+            "hd128/alibi": *hd128_turns, "hd128/mask_mod": *hd128_turns,
+            "hd128/varlen": {defer_pv_wait: 0, free_issue: 0}, "hd128/score_mod": {persistent: 0, free_issue: 0},
             "hd192": {block_n: 64, free_issue: 1}, "hd192/score_mod": {persistent: 0, free_issue: 0}, "hd192/mask_mod": {persistent: 0, free_issue: 0},
             "hd256": {block_n: 64, persistent: 0, defer_pv_wait: 0, pass_unseen: 1, free_issue: 1},
             "hd256/score_mod": {free_issue: 0, pass_unseen: 0}, "hd256/mask_mod": {free_issue: 0, pass_unseen: 0}}

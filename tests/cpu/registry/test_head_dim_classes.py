@@ -94,13 +94,15 @@ def test_fa3_tiles_follow_the_mask_and_length():
     """fa3 at hd96: 192 x 112 tiles on three consumers, 128 x 128 on two (persistent) with a window, ALiBi or a
     functor (three consumers spill there); causal calls of up to 2048 query rows at hd96 and 1024 at hd64 on 128 x 128
     persistent, and non-causal hd64 calls of up to 1024 (the short calls' tables; hd64 causal with three stages); the
-    three-consumer tiles persistent up to 4096 rows; functors persistent at hd96, mask_mods at hd128."""
+    three-consumer tiles persistent up to 4096 rows (hd96 causal up to 8192); functors persistent at hd96, mask_mods
+    at hd128; dense hd128 issuing without the ping-pong turns, its modified builds with them."""
     fa3 = discover_kernels().get("fa3")
     shape = lambda hd, mods=(), causal=False, sq=None: tuple(   # noqa: E731
         fa3.launch_config((9, 0), hd, mods, causal, sq)[k] for k in ("block_m", "block_n", "warps", "persistent"))
-    assert shape(96) == shape(96, ("softcap",)) == shape(96, ("varlen",), True, 4097) == (192, 112, 16, 0)
-    assert shape(96, causal=True) == shape(96, causal=True, sq=4097) == shape(96, sq=4097) == (192, 112, 16, 0)
-    assert shape(96, causal=True, sq=2049) == shape(96, ("varlen",), sq=4096) == shape(96, sq=1) == (192, 112, 16, 1)
+    assert shape(96) == shape(96, ("softcap",)) == shape(96, ("varlen",), True, 8193) == (192, 112, 16, 0)
+    assert shape(96, causal=True) == shape(96, causal=True, sq=8193) == shape(96, sq=4097) == (192, 112, 16, 0)
+    assert shape(96, causal=True, sq=2049) == shape(96, causal=True, sq=8192) == shape(96, ("varlen",), sq=4096) == \
+        shape(96, sq=1) == (192, 112, 16, 1)
     assert shape(96, causal=True, sq=2048) == shape(96, ("window",)) == shape(96, ("alibi",)) == (128, 128, 12, 1)
     assert shape(96, ("score_mod",)) == shape(96, ("mask_mod",), True) == (128, 128, 12, 1)
     assert shape(96, ("mask_mod", "window")) == (128, 128, 12, 0)
@@ -117,4 +119,9 @@ def test_fa3_tiles_follow_the_mask_and_length():
     assert shape(128, ("mask_mod",)) == shape(128, ("mask_mod",), True) == shape(128, causal=True) == (128, 128, 12, 1)
     assert shape(128, ("score_mod",)) == (128, 128, 12, 0)
     assert shape(192, ("score_mod",))[3] == shape(192, ("mask_mod",))[3] == 0 and shape(192)[3] == 1
-    assert fa3.length_bounds(64) == (1024, 4096) and fa3.length_bounds(96) == (2048, 4096) and fa3.length_bounds(128) == ()
+    assert fa3.length_bounds(64) == (1024, 4096) and fa3.length_bounds(96) == (2048, 4096, 8192)
+    assert fa3.length_bounds(128) == ()
+    free = lambda mods=(), causal=False: fa3.launch_config((9, 0), 128, mods, causal, 8192)["free_issue"]  # noqa: E731
+    assert free() == free((), True) == 1
+    assert not any(free((m,), c) for m in ("window", "softcap", "alibi", "varlen", "score_mod", "mask_mod")
+                   for c in (False, True))

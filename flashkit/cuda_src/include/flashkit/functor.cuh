@@ -42,9 +42,9 @@ struct FunctorScoreMod {
     static constexpr bool kHeldGrad = false;   // a file's slope may exceed f16's range and read the indices
     __device__ __forceinline__ FunctorScoreMod(const Params& p_, int head_, int batch_)
         : p(p_), head(head_), batch(batch_) {}
-    // The backward's form (query `row`, key `col`, any of them past the sequences: clamped).
+    // Both indices clamped (the generic form: either may lie past its sequence).
     __device__ __forceinline__ float score(float s, int row, int col, float) const {
-        return score<true>(s, row, col);
+        return score_at<true, true>(s, row, col);
     }
 #if FLASHKIT_SCORE_MOD_GRAD
     __device__ __forceinline__ float grad(float m, int row, int col) const {
@@ -52,21 +52,63 @@ struct FunctorScoreMod {
     }
 #endif
     __device__ __forceinline__ float unapply(float m, int, int) const { return m; }   // never composed
-    // Indices clamped into the sequences (rows past seqlen_q and, on a tail tile, keys past seqlen_k are masked
-    // afterwards, but a functor may index arrays with them). Off the tail tiles every key is below seqlen_k
-    // (mask.cuh's unmasked visits), and the per-score clamp is skipped: it kept hd128 causal from fitting
-    // the deferred P V wait's registers (8 bytes spilled).
+    // Indices clamped into the sequences where they may lie past them (such rows and keys are masked afterwards,
+    // but a functor may index arrays with them). The forward clamps its row (once a row) and, on a tail tile, its
+    // keys: off the tail tiles every key is below seqlen_k (mask.cuh's unmasked visits), and the per-score clamp is
+    // skipped (it kept hd128 causal from fitting the deferred P V wait's registers: 8 bytes spilled).
     template <bool kTailTile>
     __device__ __forceinline__ float score(float s, int row, int col) const {
-        return ::score_mod(s * p.softmax_scale, batch, head, min(row, p.seqlen_q - 1),
-                           kTailTile ? min(col, p.seqlen_k - 1) : col, p.mods.args);
+        return score_at<true, kTailTile>(s, row, col);
+    }
+    template <bool kClampRow, bool kClampCol>
+    __device__ __forceinline__ float score_at(float s, int row, int col) const {
+        return ::score_mod(s * p.softmax_scale, batch, head, kClampRow ? min(row, p.seqlen_q - 1) : row,
+                           kClampCol ? min(col, p.seqlen_k - 1) : col, p.mods.args);
     }
 };
+
+// The backward's S^T = score_mod(S^T) (bwd_mask.cuh's layout: st[ni][2h + e] is key row key0 + 8 h, query
+// query0 + 8 ni + e). The key is clamped once a row; the queries, which vary by element, only where the thread's
+// reach past seqlen_q (the last query block of a ragged call): elsewhere the clamp would be an instruction a score.
+template <bool kClampQueries, int kTiles>
+__device__ __forceinline__ void apply_functor_transposed(const FunctorScoreMod& mod, float (&st)[kTiles][4], int key0,
+                                                         int query0) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        const int key = min(key0 + h * kFragRowHalf, mod.p.seqlen_k - 1);
+#pragma unroll
+        for (int ni = 0; ni < kTiles; ++ni)
+#pragma unroll
+            for (int e = 0; e < 2; ++e)
+                st[ni][2 * h + e] =
+                    mod.template score_at<kClampQueries, false>(st[ni][2 * h + e], query0 + ni * kMmaN + e, key);
+    }
+}
+template <int kTiles>
+__device__ __forceinline__ void apply_score_mod_transposed(const FunctorScoreMod& mod, float (&st)[kTiles][4],
+                                                           int key0, int query0) {
+    if (query0 + kTiles * kMmaN <= mod.p.seqlen_q)   // every query of the thread's lies in the sequence
+        apply_functor_transposed<false>(mod, st, key0, query0);
+    else
+        apply_functor_transposed<true>(mod, st, key0, query0);
+}
 
 template <bool kTailTile>
 __device__ __forceinline__ float modified_score(const FunctorScoreMod& mod, float s, int row, int col, float) {
     return mod.template score<kTailTile>(s, row, col);
 }
+
+#if FLASHKIT_SCORE_MOD_GRAD
+// score_mod.cuh's raw_score_grad for a functor: dS times score_mod_grad at m, with m = 0 (a finite score) standing in
+// where prob = 0, whose dS = prob (dP - dsum) is 0 already. Where the file's grad is a constant (a bias's 1), the
+// read-back of m and the select are dead code and compile away; the generic form kept a select on dS (and its
+// select on m instead made ptxas spill the built-in softcap + ALiBi builds at hd128).
+__device__ __forceinline__ float raw_score_grad(const FunctorScoreMod& mod, const Params& p, float ds, float prob,
+                                                float lse2, int row, int col) {
+    const float m = prob > 0.f ? (fast_log2(prob) + lse2) * (kLn2 * p.mods.inv_softmax_scale) : 0.f;
+    return ds * mod.grad(m, row, col);
+}
+#endif
 #endif
 
 // The score modification of a variant: the functor's when built with one, else Otherwise (BuildScoreMod).

@@ -47,6 +47,14 @@ __device__ __forceinline__ int fresh_thread_index() {
     return static_cast<int>(thread);
 }
 
+// x through a volatile move: a value ptxas cannot prove equal to x, so that what is formed from it is formed where
+// it is used rather than hoisted out of a loop and held over the loop's register peak (fa2_bwd's tile addresses and
+// its walk's flag; the Hopper backward's visit count).
+__device__ __forceinline__ int fresh_value(int x) {
+    asm volatile("mov.b32 %0, %0;\n" : "+r"(x));
+    return x;
+}
+
 // x from lane 0 of the warp: a value ptxas knows to be the same in every lane, so that what derives from it (ring
 // slots, wgmma descriptors) stays in uniform registers instead of one register a thread (a warpgroup's index, where
 // the warpgroups' registers run short: the Hopper kernels' kUniformConsumer).

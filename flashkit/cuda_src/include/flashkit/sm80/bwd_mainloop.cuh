@@ -95,12 +95,6 @@ struct BwdMainloop {
     __device__ __forceinline__ int query_col0() const { return (warp / Kt::kKeyWarps) * Kt::kWarpQueries; }
     __device__ __forceinline__ int col0() const { return (warp / Kt::kKeyWarps) * Kt::kWarpCols; }
 
-    // x through a volatile move: what is formed from it is formed where it is used, not hoisted out of the loop.
-    __device__ __forceinline__ static int fresh(int x) {
-        asm volatile("mov.b32 %0, %0;\n" : "+r"(x));
-        return x;
-    }
-
     __device__ __forceinline__ u32 q_buf(int buf) const { return sQ + buf * Kt::kQElems * Kt::kElemBytes; }
     __device__ __forceinline__ u32 do_buf(int buf) const { return sdO + buf * Kt::kQElems * Kt::kElemBytes; }
 
@@ -121,7 +115,7 @@ struct BwdMainloop {
         const int m0 = m_block * kM;
         int q_row = q_row0, seqlen_q = p.seqlen_q;
         if constexpr (FLASHKIT_VARLEN != 0) reload_range(p.varlen.cu_seqlens_q, batch, q_row, seqlen_q);
-        const int tb = kHeld ? t_batch : fresh(t_batch);   // (see the thread index below)
+        const int tb = kHeld ? t_batch : fresh_value(t_batch);   // (see the thread index below)
         const Element* q = static_cast<const Element*>(p.q) + tb * p.q_batch_stride + head * p.q_head_stride +
                            (q_row + m0) * p.q_row_stride;
         const Element* dout = static_cast<const Element*>(p.bwd.dout) + tb * p.bwd.do_batch_stride +
@@ -131,9 +125,9 @@ struct BwdMainloop {
         // clip are formed here rather than hoisted out of the walk and held across it: at the register limit ptxas
         // spilled them (4 B in the sm_80 float16 causal build of the 128 class; 20-56 B at hd128 with the 32-key
         // grid). Where they fit (hd64's 16-key grid) they stay held, as before the 32-key grid.
-        const int tid = kHeld ? static_cast<int>(threadIdx.x) : fresh(threadIdx.x);
+        const int tid = kHeld ? static_cast<int>(threadIdx.x) : fresh_value(threadIdx.x);
         int cols = kD;
-        if constexpr (kPadded) cols = fresh(p.head_dim);
+        if constexpr (kPadded) cols = fresh_value(p.head_dim);
         load_tile_async<kM, kD, Kt::kThreads, Element, kPadded>(q_buf(buf), q, p.q_row_stride, seqlen_q - m0, tid,
                                                                 cols);
         load_tile_async<kM, kD, Kt::kThreads, Element, kPadded>(do_buf(buf), dout, p.bwd.do_row_stride,

@@ -39,7 +39,7 @@ __device__ __forceinline__ void bwd_block_seq(const Params& p, const Params& cal
         // Whether a visit follows, decided here through a volatile move, so that the loop's end tests this flag
         // rather than the visit count again: ptxas spills the count at hd128, and its reload there queued behind the
         // visit's dQ reductions (8% of the kernel's stall samples).
-        const int more = loop.fresh(it + 1 < total);
+        const int more = fresh_value(it + 1 < total);
         cp_async_wait<0>();
         __syncthreads();   // Q_i, dO_i (and K, V) resident; every warp is done with buffer buf ^ 1, P^T and dS^T
         if (more) loop.load_q_async(kv_head * group + (it + 1) / n_m, m_begin + (it + 1) % n_m, buf ^ 1);
