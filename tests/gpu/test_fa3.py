@@ -29,17 +29,16 @@ SHORT = 1024   # the tile boundary tests' calls are at most this long (their til
 @pytest.mark.parametrize("head_dim", [64, 96])
 def test_long_causal_tile_boundaries(fa3, head_dim):
     """Causal calls above a short-call bound of the manifest run the three-consumer tiles (hd64 192 x 128, hd96 192 x
-    112; persistent up to 4096 rows at hd64, one tile a CTA above): lengths at a multiple of both tiles +- 1 past each
-    such bound, both ways, GQA."""
+    112; persistent up to 4096 rows at hd64 and 8192 at hd96, one tile a CTA above): lengths at a multiple of both
+    tiles +- 1 past each bound where a causal call's tiles change, both ways, GQA."""
     from flashkit.runtime.device import device_info
     cc = device_info().cc
-    bounds = [b for b in fa3.length_bounds(head_dim)
-              if fa3.launch_config(cc, head_dim, causal=True, seqlen_q=b + 1)["block_m"] == 192]
+    tiles = lambda n: fa3.launch_config(cc, head_dim, causal=True, seqlen_q=n)   # noqa: E731
+    bounds = [b for b in fa3.length_bounds(head_dim) if tiles(b + 1)["block_m"] == 192 and tiles(b + 1) != tiles(b)]
     assert bounds, "no short-call bound below the three-consumer tiles"
     failures = []
     for bound in bounds:
-        cfg = fa3.launch_config(cc, head_dim, causal=True, seqlen_q=bound + 1)
-        assert cfg != fa3.launch_config(cc, head_dim, causal=True, seqlen_q=bound)
+        cfg = tiles(bound + 1)
         base_q = -(-(bound + 1) // cfg["block_m"]) * cfg["block_m"]
         base_k = -(-(bound + 1) // cfg["block_n"]) * cfg["block_n"]
         for i, (dq, dk) in enumerate(((-1, 1), (0, 0), (1, -1))):

@@ -47,9 +47,10 @@ struct BwdVisits {
         total = group * n_m;
     }
     __device__ __forceinline__ BwdVisit at(int i) const { return {head0 + i / n_m, m_begin + i % n_m, false}; }
-    // Whether visit i exists, with the count formed again at each test from n_m (live for at()) through a volatile
-    // move: held over the visits as `total`, ptxas spilled it beside a score_mod functor on hd64's three consumers.
-    __device__ __forceinline__ bool has(int i) const { return i < group * fresh_value(n_m); }
+    // Whether visit i exists; kFresh (BwdWsTraits::kFreshVisitCount): with the count formed again at each test from n_m
+    // (live for at()) through a volatile move, rather than held over the visits as `total`.
+    template <bool kFresh>
+    __device__ __forceinline__ bool has(int i) const { return i < (kFresh ? group * fresh_value(n_m) : total); }
     // v = at(next), from v = at(next - 1), with no division (the loading thread's 24 registers).
     __device__ __forceinline__ void advance(BwdVisit& v, int /*next*/) const {
         if (++v.m_block == m_begin + n_m) {
@@ -99,6 +100,7 @@ struct BwdVisits<kBlockM, kBlockN, Mask, true> {
         return {head, p.bwd_lists.list[static_cast<index_t>(r) * p.bwd_lists.q_tiles + i],
                 i < p.bwd_lists.count[2 * r]};
     }
+    template <bool>
     __device__ __forceinline__ bool has(int i) const { return i < total; }
     __device__ __forceinline__ void advance(BwdVisit& v, int next) const {
         if (next < total) v = at(next);

@@ -79,6 +79,11 @@ struct BwdWsTraits {
     // registers spill 20-68 B without it. At two consumers (240) it measured no faster and made hd128 causal
     // spill 36 B, so there the index stays a plain one.
     static constexpr bool kUniformConsumer = kConsumers > 2;
+    // The consumers' visit count formed again at each test of their loop (BwdVisits::has) rather than held over it:
+    // held, it spilled beside a score_mod functor on three consumers (hd64, 4 B); on two consumers split by keys
+    // (hd128's) the re-formed count measured 3-4% faster causal (the same non-causal), while hd64's dense three
+    // consumers ran 3% slower with it (their group division moved out of the uniform registers).
+    static constexpr bool kFreshVisitCount = !kSplitColumns && (kConsumers == 2 || FLASHKIT_SCORE_MOD);
 
     static constexpr int kRowBytes = kHeadDim * kElemBytes;         // a Q, dO, K or V row
     static constexpr int kStepElems = gmma::kKBytes / kElemBytes;   // k of one wgmma (16)

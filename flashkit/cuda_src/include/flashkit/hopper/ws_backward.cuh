@@ -26,7 +26,7 @@ __device__ __forceinline__ void bwd_consume(const Params& p, const BwdCta<Kt>& c
                                             int kv_head, int batch) {
     Consumer consumer(p, cta.consumer(), n_block, kv_head, batch);
     if (visits.total > 0) mbarrier_wait(cta.kv_full, 0);   // K, V landed
-    for (int i = 0; visits.has(i); ++i) consumer.visit(cta, i, visits.at(i));
+    for (int i = 0; visits.template has<Kt::kFreshVisitCount>(i); ++i) consumer.visit(cta, i, visits.at(i));
     consumer.dq_drain();
     consumer.store_dk_dv();
 }
