@@ -84,6 +84,8 @@ struct BwdConsumer : BwdConsumerBase<Kt, Mask> {
         // (with the staged row ptxas spilled 20 B in fp16 hd128 relative_bias). dsum: from the workspace (its loads
         // issue under the products; staged it measured 2-5% slower).
         constexpr bool kHeld = Kt::template holds_slopes<Mod>();   // softcap's slopes, from the recompute to dS
+        constexpr bool kStashed = Kt::template stashes_slopes<Mod>();   // the same through shared memory
+        static_assert(!kStashed || Kt::kSlopeBytes > 0, "the stash is sized for the build's modification");
         constexpr bool kStaged = Kt::kStagedRows && (Mod::kUnitGrad || kHeld);
         float2 lse2_early[Kt::kQTiles];
         if constexpr (!kStaged) {
@@ -100,11 +102,12 @@ struct BwdConsumer : BwdConsumerBase<Kt, Mask> {
         timeline_stamp(slot, kBwdScoresIn);
         gmma::fence_accumulators(s);
         const Mod mod(p, head, batch);
-        u32 slope[kHeld ? Kt::kQTiles : 1][2];   // kHeld: d mod / ds of S^T's elements, f16 pairs (ds_pair's)
-        if constexpr (kHeld)
+        u32 slope[kHeld || kStashed ? Kt::kQTiles : 1][2];   // d mod / ds of S^T's elements, f16 pairs (ds_pair's)
+        if constexpr (kHeld || kStashed)
             this->modify_scores(mod, s, slope, m0);
         else
             this->modify_scores(mod, s, m0);
+        if constexpr (kStashed) this->stash_slopes(cta, slope);
         const u32 keep = this->staged_keep(cta, slot, at.partial);   // a mask_mod's element mask
         const int over = this->causal_over(m0);
         const int diff = this->key_minus_query(m0);
@@ -135,19 +138,23 @@ struct BwdConsumer : BwdConsumerBase<Kt, Mask> {
         constexpr bool kDsInRegisters = Kt::template ds_in_registers<Mod>();
         u32 ds[kDsInRegisters ? Kt::kQSteps : 1][4];   // dS^T as dK's A fragments (pt's layout), kDsInRegisters
 #pragma unroll
-        for (int kk = 0; kk < Kt::kQSteps; ++kk)
+        for (int kk = 0; kk < Kt::kQSteps; ++kk) {
+            u32 stashed[4];   // kStashed: this k-step's slopes, back from the stash
+            if constexpr (kStashed) ld_shared_v4(this->slope_stash(cta, kk), stashed);
 #pragma unroll
             for (int j = 0; j < 2; ++j) {
                 const int ni = 2 * kk + j;
                 const float2 d = this->query_pair(dsum, ni);
 #pragma unroll
                 for (int h = 0; h < 2; ++h) {   // dS^T = P^T (dP^T - dsum), to the shared dS^T tile
+                    const u32 slope_pair = kHeld ? slope[kHeld ? ni : 0][h] : kStashed ? stashed[2 * j + h] : 0u;
                     const u32 pair = this->ds_pair(mod, pt[kk][2 * j + h], dp[ni][2 * h], dp[ni][2 * h + 1], d,
-                                                   ws_row, m0, h, ni, kHeld ? slope[kHeld ? ni : 0][h] : 0u);
+                                                   ws_row, m0, h, ni, slope_pair);
                     st_shared_b32(this->pair_address(ds_tile, k_row0 + warp_row, ni, h), pair);
                     if constexpr (kDsInRegisters) ds[kk][2 * j + h] = pair;
                 }
             }
+        }
 
         gmma::fence_proxy_async();   // the dS^T stores (generic proxy), before wgmma (async proxy) reads them
         timeline_stamp(slot, kBwdDsStored);

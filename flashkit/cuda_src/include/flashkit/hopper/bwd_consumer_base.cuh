@@ -120,7 +120,7 @@ struct BwdConsumerBase {
     }
     // Nothing to do (not even the fresh read: the unmodified builds' code stays as it was).
     __device__ __forceinline__ void modify_scores(const NoScoreMod&, float (&)[Kt::kQTiles][4], int) const {}
-    // The same, with each element's slope held to dS (Kt::holds_slopes<Mod>: ds_pair's slope_pair).
+    // The same, with each element's slope taken for dS (Kt::holds_slopes / stashes_slopes: ds_pair's slope_pair).
     template <class Mod>
     __device__ __forceinline__ void modify_scores(const Mod& mod, float (&s)[Kt::kQTiles][4],
                                                   u32 (&slope)[Kt::kQTiles][2], int m0) const {
@@ -187,7 +187,7 @@ struct BwdConsumerBase {
     }
 
     // dS^T = P^T (dP^T - dsum) of the thread's pair of row half h, column tile ni (P^T as rounded: pt_pair), times
-    // the modification's slope where it is not 1: held from the recompute (Kt::holds_slopes<Mod>: slope_pair, f16),
+    // the modification's slope where it is not 1: taken at the recompute (Kt::takes_slopes: slope_pair, f16),
     // or from m read back from P (a functor's score_mod_grad; lse2 re-read from the workspace, ws_row: the visit's);
     // packed to 16 bits.
     template <class Mod>
@@ -196,7 +196,7 @@ struct BwdConsumerBase {
         float p0, p1;
         unpack_float2<Element>(pt_pair, p0, p1);
         float ds0 = p0 * (dp0 - dsum.x), ds1 = p1 * (dp1 - dsum.y);
-        if constexpr (Kt::template holds_slopes<Mod>()) {   // P^T = 0 (masked) gives dS^T = 0: the slope is finite
+        if constexpr (Kt::template takes_slopes<Mod>()) {   // P^T = 0 (masked) gives dS^T = 0: the slope is finite
             float g0, g1;
             unpack_float2<half_t>(slope_pair, g0, g1);
             ds0 *= g0;
@@ -210,6 +210,22 @@ struct BwdConsumerBase {
             ds1 = raw_score_grad(mod, p, ds1, p1, l.y, query + 1, key);
         }
         return pack_float2<Element>(ds0, ds1);
+    }
+
+    // The slope stash's 16 bytes of this thread for k-step kk of the visit's queries (Kt::stashes_slopes): only the
+    // thread itself reads them, after it wrote them in the same visit, so nothing orders them across threads. The
+    // thread index from a fresh read (as FreshPlace's), the stash's address formed where used.
+    __device__ __forceinline__ u32 slope_stash(const BwdCta<Kt>& cta, int kk) const {
+        return cta.smem + Kt::kSlopeOffset +
+               ((consumer * Kt::kQSteps + kk) * gmma::kWarpgroupThreads + fresh_warpgroup_thread()) *
+                   Kt::kSlopeStepBytes;
+    }
+    // slope[2 kk + j][h] to word 2 j + h of k-step kk's 16 bytes.
+    __device__ __forceinline__ void stash_slopes(const BwdCta<Kt>& cta, const u32 (&slope)[Kt::kQTiles][2]) const {
+#pragma unroll
+        for (int kk = 0; kk < Kt::kQSteps; ++kk)
+            st_shared_v4(slope_stash(cta, kk), slope[2 * kk][0], slope[2 * kk][1], slope[2 * kk + 1][0],
+                         slope[2 * kk + 1][1]);
     }
 
     // This consumer's first dK, dV column, and its first dQ column.

@@ -29,6 +29,7 @@
 #pragma once
 
 #include "flashkit/dq_layout.cuh"
+#include "flashkit/functor.cuh"   // KernelScoreMod: the build's score modification (its slopes' stash)
 #include "flashkit/hopper/ws_traits.cuh"   // TileCoords, kRegisterFile, the stage ring, tma, wgmma
 
 #ifndef FLASHKIT_MASK_WARPS
@@ -49,6 +50,13 @@ constexpr int kBwdConsumerBarrier = 3;   // + consumer
 constexpr int kBwdDqFullBarrier = kBwdConsumerBarrier + kMaxConsumers;   // + consumer
 constexpr int kBwdDqEmptyBarrier = kBwdDqFullBarrier + kMaxConsumers;    // + consumer
 static_assert(kBwdDqEmptyBarrier + kMaxConsumers <= kNamedBarriers, "the backward's named barriers fit 16");
+
+// Whether a modification's slopes on dS (softcap's 1 - tanh^2) are taken where the consumers recompute the scores
+// (score_mod.cuh's kHeldGrad: index-free, in [0, 1]) rather than read back from P with a log2 and the LSE row.
+template <class Mod>
+__host__ __device__ constexpr bool slopes_at_recompute() {
+    return !Mod::kUnitGrad && Mod::kHeldGrad && !Mod::kIndexed;
+}
 
 template <typename Element_, int kHeadDim_, int kBlockM_, int kBlockN_, int kStages_>
 struct BwdWsTraits {
@@ -110,14 +118,23 @@ struct BwdWsTraits {
     __host__ __device__ static constexpr bool ds_in_registers() {
         return kDqTurns && !(Mod::kIndexed && kConsumers > 2);
     }
-    // A modification's slopes on dS (softcap's 1 - tanh^2) taken at the recompute and held to dS as f16 pairs (16
-    // registers at 64 queries), rather than read back from P with a log2 and the LSE row re-read (score_mod.cuh's
-    // kHeldGrad); 1.17-1.19x at hd96 / hd128, 1.04-1.06x at hd192 / hd256. Not on three consumers of 160 registers
-    // (hd64 softcap spilled 72-176 B, 8-96 B with dK's dS^T from its tile), nor beside a modification that reads each
-    // score's indices (softcap with ALiBi spilled 40-48 B at hd128).
+    // A modification's slopes on dS (softcap's 1 - tanh^2) taken at the recompute (slopes_at_recompute) as f16 pairs
+    // (kQTiles x 2 words a thread), rather than read back from P with a log2 and the LSE row re-read; 1.17-1.19x at
+    // hd96 / hd128, 1.04-1.06x at hd192 / hd256. Held in registers on two consumers; on three of 160 registers (hd64),
+    // where held they spilled 72-176 B, stashed in shared memory by each thread for itself (kSlopeBytes; not beside a
+    // window, whose build then spilled 16-24 B). Not beside a modification that reads each score's indices (softcap
+    // with ALiBi spilled 40-48 B at hd128, held).
     template <class Mod>
     __host__ __device__ static constexpr bool holds_slopes() {
-        return !Mod::kUnitGrad && Mod::kHeldGrad && !Mod::kIndexed && kConsumers == 2;
+        return slopes_at_recompute<Mod>() && kConsumers == 2;
+    }
+    template <class Mod>
+    __host__ __device__ static constexpr bool stashes_slopes() {
+        return slopes_at_recompute<Mod>() && kConsumers > 2 && !FLASHKIT_WINDOW;
+    }
+    template <class Mod>
+    __host__ __device__ static constexpr bool takes_slopes() {   // held or stashed: dS takes them (ds_pair)
+        return holds_slopes<Mod>() || stashes_slopes<Mod>();
     }
     static constexpr int kPanelElems = kTmaPanelBytes / kElemBytes;   // a TMA box's head-dim extent; N of a dQ product
     static constexpr int kDqPanels = kDqCols / kPanelElems;           // dQ products a k-step
@@ -191,7 +208,16 @@ struct BwdWsTraits {
     static constexpr int kKeepStageBytes = kConsumerThreads * 4;   // (at hd256 two stages overrun shared memory)
     static constexpr int kKeepBytes = FLASHKIT_MASK_MOD ? kKeepSets * kKeepStageBytes : 0;
     static constexpr int kKeepOffset = kDoRingOffset + Ring::kBytes;
-    static constexpr int kSmemBytes = kKeepOffset + kKeepBytes + gmma::kTileAlign;   // + alignment slack
+    // The slope stash (stashes_slopes, for the build's modification): [consumer][k-step of queries][thread] of 16 B,
+    // the four f16 pairs of a k-step's two column tiles (a warp's access: 512 contiguous bytes).
+    static constexpr int kSlopeStepBytes = 16;
+    static constexpr int kSlopeBytes =
+        slopes_at_recompute<KernelScoreMod>() && kConsumers > 2 && !FLASHKIT_WINDOW   // stashes_slopes, here
+            ? kConsumerThreads * kQSteps * kSlopeStepBytes
+            : 0;
+    static constexpr int kSlopeOffset =   // 16 B aligned (the barriers before it are 8 B)
+        (kKeepOffset + kKeepBytes + kSlopeStepBytes - 1) / kSlopeStepBytes * kSlopeStepBytes;
+    static constexpr int kSmemBytes = kSlopeOffset + kSlopeBytes + gmma::kTileAlign;   // + alignment slack
 
     static_assert(kElemBytes == 2, "16-bit inputs (wgmma's transposed operands are 16-bit only)");
     static_assert(kBlockM == gmma::kWarpgroupRows, "one wgmma row block of queries: dQ's M is 64");
@@ -214,6 +240,8 @@ struct BwdWsTraits {
     static_assert(!kDqWriter || (kMaskWarps == 0 && kDqWriterWarp0 + kConsumers <= gmma::kWarpgroupThreads / kWarpSize),
                   "the dQ writers: warps of the producer warpgroup besides the loading thread's, no mask warps");
     static_assert(kSmemBytes <= 227 * 1024, "shared memory of one CTA");
+    static_assert(kSlopeBytes == 0 || (kSlopeStepBytes == 2 * 2 * sizeof(u32) && kQTiles == 2 * kQSteps),
+                  "a slope stash step: the f16 pairs (two a column tile) of a k-step's two column tiles");
 };
 
 }  // namespace hopper
