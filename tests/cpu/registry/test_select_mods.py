@@ -65,8 +65,8 @@ def test_a_score_mod_moves_fa3_hd64_to_two_consumers():
 
 
 def test_fa3_turns_and_pass_by_follow_the_measured_tables():
-    """free_issue (no ping-pong turns) on two consumers at hd64's short / softcap tables, dense hd128, hd192 and hd256,
-    not on hd128's modified builds, on three consumers or beside a functor; pass_unseen where a tile has more rows than keys (BENCHMARKS.md)."""
+    """free_issue (no ping-pong turns) on two consumers at hd64's short / softcap tables, dense hd128 (and causal
+    softcap), hd192 and hd256, not on hd128's other modified builds, on three consumers or beside a functor; pass_unseen where a tile has more rows than keys (BENCHMARKS.md)."""
     spec = discover_kernels().specs["fa3"]
 
     def launch(hd, causal=True, seqlen_q=8192, mods=(), functor=None):
@@ -80,6 +80,7 @@ def test_fa3_turns_and_pass_by_follow_the_measured_tables():
     assert launch(64, False, seqlen_q=1024)[2] == 1 and launch(64, mods=("softcap",))[2] == 1
     assert launch(64, mods=("alibi",))[2] == 0                                      # not measured: the turns
     assert launch(128)[2:] == launch(128, False)[2:] == (1, 0) and launch(128, mods=("alibi",))[2] == 0
+    assert launch(128, mods=("softcap",))[2] == 1 and launch(128, False, mods=("softcap",))[2] == 0
     assert launch(192)[2] == 1 and launch(256) == (128, 64, 1, 1)
     assert launch(256, mods=("score_mod", "score_mod_grad"), functor="relative_bias")[2:] == (0, 0)
     assert "-DFLASHKIT_FREE_ISSUE=1" in make_config(spec, "bfloat16", 256, True, (9, 0)).defines()
