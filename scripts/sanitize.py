@@ -76,8 +76,14 @@ def main(names: list[str]) -> None:
                         for deterministic in (False, True):
                             attention_backward(cp.ones_like(out), q, k, v, out, lse, causal=causal,
                                                deterministic=deterministic, variant=spec.name, **kw)
+                mods = []
                 if spec.supports("mask_mod"):   # partial visits: the producer warpgroup's keep bits (bwd_keep.cuh)
-                    kw = dict(causal=causal, mod="prefix_lm", mod_args={"prefix": PREFIX})
+                    mods.append(dict(mod="prefix_lm", mod_args={"prefix": PREFIX}))
+                if spec.supports("score_mod"):   # a functor's queries clamped in the ragged last block only
+                    mods.append(dict(mod="relative_bias",
+                                     mod_args={"slopes": cp.linspace(0.1, 1.0, SHAPE[2], dtype=cp.float32)}))
+                for mod in mods:
+                    kw = dict(causal=causal, **mod)
                     out, lse = attention(q, k, v, return_lse=True, **kw)
                     attention_backward(cp.ones_like(out), q, k, v, out, lse, variant=spec.name, **kw)
             else:
