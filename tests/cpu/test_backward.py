@@ -363,10 +363,11 @@ def test_a_chunked_backward_past_fa2_bwd_head_dims_is_refused_by_name():
 @pytest.mark.parametrize("mods,block_n,warps", [((), 192, 16), (("window",), 192, 16), (("softcap",), 192, 16),
                                                 (("window", "softcap"), 192, 16), (("alibi",), 192, 16),
                                                 (("softcap", "alibi"), 128, 12), (("window", "alibi"), 128, 12),
-                                                (("window", "softcap", "alibi"), 128, 12), (("score_mod",), 128, 12)])
+                                                (("window", "softcap", "alibi"), 128, 12), (("score_mod",), 192, 16),
+                                                (("mask_mod",), 128, 12)])
 def test_fa3_bwd_hd64_consumers_by_modification(mods, block_n, warps):
-    """hd64: three consumers of 160 registers, with a window, softcap or ALiBi too; two of 240 with ALiBi beside
-    softcap or a window, or a score_mod functor (their per-element indices spill on three)."""
+    """hd64: three consumers of 160 registers, with a window, softcap, ALiBi or a score_mod functor too; two of 240
+    with ALiBi beside softcap or a window (their per-element indices spill on three) or a mask_mod (its lists)."""
     launch = discover_kernels().get("fa3_bwd").launch_config((9, 0), 64, mods)
     assert (launch["block_n"], launch["warps"]) == (block_n, warps)
 
