@@ -19,7 +19,8 @@
 //     dS^T: 2 x (kBlockN rows of kBlockM 16-bit queries) | P^T: the same, split by columns only |
 //     dQ: one fp32 panel (64 x 64, DqLayout's order) a consumer, split by keys only |
 //     lse2: kStages x kBlockM floats (bulk copies beside the Q tiles), two consumers split by keys only |
-//     mbarriers: kv_full, the Q ring, the dO ring | a mask_mod's keep bits: kStages x a word a consumer thread ]
+//     mbarriers: kv_full, the Q ring, the dO ring | a mask_mod's keep bits: kStages x a word a consumer thread |
+//     softcap's slopes on dS on three consumers: 16 B a consumer thread a k-step of queries (stashes_slopes) ]
 // dS^T (and P^T) are double-buffered by visit parity, so one named barrier a visit over every consumer orders
 // their writes and reads (see bwd_consumer.cuh).
 // Why three consumers at hd64: a visit's products there are short (m64n64k16, 4 k-steps each) beside its
