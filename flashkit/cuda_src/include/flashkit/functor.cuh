@@ -53,13 +53,8 @@ struct FunctorScoreMod {
 #endif
     __device__ __forceinline__ float unapply(float m, int, int) const { return m; }   // never composed
     // Indices clamped into the sequences where they may lie past them (such rows and keys are masked afterwards,
-    // but a functor may index arrays with them). The forward clamps its row (once a row) and, on a tail tile, its
-    // keys: off the tail tiles every key is below seqlen_k (mask.cuh's unmasked visits), and the per-score clamp is
-    // skipped (it kept hd128 causal from fitting the deferred P V wait's registers: 8 bytes spilled).
-    template <bool kTailTile>
-    __device__ __forceinline__ float score(float s, int row, int col) const {
-        return score_at<true, kTailTile>(s, row, col);
-    }
+    // but a functor may index arrays with them): modified_score (the forward) and apply_score_mod_transposed (the
+    // backward) say where.
     template <bool kClampRow, bool kClampCol>
     __device__ __forceinline__ float score_at(float s, int row, int col) const {
         return ::score_mod(s * p.softmax_scale, batch, head, kClampRow ? min(row, p.seqlen_q - 1) : row,
@@ -93,9 +88,12 @@ __device__ __forceinline__ void apply_score_mod_transposed(const FunctorScoreMod
         apply_functor_transposed<true>(mod, st, key0, query0);
 }
 
+// The forward clamps its row (once a row) and, on a tail tile, its keys: off the tail tiles every key is below
+// seqlen_k (mask.cuh's unmasked visits), and the per-score clamp is skipped (it kept hd128 causal from fitting the
+// deferred P V wait's registers: 8 bytes spilled).
 template <bool kTailTile>
 __device__ __forceinline__ float modified_score(const FunctorScoreMod& mod, float s, int row, int col, float) {
-    return mod.template score<kTailTile>(s, row, col);
+    return mod.template score_at<true, kTailTile>(s, row, col);
 }
 
 #if FLASHKIT_SCORE_MOD_GRAD
@@ -105,7 +103,7 @@ __device__ __forceinline__ float modified_score(const FunctorScoreMod& mod, floa
 // select on m instead made ptxas spill the built-in softcap + ALiBi builds at hd128).
 __device__ __forceinline__ float raw_score_grad(const FunctorScoreMod& mod, const Params& p, float ds, float prob,
                                                 float lse2, int row, int col) {
-    const float m = prob > 0.f ? (fast_log2(prob) + lse2) * (kLn2 * p.mods.inv_softmax_scale) : 0.f;
+    const float m = prob > 0.f ? modified_from_prob(p, prob, lse2) : 0.f;
     return ds * mod.grad(m, row, col);
 }
 #endif

@@ -162,15 +162,19 @@ __device__ __forceinline__ void apply_score_mod(const Mod& mod, float (&s)[kMTil
 template <bool kTailTile = true, int kMTiles, int kNTiles>
 __device__ __forceinline__ void apply_score_mod(const NoScoreMod&, float (&)[kMTiles][kNTiles][4], int, int) {}
 
+// The modified score m of an element read back from its probability `prob` (rounded as the kernel holds it), with
+// lse2 = LSE log2(e): m = (log2 prob + lse2) ln 2 / scale.
+__device__ __forceinline__ float modified_from_prob(const Params& p, float prob, float lse2) {
+    return (fast_log2(prob) + lse2) * (kLn2 * p.mods.inv_softmax_scale);
+}
 // The backward's dS of the raw score (before the modification) from dS of the modified one, at the element of
-// query `row`, key `col` whose probability (rounded as the kernel holds it) is `prob`, with lse2 = LSE log2(e):
-// m = (log2 prob + lse2) ln 2 / scale. A zero prob (a masked element, an underflow, or a row that sees no key or
-// lies past seqlen_q, whose lse2 is +inf) has dS = 0 and no finite m: it stays 0.
+// query `row`, key `col`, its slope at m read back from P. A zero prob (a masked element, an underflow, or a row
+// that sees no key or lies past seqlen_q, whose lse2 is +inf) has dS = 0 and no finite m: it stays 0.
 template <class Mod>
 __device__ __forceinline__ float raw_score_grad(const Mod& mod, const Params& p, float ds, float prob, float lse2,
                                                 int row, int col) {
     if constexpr (Mod::kUnitGrad) return ds;
-    const float m = (fast_log2(prob) + lse2) * (kLn2 * p.mods.inv_softmax_scale);
+    const float m = modified_from_prob(p, prob, lse2);
     return prob > 0.f ? ds * mod.grad(m, row, col) : 0.f;
 }
 

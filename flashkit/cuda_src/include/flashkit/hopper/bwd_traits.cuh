@@ -125,13 +125,14 @@ struct BwdWsTraits {
     // where held they spilled 72-176 B, stashed in shared memory by each thread for itself (kSlopeBytes; not beside a
     // window, whose build then spilled 16-24 B). Not beside a modification that reads each score's indices (softcap
     // with ALiBi spilled 40-48 B at hd128, held).
+    static constexpr bool kSlopeStash = kConsumers > 2 && !FLASHKIT_WINDOW;   // where such slopes are stashed
     template <class Mod>
     __host__ __device__ static constexpr bool holds_slopes() {
         return slopes_at_recompute<Mod>() && kConsumers == 2;
     }
     template <class Mod>
     __host__ __device__ static constexpr bool stashes_slopes() {
-        return slopes_at_recompute<Mod>() && kConsumers > 2 && !FLASHKIT_WINDOW;
+        return slopes_at_recompute<Mod>() && kSlopeStash;
     }
     template <class Mod>
     __host__ __device__ static constexpr bool takes_slopes() {   // held or stashed: dS takes them (ds_pair)
@@ -213,9 +214,7 @@ struct BwdWsTraits {
     // the four f16 pairs of a k-step's two column tiles (a warp's access: 512 contiguous bytes).
     static constexpr int kSlopeStepBytes = 16;
     static constexpr int kSlopeBytes =
-        slopes_at_recompute<KernelScoreMod>() && kConsumers > 2 && !FLASHKIT_WINDOW   // stashes_slopes, here
-            ? kConsumerThreads * kQSteps * kSlopeStepBytes
-            : 0;
+        slopes_at_recompute<KernelScoreMod>() && kSlopeStash ? kConsumerThreads * kQSteps * kSlopeStepBytes : 0;
     static constexpr int kSlopeOffset =   // 16 B aligned (the barriers before it are 8 B)
         (kKeepOffset + kKeepBytes + kSlopeStepBytes - 1) / kSlopeStepBytes * kSlopeStepBytes;
     static constexpr int kSmemBytes = kSlopeOffset + kSlopeBytes + gmma::kTileAlign;   // + alignment slack
