@@ -60,6 +60,12 @@ def parse_cc(text: Any, where: str) -> tuple[int, int]:
     return int(m.group(1)), int(m.group(2))
 
 
+def nearest_arch(archs, cc: tuple[int, int]):
+    """Of compute capabilities `archs`, the one that applies to cc: the highest of cc's major version at most cc
+    (a key "8.6" holds for 8.6, 8.7 and 8.9 unless a higher one is given), or None."""
+    return max((a for a in archs if a[0] == cc[0] and a <= cc), default=None)
+
+
 @dataclass(frozen=True)
 class HeadDims:
     """Supported head dims: an explicit list, or a range with a step, optionally compiled per class.
@@ -74,6 +80,20 @@ class HeadDims:
     high: int = 0
     multiple_of: int = 1
     classes: tuple[int, ...] = ()
+    # (compute capability, largest head dim) where an architecture takes fewer (an SM's shared memory): the manifest's
+    # max_by_arch, e.g. {"8.6": 128}, which holds as the overrides' arch keys do (nearest_arch)
+    max_by_arch: tuple[tuple[tuple[int, int], int], ...] = ()
+
+    def max_on(self, cc: tuple[int, int] | None) -> int | None:
+        """The largest head dim an architecture takes below the range's own, or None where it takes them all."""
+        limits = dict(self.max_by_arch)
+        arch = nearest_arch(limits, cc) if cc is not None else None
+        return limits[arch] if arch is not None else None
+
+    def on_arch(self, d: int, cc: tuple[int, int] | None) -> bool:
+        """Whether head dim d (one of the range's) runs on compute capability cc."""
+        limit = self.max_on(cc)
+        return limit is None or d <= limit
 
     def __contains__(self, d: int) -> bool:
         if self.values:
@@ -169,9 +189,8 @@ class KernelSpec:
         config = dict(self.launch)
         arch_key = None
         if cc is not None:
-            fitting = [k for k in self.overrides if re.fullmatch(r"\d+\.\d+", k)
-                       and parse_cc(k, self.name)[0] == cc[0] and parse_cc(k, self.name) <= cc]
-            arch_key = max(fitting, key=lambda k: parse_cc(k, self.name), default=None)
+            archs = {parse_cc(k, self.name): k for k in self.overrides if re.fullmatch(r"\d+\.\d+", k)}
+            arch_key = archs.get(nearest_arch(archs, cc))
         hd = self.head_dims.class_of(head_dim)   # keys name the compiled class
         keys = [arch_key, f"hd{hd}", f"{arch_key}/hd{hd}" if arch_key else None] + self._length_keys(f"hd{hd}", seqlen_q)
         if causal:
@@ -224,6 +243,16 @@ def _head_dim_classes(hd: dict, bad) -> tuple[int, ...]:
             or classes != sorted(set(classes)) or (classes and classes[-1] < hd["max"]):
         raise bad("head_dims", f"'classes' as increasing multiples of {step}, the last >= max {hd['max']}")
     return tuple(classes)
+
+
+def _head_dim_arch_limits(hd: dict, bad) -> tuple[tuple[tuple[int, int], int], ...]:
+    """A range's max_by_arch: compute capabilities to the largest head dim they take, each within [min, max)."""
+    limits = hd.get("max_by_arch", {})
+    if not isinstance(limits, dict) or not all(
+            isinstance(v, int) and not isinstance(v, bool) and hd["min"] <= v < hd["max"] for v in limits.values()):
+        raise bad("head_dims", f"'max_by_arch' as a mapping of compute capabilities (\"8.6\") to head dims from "
+                               f"{hd['min']} to below max {hd['max']}")
+    return tuple(sorted((parse_cc(k, "head_dims.max_by_arch"), v) for k, v in limits.items()))
 
 
 def read_manifest_text(path: Path) -> str:
@@ -298,12 +327,13 @@ def spec_from(path: Path, data: dict) -> KernelSpec:
     hd = data["head_dims"]
     if isinstance(hd, list) and hd and all(isinstance(x, int) and x > 0 for x in hd):
         head_dims = HeadDims(values=tuple(hd))
-    elif (isinstance(hd, dict) and {"min", "max"} <= set(hd) <= {"min", "max", "multiple_of", "classes"}
-          and all(isinstance(v, int) and v > 0 for k, v in hd.items() if k != "classes") and hd["min"] <= hd["max"]):
+    elif (isinstance(hd, dict) and {"min", "max"} <= set(hd) <= {"min", "max", "multiple_of", "classes", "max_by_arch"}
+          and all(isinstance(v, int) and v > 0 for k, v in hd.items() if k not in ("classes", "max_by_arch"))
+          and hd["min"] <= hd["max"]):
         head_dims = HeadDims(low=hd["min"], high=hd["max"], multiple_of=hd.get("multiple_of", 1),
-                             classes=_head_dim_classes(hd, bad))
+                             classes=_head_dim_classes(hd, bad), max_by_arch=_head_dim_arch_limits(hd, bad))
     else:
-        raise bad("head_dims", "a list of positive ints or {min, max, multiple_of, classes}")
+        raise bad("head_dims", "a list of positive ints or {min, max, multiple_of, classes, max_by_arch}")
 
     features = data["features"]
     if not isinstance(features, dict) or any(k not in FEATURES or not isinstance(v, bool) for k, v in features.items()):

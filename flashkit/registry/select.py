@@ -93,6 +93,9 @@ def reasons(spec: KernelSpec, req: Request) -> list[str]:
         out.append(f"dtype={req.dtype} not supported: supported {', '.join(spec.dtypes)}")
     if req.head_dim not in spec.head_dims:
         out.append(f"head_dim={req.head_dim} not supported: supported {spec.head_dims.describe()}")
+    elif not spec.head_dims.on_arch(req.head_dim, req.cc):
+        out.append(f"head_dim={req.head_dim} not supported on sm_{req.cc[0]}{req.cc[1]}: up to "
+                   f"{spec.head_dims.max_on(req.cc)} there (an SM's shared memory)")
     asked = asked_features(req)
     for feat, wanted in asked.items():
         if wanted and not spec.supports(feat):

@@ -12,7 +12,9 @@ from pathlib import Path
 from ..call.dtypes import BY_NAME
 from ..registry.manifest import KernelSpec
 from .call_cache import invalidate as invalidate_calls
-from .device import cupy_module
+from ..errors import UnsupportedError
+from .cubin import exported_ints
+from .device import cupy_module, device_info
 from .nvrtc import Compiled, compile_cubin, nvrtc_version
 
 log = logging.getLogger("flashkit.compile")
@@ -188,18 +190,14 @@ def build_module(spec: KernelSpec, config: BuildConfig, cc: tuple[int, int]) -> 
     key = (spec.path, config, target, cupy_module().cuda.Device().id)
     if key in _MODULES:
         return _MODULES[key]
-    cupy = cupy_module()
     path = ensure_cubin(spec, config, target)
-    module = cupy.RawModule(path=str(path))
+    smem, entry_smem = smem_bytes(spec, path.read_bytes())
+    limit = device_info().max_smem_per_block
+    if max(entry_smem) > limit:
+        raise UnsupportedError(f"{spec.name} [{config.describe()}] needs {max(entry_smem)} bytes of shared memory a "
+                               f"block; this GPU ({target}) gives at most {limit}")
+    module = cupy_module().RawModule(path=str(path))
     functions = [module.get_function(entry) for entry in spec.entries]
-    smem = _read_smem_bytes(module)
-    # An entry that exports its own (FLASHKIT_EXPORT_ENTRY_SMEM_BYTES: a pre-pass beside a big main kernel)
-    # launches with it, so that it is not held to the main kernel's occupancy.
-    # (Looked up in the cubin's symbol names first: a driver look-up of a missing symbol is an API error that
-    # compute-sanitizer counts.)
-    cubin = path.read_bytes()
-    entry_smem = tuple(_read_smem_bytes(module, symbol, smem) if symbol.encode() + b"\0" in cubin else smem
-                       for symbol in (f"{SMEM_SYMBOL}_{entry}" for entry in spec.entries))
     for fn, bytes_ in zip(functions, entry_smem):
         if bytes_ > DEFAULT_SMEM_LIMIT:
             fn.max_dynamic_shared_size_bytes = bytes_
@@ -226,13 +224,10 @@ def aux_entries(spec: KernelSpec, config: BuildConfig) -> tuple[str, ...]:
     return (AUX_ENTRIES["mask_mod"] if mask_mod else ()) + (AUX_ENTRIES["bwd_lists"] if lists else ())
 
 
-def _read_smem_bytes(module, symbol: str = SMEM_SYMBOL, missing: int = 0) -> int:
-    """The variant's FLASHKIT_EXPORT_SMEM_BYTES value (an entry's: FLASHKIT_EXPORT_ENTRY_SMEM_BYTES), or `missing`."""
-    import numpy as np
-    try:
-        ptr = module.get_global(symbol)
-    except Exception:
-        return missing
-    value = np.zeros(1, dtype=np.int32)
-    ptr.copy_to_host(value.ctypes.data, 4)
-    return int(value[0])
+def smem_bytes(spec: KernelSpec, cubin: bytes) -> tuple[int, tuple[int, ...]]:
+    """The module's dynamic shared memory (FLASHKIT_EXPORT_SMEM_BYTES, 0 if none) and each entry's, read from the
+    cubin: an entry that exports its own (FLASHKIT_EXPORT_ENTRY_SMEM_BYTES: a pre-pass beside a big main kernel)
+    launches with it, so that it is not held to the main kernel's occupancy; the others with the module's."""
+    exported = exported_ints(cubin, SMEM_SYMBOL)
+    module = exported.get(SMEM_SYMBOL, 0)
+    return module, tuple(exported.get(f"{SMEM_SYMBOL}_{entry}", module) for entry in spec.entries)

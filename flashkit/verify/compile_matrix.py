@@ -8,7 +8,7 @@ from typing import Callable
 from ..errors import CompileError
 from ..registry import discover_kernels
 from ..registry.manifest import KernelSpec
-from ..runtime.build import BuildConfig, compile_variant, make_config, store_cubin
+from ..runtime.build import BuildConfig, compile_variant, make_config, smem_bytes, store_cubin
 
 MODS = ("window", "softcap", "alibi")   # built-in modifications (features/mods.py), compiled together
 # (head_dim, head_dim_v) compiled for variants declaring head_dim_v: MLA's 192 / 128 and both head dims padded below
@@ -22,7 +22,7 @@ def spec_configs(spec: KernelSpec, cc: tuple[int, int], dtypes=None, head_dims=N
     """Every specialization a variant can be asked for on this arch (with its declared modifications all on too,
     and varlen where the variant takes packed sequences; a backward taking block masks with one too; with each of
     its tile tables by call length): of its
-    example head dims, or of the named head dims it takes.
+    example head dims, or of the named head dims it takes, that the arch takes (head_dims' max_by_arch).
 
     A head dim below its class (a padded compile: the class's code plus column predicates) is compiled for the
     variant's first dtype only, unless dtypes are named: the dtypes differ in no register or shared-memory figure;
@@ -42,8 +42,9 @@ def spec_configs(spec: KernelSpec, cc: tuple[int, int], dtypes=None, head_dims=N
         if dtypes and dt not in dtypes:
             continue
         out_dtypes = ["bfloat16", "float16"] if dt == "float8_e4m3" else [None]
-        for hd in [d for d in head_dims if d in spec.head_dims] if head_dims else spec.head_dims.examples():
-            if spec.head_dims.class_of(hd) != hd and not dtypes and dt != spec.dtypes[0]:
+        for hd in [d for d in head_dims or spec.head_dims.examples() if d in spec.head_dims]:
+            if not spec.head_dims.on_arch(hd, cc) or (spec.head_dims.class_of(hd) != hd and not dtypes and
+                                                      dt != spec.dtypes[0]):
                 continue
             for c in causal_opts:
                 for od in out_dtypes:
@@ -64,7 +65,8 @@ def head_dim_v_configs(spec: KernelSpec, cc: tuple[int, int], causal_opts, mod_s
     pairs = [(pair, mod_sets) for pair in HEAD_DIM_V_PAIRS] + [(pair, [()]) for pair in HEAD_DIM_V_GEOMETRY_PAIRS]
     for dt in [d for d in spec.dtypes if d in dtypes] if dtypes else spec.dtypes[:1]:
         for (hd, hdv), sets in pairs:
-            if (head_dims and hd not in head_dims) or hd not in spec.head_dims or hdv not in spec.head_dims:
+            if (head_dims and hd not in head_dims) or hd not in spec.head_dims or hdv not in spec.head_dims or \
+                    not spec.head_dims.on_arch(max(hd, hdv), cc):
                 continue
             exact = spec.head_dims.class_of(hd) == hd
             out += [make_config(spec, dt, hd, c, cc, False, None, m, head_dim_v=hdv, seqlen_q=sq)
@@ -118,8 +120,8 @@ def lengths(spec: KernelSpec, head_dim: int) -> tuple[int | None, ...]:
 def _compile_one(job, to_cache: bool) -> dict:
     spec, config, target = job
     row = {"variant": spec.name, "target": target, "config": config.describe(), "error": None,
-           "registers": 0, "smem_bytes": 0, "stack_bytes": 0, "spill_bytes": 0, "serialized_wgmma": [],
-           "seconds": 0.0}
+           "registers": 0, "smem_bytes": 0, "dynamic_smem_bytes": 0, "stack_bytes": 0, "spill_bytes": 0,
+           "serialized_wgmma": [], "seconds": 0.0}
     try:
         compiled = compile_variant(spec, config, target)
         if to_cache:
@@ -130,6 +132,7 @@ def _compile_one(job, to_cache: bool) -> dict:
     reports = compiled.reports()
     row.update(registers=max((r.registers for r in reports), default=0),
                smem_bytes=max((r.static_smem for r in reports), default=0),
+               dynamic_smem_bytes=max(smem_bytes(spec, compiled.cubin)[1], default=0),   # the largest entry's
                stack_bytes=max((r.stack_bytes for r in reports), default=0),
                spill_bytes=sum(r.spill_stores + r.spill_loads for r in reports),
                serialized_wgmma=[r.entry for r in reports if r.serialized_wgmma],

@@ -78,9 +78,9 @@ def test_fa2_bwd_manifest():
     assert spec.supports("backward") and spec.requires == {"backward": True}
     assert spec.grids == ("q_blocks", "kv_tiles", "q_blocks") and len(spec.entries) == 3
     assert spec.workspace == "dq_accum" and spec.supports("gqa") and spec.supports("causal")
-    # every multiple of 8 up to 128, compiled as 64 or 128 (the columns past a call's head dim zero-filled)
-    assert spec.head_dims.classes == (64, 128) and 8 in spec.head_dims and 128 in spec.head_dims
-    assert 136 not in spec.head_dims and 100 not in spec.head_dims
+    # every multiple of 8 up to 256, compiled as 64, 128 or 256 (the columns past a call's head dim zero-filled)
+    assert spec.head_dims.classes == (64, 128, 256) and 8 in spec.head_dims and 256 in spec.head_dims
+    assert 264 not in spec.head_dims and 100 not in spec.head_dims
 
 
 def test_fa3_bwd_manifest():
@@ -123,14 +123,16 @@ def test_fa3_bwd_fits_backward_calls_on_sm90_only(causal, head_dim):
 
 
 @pytest.mark.parametrize("causal", [False, True])
-def test_hd256_backward_is_fa3_bwd_on_sm90_and_refused_elsewhere(causal):
-    """fa3_bwd is the one backward at head dim 256; on other GPUs a backward there selects nothing, by name."""
+def test_hd256_backward_is_fa3_bwd_on_sm90_fa2_bwd_on_sm80_and_refused_on_99_kb(causal):
+    """At head dim 256 fa3_bwd on sm_90, fa2_bwd on sm_80 (Q and dO single-buffered); sm_86 / sm_89's 99 KB a block
+    hold no hd256 backward, and a call there is refused by name."""
     specs = discover_kernels().specs
     base = dict(dtype="float16", head_dim=256, seqlen_q=333, seqlen_k=1000, heads=8, kv_heads=8, causal=causal,
                 backward=True)
     assert select_kernel(Request(cc=(9, 0), **base), specs).chosen.name == "fa3_bwd"
-    with pytest.raises(UnsupportedError, match="head_dim=256"):
-        select_kernel(Request(cc=(8, 0), **base), specs)
+    assert select_kernel(Request(cc=(8, 0), **base), specs).chosen.name == "fa2_bwd"
+    with pytest.raises(UnsupportedError, match="fa2_bwd: head_dim=256 not supported on sm_86"):
+        select_kernel(Request(cc=(8, 6), **base), specs)
 
 
 def test_fa3_bwd_refuses_forward_calls_and_other_head_dims():
@@ -354,10 +356,15 @@ def test_backward_modifications_select(cc, head_dim, flags, chosen):
         assert "attention_chunk not supported" in sel.rejected["fa3_bwd"]
 
 
-def test_a_chunked_backward_past_fa2_bwd_head_dims_is_refused_by_name():
-    with pytest.raises(UnsupportedError, match="attention_chunk"):
-        select_kernel(Request(dtype="bfloat16", head_dim=256, backward=True, cc=(9, 0), window=True, chunk=True),
-                      discover_kernels().specs)
+def test_a_chunked_backward_runs_fa2_bwd_at_every_head_dim_its_architecture_takes():
+    specs = discover_kernels().specs
+    for cc in ((8, 0), (9, 0)):
+        sel = select_kernel(Request(dtype="bfloat16", head_dim=256, backward=True, cc=cc, window=True, chunk=True),
+                            specs)
+        assert sel.chosen.name == "fa2_bwd"
+    with pytest.raises(UnsupportedError, match="head_dim=256 not supported on sm_89: up to 128"):
+        select_kernel(Request(dtype="bfloat16", head_dim=256, backward=True, cc=(8, 9), window=True, chunk=True),
+                      specs)
 
 
 @pytest.mark.parametrize("mods,block_n,warps", [((), 192, 16), (("window",), 192, 16), (("softcap",), 192, 16),
@@ -391,7 +398,7 @@ def test_varlen_compile_matrix_includes_the_backward_varlen_builds():
     configs = spec_configs(spec, (8, 0))
     varlen = [c for c in configs if "varlen" in c.mods]
     exact = [c for c in configs if not c.mods and not c.head_dim_padded]
-    assert len(varlen) == len(exact) == len(spec.dtypes) * 2 * 2   # dtypes x hd64/128 x causal
+    assert len(varlen) == len(exact) == len(spec.dtypes) * 3 * 2   # dtypes x hd64/128/256 x causal
     # padded head dims (one below each class): the first dtype, dense (varlen ones compile on demand)
     assert {c.dtype for c in configs if c.head_dim_padded} == {spec.dtypes[0]}
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from flashkit.errors import ManifestError
+from flashkit.errors import ManifestError, UnsupportedError
 from flashkit.registry import discover_kernels
 from flashkit.registry.manifest import HeadDims, parse_manifest
 from flashkit.registry.select import Request, select_kernel
@@ -126,3 +126,43 @@ def test_fa3_tiles_follow_the_mask_and_length():
     assert not any(free((m,), c) for m in ("window", "softcap", "alibi", "varlen", "score_mod", "mask_mod")
                    for c in (False, True) if (m, c) != ("softcap", True))
     assert free(("softcap",), True) == 1
+
+
+def test_max_by_arch_bounds_the_head_dims_an_architecture_takes(tmp_path):
+    """head_dims.max_by_arch: an architecture whose SMs hold less shared memory takes fewer head dims; a key holds for
+    the later minor versions of its major (as the overrides' arch keys), and selection names the bound."""
+    spec = spec_of(tmp_path, "toy", head_dims={**RANGE, "max_by_arch": {"8.6": 128}})
+    hd = spec.head_dims
+    assert hd.max_on((8, 0)) is None and hd.max_on((9, 0)) is None and hd.max_on(None) is None
+    assert hd.max_on((8, 6)) == hd.max_on((8, 9)) == 128
+    assert hd.on_arch(128, (8, 9)) and not hd.on_arch(136, (8, 9)) and hd.on_arch(256, (8, 0))
+    base = dict(dtype="bfloat16", seqlen_q=512, heads=8)
+    with pytest.raises(UnsupportedError, match=r"toy: head_dim=192 not supported on sm_89: up to 128 there"):
+        select_kernel(Request(head_dim=192, cc=(8, 9), **base), {"toy": spec})
+    assert select_kernel(Request(head_dim=192, cc=(8, 0), **base), {"toy": spec}).chosen is spec
+    assert select_kernel(Request(head_dim=128, cc=(8, 9), **base), {"toy": spec}).chosen is spec
+    assert {c.head_dim for c in spec_configs(spec, (8, 6))} == {32, 64, 96, 128}   # compiled classes
+    assert max(c.head_dim for c in spec_configs(spec, (8, 0))) == 256
+
+
+@pytest.mark.parametrize("limits", [{"8.6": 512}, {"8.6": 0}, {"8.6": "128"}, {"sm_86": 128}, [128]])
+def test_bad_max_by_arch_is_refused(tmp_path, limits):
+    path = write_cu(tmp_path, "bad.cu", manifest(head_dims={**RANGE, "max_by_arch": limits}))
+    with pytest.raises(ManifestError, match="max_by_arch|compute capability"):
+        parse_manifest(path)
+
+
+def test_fa2_bwd_head_dims_by_architecture():
+    """fa2_bwd: every multiple of 8 to 256 where an SM holds 163 KB or more a block (sm_80, sm_90); to 128 on sm_86 /
+    sm_89's 99 KB, whose hd128 runs 64-key blocks with Q and dO single-buffered."""
+    spec = discover_kernels().get("fa2_bwd")
+    assert spec.head_dims.classes == (64, 128, 256)
+    assert all(spec.head_dims.on_arch(d, cc) for d in EVERY_HEAD_DIM for cc in ((8, 0), (9, 0)))
+    assert [d for d in EVERY_HEAD_DIM if spec.head_dims.on_arch(d, (8, 9))] == list(range(8, 129, 8))
+    assert "sm_86" in spec.declared_archs()   # the compile tier holds its 99 KB configurations to the limit
+    config = lambda cc, hd: spec.launch_config(cc, hd)   # noqa: E731
+    assert (config((9, 0), 256)["block_n"], config((9, 0), 256).get("q_stages", 2)) == (64, 2)
+    assert (config((8, 0), 256)["block_n"], config((8, 0), 256)["q_stages"]) == (64, 1)
+    assert (config((8, 0), 128)["block_n"], config((8, 0), 128).get("q_stages", 2)) == (128, 2)
+    assert (config((8, 9), 128)["block_n"], config((8, 9), 128)["q_stages"]) == (64, 1)
+    assert (config((8, 6), 64)["block_n"], config((8, 6), 64).get("q_stages", 2)) == (128, 2)

@@ -57,9 +57,9 @@ struct BwdMainloop {
     int batch, kv_head, n0, warp, lane;
     int t_batch, q_row0, k_row0;   // the sequence's row 0 in the tensors (SeqOrigin; varlen: re-read from
                                    // cu_seqlens where used inside the loop, varlen.cuh's reload_range)
-    u32 sQ, sdO, sK, sV, sdS, sP;   // shared addresses (Q, dO: buffer 0; buffer 1 follows)
-    float* s_lse2;              // [2][kM]
-    float* s_dsum;              // [2][kM]
+    u32 sQ, sdO, sK, sV, sdS, sP;   // shared addresses (Q, dO: buffer 0; buffer 1 follows with two stages)
+    float* s_lse2;              // [kQStages][kM]
+    float* s_dsum;              // [kQStages][kM]
 
     // dK, dV of this warp's keys (rows key_row0() + 16 mi + g, + 8) x columns col0() + 8 nd + 2t, + 1: mma C layout
     float acc_dk[Kt::kKeyTiles][Kt::kColTiles][4];
@@ -73,14 +73,13 @@ struct BwdMainloop {
         warp = threadIdx.x / kWarpSize;
         lane = threadIdx.x % kWarpSize;
         sQ = smem_u32(smem);
-        sdO = sQ + 2 * Kt::kQElems * Kt::kElemBytes;
-        sK = sdO + 2 * Kt::kQElems * Kt::kElemBytes;
+        sdO = sQ + Kt::kQStages * Kt::kQTileBytes;
+        sK = sdO + Kt::kQStages * Kt::kQTileBytes;
         sV = sK + Kt::kKVElems * Kt::kElemBytes;
         sdS = sV + Kt::kKVElems * Kt::kElemBytes;
         sP = sdS + Kt::kDsElems * Kt::kElemBytes;   // (no such tile with register operands)
-        s_lse2 = reinterpret_cast<float*>(smem + (4 * Kt::kQElems + 2 * Kt::kKVElems +
-                                                  Kt::kTransposedTiles * Kt::kDsElems) * Kt::kElemBytes);
-        s_dsum = s_lse2 + 2 * kM;
+        s_lse2 = reinterpret_cast<float*>(smem + Kt::kTileBytes);
+        s_dsum = s_lse2 + Kt::kQStages * kM;
 #pragma unroll
         for (int mi = 0; mi < Kt::kKeyTiles; ++mi)
 #pragma unroll
@@ -95,8 +94,8 @@ struct BwdMainloop {
     __device__ __forceinline__ int query_col0() const { return (warp / Kt::kKeyWarps) * Kt::kWarpQueries; }
     __device__ __forceinline__ int col0() const { return (warp / Kt::kKeyWarps) * Kt::kWarpCols; }
 
-    __device__ __forceinline__ u32 q_buf(int buf) const { return sQ + buf * Kt::kQElems * Kt::kElemBytes; }
-    __device__ __forceinline__ u32 do_buf(int buf) const { return sdO + buf * Kt::kQElems * Kt::kElemBytes; }
+    __device__ __forceinline__ u32 q_buf(int buf) const { return sQ + buf * Kt::kQTileBytes; }
+    __device__ __forceinline__ u32 do_buf(int buf) const { return sdO + buf * Kt::kQTileBytes; }
 
     // K_j, V_j: one commit group with the first query block's loads.
     __device__ __forceinline__ void load_kv_async() const {

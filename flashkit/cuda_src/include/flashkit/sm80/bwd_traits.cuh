@@ -11,11 +11,15 @@
 // more, 144 of them a warp a visit against 200 with 16-key warp strips (1.05-1.08x on the H200), P^T and dS^T
 // through shared memory. hd64 keeps 16-key strips over all queries and columns (8 x 1 warps): a warp's own P^T
 // and dS^T are its dV and dK products' A operands in registers (the 32-key grid ran 0.88x there).
+// hd256 takes FlashAttention-2's 64-key blocks with the same 32-key warp grid (2 x 4 warps: 32 x 16 of S^T, 32 x 64
+// of dK and dV).
 // Shared memory (dynamic), 16-bit tiles in the swizzled layout of tile.cuh:
-//   [ Q: 2 x kBlockM x D | dO: 2 x kBlockM x D | K: kBlockN x D | V: kBlockN x D |
-//     dS^T: kBlockN x kBlockM | P^T: kBlockN x kBlockM (not with register operands) | lse2: 2 x kBlockM (fp32) |
-//     dsum: 2 x kBlockM (fp32) ]
-// Q, dO, lse2 and dsum are double-buffered: query block i + 1 streams in under block i.
+//   [ Q: S x kBlockM x D | dO: S x kBlockM x D | K: kBlockN x D | V: kBlockN x D |
+//     dS^T: kBlockN x kBlockM | P^T: kBlockN x kBlockM (not with register operands) | lse2: S x kBlockM (fp32) |
+//     dsum: S x kBlockM (fp32) ],  S = kQStages
+// With two stages Q, dO, lse2 and dsum are double-buffered: query block i + 1 streams in under block i. One stage
+// (where two do not fit an SM's shared memory: sm_80 at hd256, sm_86 / sm_89's 99 KB at hd128) loads block i + 1
+// once every warp is done with Q_i and dO_i, under dQ_i = dS_i K only (sm80/bwd_walk.cuh).
 #pragma once
 
 #include "flashkit/bwd_passes.cuh"
@@ -35,7 +39,7 @@
 
 namespace flashkit {
 
-template <int kHeadDim_, int kBlockM_, int kBlockN_, int kWarps_, typename Element_>
+template <int kHeadDim_, int kBlockM_, int kBlockN_, int kWarps_, typename Element_, int kQStages_ = 2>
 struct BwdTraits {
     typedef Element_ Element;
     static constexpr int kHeadDim = kHeadDim_;
@@ -44,6 +48,7 @@ struct BwdTraits {
     static constexpr int kWarps = kWarps_;
     static constexpr int kThreads = kWarps * kWarpSize;
     static constexpr int kElemBytes = sizeof(Element);
+    static constexpr int kQStages = kQStages_;   // buffers of Q, dO, lse2 and dsum (see above)
 
     // dq_accum (dq_layout.cuh; FLASHKIT_BWD_DQ_FRAGMENTS above)
 #if FLASHKIT_BWD_DQ_FRAGMENTS
@@ -76,8 +81,9 @@ struct BwdTraits {
     static constexpr int kKVElems = kBlockN * kHeadDim;
     static constexpr int kDsElems = kBlockN * kBlockM;
     static constexpr int kTransposedTiles = kRegisterOperands ? 1 : 2;   // dS^T (dQ's operand), P^T
-    static constexpr int kSmemBytes =
-        (4 * kQElems + 2 * kKVElems + kTransposedTiles * kDsElems) * kElemBytes + 4 * kBlockM * 4;
+    static constexpr int kQTileBytes = kQElems * kElemBytes;   // one stage of Q (or dO)
+    static constexpr int kTileBytes = 2 * kQStages * kQTileBytes + (2 * kKVElems + kTransposedTiles * kDsElems) * kElemBytes;
+    static constexpr int kSmemBytes = kTileBytes + 2 * kQStages * kBlockM * static_cast<int>(sizeof(float));
 
     static_assert(kElemBytes == 2, "tensor-core path: 16-bit elements only");
     static_assert(kKeyWarps * kPartWarps == kWarps && kBlockN % kWarpKeys == 0, "the warp grid covers the keys");
@@ -87,11 +93,15 @@ struct BwdTraits {
     static_assert(kWarps % kDqWarpsM == 0 && kDqDTiles % 2 == 0 && kDqDTiles * kDqWarpsD * kMmaN == kHeadDim,
                   "dQ tile splits evenly");
     static_assert(kBlockM * 4 / kChunkBytes <= kWarpSize, "one warp loads lse2 and dsum");
+    static_assert(kQStages == 1 || kQStages == 2, "Q and dO single- or double-buffered");
 };
 
 #if defined(FLASHKIT_HEAD_DIM) && defined(FLASHKIT_BLOCK_M) && defined(FLASHKIT_BLOCK_N) && \
     defined(FLASHKIT_WARPS) && defined(FLASHKIT_DTYPE)
-typedef BwdTraits<FLASHKIT_HEAD_DIM, FLASHKIT_BLOCK_M, FLASHKIT_BLOCK_N, FLASHKIT_WARPS, Element>
+#ifndef FLASHKIT_Q_STAGES
+#define FLASHKIT_Q_STAGES 2   // the manifest's launch key q_stages
+#endif
+typedef BwdTraits<FLASHKIT_HEAD_DIM, FLASHKIT_BLOCK_M, FLASHKIT_BLOCK_N, FLASHKIT_WARPS, Element, FLASHKIT_Q_STAGES>
     BwdKernelTraits;
 #endif
 

@@ -1,7 +1,9 @@
 // The FlashAttention-2 backward's CTA (fa2_bwd.cu's main entry): its key block's walk over the query blocks of
-// every query head of its kv head's group, one visit at a time (sm80/bwd_mainloop.cuh's BwdMainloop). A visit's
-// Q_i, dO_i, lse2_i and dsum_i stream into one buffer while the other is worked on; two barriers a visit: the
-// buffer resident (and the last visit's P^T and dS^T read), then P^T and dS^T complete (dV, dK and dQ read them).
+// every query head of its kv head's group, one visit at a time (sm80/bwd_mainloop.cuh's BwdMainloop). With two
+// stages a visit's Q_i, dO_i, lse2_i and dsum_i stream into one buffer while the other is worked on; two barriers a
+// visit: the buffer resident (and the last visit's P^T and dS^T read), then P^T and dS^T complete (dV, dK and dQ
+// read them). With one stage the next visit's loads wait until every warp is done with Q_i and dO_i (after dV and
+// dK: a third barrier, unless they are added from registers in the step) and stream in under dQ_i only.
 // The query blocks that see a key of the block come from the mask (causal, a window or chunk; varlen: the
 // sequence's); a key block that no query sees stores dK = dV = 0.
 #pragma once
@@ -32,20 +34,26 @@ __device__ __forceinline__ void bwd_block_seq(const Params& p, const Params& cal
     loop.load_kv_async();
     if (total > 0) loop.load_q_async(kv_head * group, m_begin, 0);
     else cp_async_commit();
+    constexpr bool kDoubleBuffered = Kt::kQStages == 2;
     for (int it = 0; total > 0; ++it) {   // (left by the break after the last visit)
         const int head = kv_head * group + it / n_m;
         const int m_block = m_begin + it % n_m;
-        const int buf = it & 1;
+        const int buf = kDoubleBuffered ? it & 1 : 0;
         // Whether a visit follows, decided here through a volatile move, so that the loop's end tests this flag
         // rather than the visit count again: ptxas spills the count at hd128, and its reload there queued behind the
         // visit's dQ reductions (8% of the kernel's stall samples).
         const int more = fresh_value(it + 1 < total);
         cp_async_wait<0>();
         __syncthreads();   // Q_i, dO_i (and K, V) resident; every warp is done with buffer buf ^ 1, P^T and dS^T
-        if (more) loop.load_q_async(kv_head * group + (it + 1) / n_m, m_begin + (it + 1) % n_m, buf ^ 1);
+        if (kDoubleBuffered && more)
+            loop.load_q_async(kv_head * group + (it + 1) / n_m, m_begin + (it + 1) % n_m, buf ^ 1);
         loop.step(head, m_block, buf);
         __syncthreads();   // P^T and dS^T complete
         loop.accumulate_dk_dv(buf);
+        if (!kDoubleBuffered && more) {   // Q_i, dO_i read by every warp: block i + 1 streams in under dQ_i
+            if constexpr (!Kt::kRegisterOperands) __syncthreads();
+            loop.load_q_async(kv_head * group + (it + 1) / n_m, m_begin + (it + 1) % n_m, 0);
+        }
         loop.accumulate_dq(head, m_block);
         if (!more) break;
     }
