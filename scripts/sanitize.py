@@ -14,6 +14,7 @@ from flashkit import BlockMask, UnsupportedError, attention, attention_backward
 from flashkit.api import variants
 from flashkit.call.dtypes import BY_NAME
 from flashkit.runtime.device import device_info
+from flashkit.verify.arch_tiles import arch_tiles, tiles_of
 
 SHAPE = (2, 77, 4, 2)   # batch, seqlen (odd, crosses no tile evenly), heads, kv heads (GQA 2:1)
 DECODE_ROWS = 3         # query rows for the variants that only serve decode-sized calls
@@ -97,6 +98,14 @@ def main(names: list[str]) -> None:
                     attention(q, k, v, causal=True, variant=spec.name, fp8=bool(spec.requires.get("fp8")))
             cp.cuda.runtime.deviceSynchronize()
             print(f"{spec.name} hd{head_dim} causal={causal}: ran", flush=True)
+        if spec.supports("backward"):   # the tiles of the GPUs with less shared memory (single-buffered Q and dO)
+            for (arch, head_dim), causal in itertools.product(arch_tiles(spec, cc), spec.causal_options()):
+                with tiles_of(spec.name, arch):
+                    q, k, v = inputs(head_dim, spec.dtypes[0], 5)
+                    out, lse = attention(q, k, v, causal=causal, return_lse=True)
+                    attention_backward(cp.ones_like(out), q, k, v, out, lse, causal=causal, variant=spec.name)
+                    cp.cuda.runtime.deviceSynchronize()
+                print(f"{spec.name} hd{head_dim} causal={causal} with sm_{arch[0]}{arch[1]}'s tiles: ran", flush=True)
 
 
 if __name__ == "__main__":

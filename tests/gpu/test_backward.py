@@ -111,44 +111,35 @@ def test_fa3_bwd_pipeline_shapes(shape, hd, causal):
     assert ok, report
 
 
-# fa2_bwd's tiles for the architectures whose SMs hold less shared memory, run on this GPU (the same code): sm_80's
-# hd256 with Q and dO single-buffered, sm_86 / sm_89's hd128 on 64-key blocks single-buffered (and their hd64, the
-# default tiles). The shapes walk many query blocks a CTA (the one buffer refilled under dQ) and end ragged.
-OTHER_ARCHS = [((8, 0), 256), ((8, 6), 128), ((8, 6), 64)]
+# fa2_bwd's tiles for the architectures whose SMs hold less shared memory, run on this GPU (the same code;
+# verify/arch_tiles.py): sm_80's hd256 with Q and dO single-buffered, sm_86 / sm_89's hd128 on 64-key blocks
+# single-buffered. The shapes walk many query blocks a CTA (the one buffer refilled under dQ) and end ragged.
 OTHER_ARCH_SHAPES = [(2, 1000, 1000, 8, 2), (1, 17, 128, 4, 2), (1, 1000, 129, 16, 2), (1, 65, 1000, 2, 1)]
 
 
-@pytest.fixture
-def fa2_bwd_tiles_of(monkeypatch):
-    """fa2_bwd's launch table as on compute capability `cc`, whatever this device is."""
-    from flashkit.registry.manifest import KernelSpec
-    from flashkit.runtime import call_cache
-    real = KernelSpec.launch_config
-
-    def install(cc):
-        def as_arch(self, device_cc, *args, **kwargs):
-            return real(self, cc if self.name == "fa2_bwd" else device_cc, *args, **kwargs)
-        monkeypatch.setattr(KernelSpec, "launch_config", as_arch)
-        call_cache.invalidate()
-    yield install
-    call_cache.invalidate()
+def _other_arch_tiles():
+    from flashkit.registry import discover_kernels
+    from flashkit.verify.arch_tiles import arch_tiles
+    return arch_tiles(discover_kernels().specs["fa2_bwd"], (9, 0))
 
 
-@pytest.mark.parametrize("arch,hd", OTHER_ARCHS, ids=[f"sm{a[0]}{a[1]}-hd{d}" for a, d in OTHER_ARCHS])
+@pytest.mark.parametrize("arch,hd", _other_arch_tiles(), ids=lambda x: f"sm{x[0]}{x[1]}" if isinstance(x, tuple) else f"hd{x}")
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
-def test_fa2_bwd_tiles_of_smaller_shared_memories(arch, hd, causal, fa2_bwd_tiles_of):
+def test_fa2_bwd_tiles_of_smaller_shared_memories(arch, hd, causal):
     from flashkit.registry import discover_kernels
     from flashkit.runtime.build import make_config
     from flashkit.runtime.device import device_info
-    fa2_bwd_tiles_of(arch)
+    from flashkit.verify.arch_tiles import tiles_of
     spec = discover_kernels().specs["fa2_bwd"]
-    assert make_config(spec, "bfloat16", hd, causal, device_info().cc).launch == \
-        tuple(sorted(spec.launch_config(arch, hd).items()))
-    for i, shape in enumerate(OTHER_ARCH_SHAPES):
-        dtype = DTYPES[(i + causal) % 2]
-        inputs, grads = run_backward(shape, hd, causal, dtype, zlib.crc32(f"arch{arch}{shape}{hd}{causal}".encode()))
-        ok, report = judge(inputs, grads, hd, causal, dtype)
-        assert ok, f"{shape}: {report}"
+    with tiles_of("fa2_bwd", arch):
+        assert make_config(spec, "bfloat16", hd, causal, device_info().cc).launch == \
+            tuple(sorted(spec.launch_config(arch, hd).items()))
+        for i, shape in enumerate(OTHER_ARCH_SHAPES):
+            dtype = DTYPES[(i + causal) % 2]
+            seed = zlib.crc32(f"arch{arch}{shape}{hd}{causal}".encode())
+            inputs, grads = run_backward(shape, hd, causal, dtype, seed)
+            ok, report = judge(inputs, grads, hd, causal, dtype)
+            assert ok, f"{shape}: {report}"
 
 
 @pytest.mark.parametrize("variant,hd", [(v, d) for v in VARIANTS for d in head_dims(v)])
