@@ -2,7 +2,7 @@
 name: block_sparse
 summary: block-sparse FlashAttention-2 forward (visits only the K/V blocks a flashkit.BlockMask keeps; optional causal)
 entry: flashkit_block_sparse_fwd
-arch: {min: "8.0"}
+arch: {min: "8.0", targets: {"8.6": sm_86}}
 dtypes: [float16, bfloat16]
 head_dims: {min: 8, max: 256, multiple_of: 8, classes: [32, 64, 96, 128, 160, 192, 256]}
 features: {causal: true, block_sparse: true, fp8: false, backward: false, lse: true, gqa: true}
@@ -10,7 +10,9 @@ requires: {block_sparse: true}
 priority: 50
 launch: {grid: q_blocks, block_m: 128, block_n: 64, warps: 4}
 overrides: {"hd96": {block_m: 128, block_n: 128, warps: 8}, "hd128": {block_m: 128, block_n: 128, warps: 8},
-            "hd160": {warps: 8}, "hd192": {warps: 8}, "hd256": {warps: 8}}   # 128x128 spills at hd32 and hd192 (sm_90)
+            "hd160": {warps: 8}, "hd192": {warps: 8}, "hd256": {warps: 8},   # 128x128 spills at hd32 and hd192 (sm_90)
+            "8.6": {}, "8.6/hd256": {block_n: 32}}
+# sm_86 / sm_89 (99 KB of shared memory a block) take smaller tiles where these do not fit: hd256 on 32-key tiles (96 KB against 128 KB).
 workspace: none
 ---*/
 // Block-sparse FlashAttention: the FlashAttention-2 forward of fa2.cu (sm80/fwd_mainloop.cuh) with

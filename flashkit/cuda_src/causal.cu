@@ -2,7 +2,7 @@
 name: causal
 summary: FlashAttention-2 forward specialised for causal attention (diagonal-aware, heaviest blocks first)
 entry: flashkit_causal_fwd
-arch: {min: "8.0"}
+arch: {min: "8.0", targets: {"8.6": sm_86}}
 dtypes: [float16, bfloat16]
 head_dims: {min: 8, max: 256, multiple_of: 8, classes: [32, 64, 96, 128, 160, 192, 256]}
 features: {causal: true, block_sparse: false, fp8: false, backward: false, lse: true, gqa: true,
@@ -15,7 +15,9 @@ overrides: {"hd32": {block_n: 128}, "hd96": {block_m: 128, block_n: 128, warps: 
             "hd128": {block_m: 128, block_n: 128, warps: 8}, "hd160": {warps: 8},
             "hd192": {block_m: 128, block_n: 128, warps: 8}, "hd256": {warps: 8},
             "hd192/window": {block_n: 64}, "hd192/softcap": {block_n: 64}, "hd192/alibi": {block_n: 64},
-            "hd192/varlen": {block_n: 64}}
+            "hd192/varlen": {block_n: 64}, "8.6": {}, "8.6/hd192": {block_n: 64}, "8.6/hd256": {block_n: 32}}
+# sm_86 / sm_89 (99 KB of shared memory a block) take smaller tiles where these do not fit: hd192 on 64-key tiles (96 KB against 144 KB), hd256 on
+# 32-key ones (96 KB against 128 KB).
 workspace: none
 ---*/
 // Causal FlashAttention-2 forward: always causal (bottom-right aligned: query i sees key j iff

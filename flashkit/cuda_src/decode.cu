@@ -2,14 +2,15 @@
 name: decode
 summary: split-KV decode forward (flash-decoding, GQA rows packed in one tile, paged KV caches, mma.sync)
 entry: [flashkit_decode_fwd, flashkit_decode_combine]
-arch: {min: "8.0"}
+arch: {min: "8.0", targets: {"8.6": sm_86}}
 dtypes: [float16, bfloat16]
 head_dims: [64, 128]
 features: {causal: true, block_sparse: false, fp8: false, backward: false, lse: true, gqa: true, kv_cache: true}
 limits: {seqlen_q: 16, packed_rows: 64}
 priority: 90
 launch: {grid: [kv_splits, split_combine], block_m: 16, block_n: 16, warps: 4, stages: 3}
-overrides: {"hd64": {stages: 4}}
+overrides: {"hd64": {stages: 4}, "8.6": {}, "8.6/hd128": {stages: 2}}
+# sm_86 / sm_89 (99 KB of shared memory a block) take smaller tiles where these do not fit: hd128 with two stages (100 KB against 102400 B for three).
 workspace: split_partials
 ---*/
 // Decode / speculative decode: a few query rows per sequence against a long KV cache.

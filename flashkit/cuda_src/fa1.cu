@@ -2,13 +2,14 @@
 name: fa1
 summary: FlashAttention-1 forward as in its paper (K/V-outer loop, running O, m, l in global memory)
 entry: flashkit_fa1_fwd
-arch: {min: "8.0"}
+arch: {min: "8.0", targets: {"8.6": sm_86}}
 dtypes: [float16, bfloat16]
 head_dims: [64, 128, 256]
 features: {causal: true, block_sparse: false, fp8: false, backward: false, lse: true, gqa: true}
 priority: 10
 launch: {grid: heads, block_m: 128, block_n: 64, warps: 4}
-overrides: {"hd128": {block_n: 32}, "hd256": {warps: 8}}
+overrides: {"hd128": {block_n: 32}, "hd256": {warps: 8}, "8.6": {}, "8.6/hd256": {block_n: 32}}
+# sm_86 / sm_89 (99 KB of shared memory a block) take smaller tiles where these do not fit: hd256 on 32-key tiles (96 KB against 128 KB).
 workspace: running_state
 ---*/
 // FlashAttention-1 forward (Dao et al., 2022, Algorithm 1), tensor cores through mma.sync.

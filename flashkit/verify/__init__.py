@@ -8,6 +8,7 @@ from . import backward  # noqa: F401,I001  (every variant declaring backward: gr
 from . import mods  # noqa: F401,I001  (an extension: window, chunk, softcap, ALiBi on every variant declaring them)
 from . import varlen  # noqa: F401,I001  (an extension: packed variable-length batches on every variant declaring varlen)
 from . import head_dim_v  # noqa: F401,I001  (an extension: v's head dim below q's on every variant declaring head_dim_v)
+from . import arch_tiles  # noqa: F401,I001  (an extension: the tiles other architectures take, run on this GPU)
 from .harness import Check, CheckResult, Shape, checks_for, judge, random_qkv, run_checks, runnable_variants
 
 __all__ = ["Check", "CheckResult", "Shape", "checks_for", "judge", "random_qkv", "run_checks", "runnable_variants"]

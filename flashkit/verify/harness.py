@@ -145,7 +145,7 @@ def checks_for(spec: KernelSpec, dtypes: Iterable[str] | None = None, head_dims:
     dtypes = [d for d in (dtypes or spec.dtypes) if d in spec.dtypes]
     head_dims = [d for d in (head_dims or spec.head_dims.examples()) if d in spec.head_dims]
     causal_opts = spec.causal_options(tuple(causal) if causal is not None else (False, True))
-    out = _FAMILIES[family_of(spec)](spec, dtypes, head_dims, causal_opts, quick)
+    out = family_checks(spec, dtypes, head_dims, causal_opts, quick)
     for extension in _EXTENSIONS.values():
         out += extension(spec, dtypes, head_dims, causal_opts, quick)
     return out
@@ -179,3 +179,8 @@ def run_checks(checks: list[Check], seed: int = 0, progress: Callable[[CheckResu
         if progress:
             progress(res)
     return results
+
+
+def family_checks(spec: KernelSpec, dtypes: list, head_dims: list, causal_opts: tuple, quick: bool) -> list[Check]:
+    """The checks of the variant's family alone (checks_for without the extensions)."""
+    return _FAMILIES[family_of(spec)](spec, dtypes, head_dims, causal_opts, quick)

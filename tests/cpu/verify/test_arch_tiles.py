@@ -8,11 +8,24 @@ from flashkit.runtime.build import make_config
 from flashkit.verify.arch_tiles import arch_tiles, tiles_of
 
 
-def test_fa2_bwd_alone_has_tiles_of_its_own_for_smaller_shared_memories():
+def test_the_tiles_of_smaller_shared_memories():
+    """sm_86 / sm_89's 99 KB a block: the FA2 family's hd192 / hd256 tiles, decode's hd128 stages, fa2_bwd's hd128;
+    sm_80's 163 KB: fa2_bwd's hd256 (Q and dO single-buffered)."""
     specs = discover_kernels().specs
     assert arch_tiles(specs["fa2_bwd"], (9, 0)) == [((8, 0), 256), ((8, 6), 128)]
     assert arch_tiles(specs["fa2_bwd"], (8, 0)) == [((8, 6), 128), ((9, 0), 256)]
-    assert {name for name, spec in specs.items() if arch_tiles(spec, (9, 0))} == {"fa2_bwd"}
+    for name in ("fa2", "causal"):
+        assert arch_tiles(specs[name], (9, 0)) == [((8, 6), 192), ((8, 6), 256)]
+    for name, hd in (("block_sparse", 256), ("fa1", 256), ("decode", 128)):
+        assert arch_tiles(specs[name], (9, 0)) == [((8, 6), hd)]
+    assert {name for name, spec in specs.items() if arch_tiles(spec, (9, 0))} == \
+        {"fa2_bwd", "fa2", "causal", "block_sparse", "fa1", "decode"}
+
+
+def test_no_checks_without_a_device(monkeypatch):
+    import flashkit.verify.arch_tiles as module
+    monkeypatch.setattr(module, "device_count", lambda: 0)
+    assert module.arch_tile_checks(discover_kernels().get("fa2"), ["bfloat16"], [256], (False,), True) == []
 
 
 def test_tiles_of_swaps_one_variants_tables_and_restores_them():
@@ -26,3 +39,17 @@ def test_tiles_of_swaps_one_variants_tables_and_restores_them():
         assert fa2.launch_config((9, 0), 128) == real(fa2, (9, 0), 128)   # the others keep the device's
     assert KernelSpec.launch_config is real
     assert make_config(fa2_bwd, "bfloat16", 128, False, (9, 0)) == on_h100
+
+
+def test_verify_runs_the_family_checks_with_each_architectures_tiles(monkeypatch):
+    import flashkit.verify.arch_tiles as module
+    from flashkit.runtime.device import DeviceInfo
+    from flashkit.verify import checks_for
+    monkeypatch.setattr(module, "device_count", lambda: 1)
+    monkeypatch.setattr(module, "device_info", lambda *a: DeviceInfo(0, "Fake H100", (9, 0), 132, 232448, 0, 0))
+    fa2 = discover_kernels().get("fa2")
+    checks = module.arch_tile_checks(fa2, ["bfloat16"], [200, 256, 64], (False, True), False)
+    assert checks and all(c.label.endswith("[sm_86's tiles]") and " d256" in c.label for c in checks)
+    assert len(checks) == len(module.family_checks(fa2, ["bfloat16"], [256], (False, True), True))
+    assert [c for c in checks_for(fa2, ["bfloat16"], [256], [False]) if c.label.endswith("tiles]")]
+    assert module.arch_tile_checks(fa2, ["bfloat16"], [64], (False,), False) == []

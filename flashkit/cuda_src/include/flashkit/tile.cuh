@@ -79,15 +79,18 @@ __host__ __device__ constexpr int load_band_chunks() {
 // rows >= rows_valid are zero-filled, and with kClipChunks so are chunks >= chunks_valid (the
 // columns of a head dim below its compiled class). All kThreads threads call it. The row is
 // loaded as bands of chunk columns (load_band_chunks); in each, thread tid always owns column
-// tid % band (a row that kThreads divides is one band). Every tile loader of flashkit is this
-// with a layout.
+// tid % band (a row that kThreads divides is one band). A narrow band whose pass would cover more
+// rows than the tile has (32 rows of 160 columns: a band of 4 chunks, 64 rows a pass) is one pass of
+// the threads whose row falls in the tile. Every tile loader of flashkit is this with a layout.
 template <int kRows, int kRowBytes, int kThreads, class Layout, bool kClipChunks = false, int kChunk0 = 0>
 __device__ __forceinline__ void load_rows_async(u32 smem_base, const u8* gmem, index_t row_stride,
                                                 int rows_valid, int tid, int chunks_valid = 0) {
     constexpr int kRowChunks = kRowBytes / kChunkBytes;
     constexpr int kBandChunks = load_band_chunks<kRowChunks - kChunk0, kThreads>();
     constexpr int kRowsPerPass = kThreads / kBandChunks;
-    static_assert(kRowChunks > kChunk0 && kRows % kRowsPerPass == 0, "tile loads split evenly");
+    constexpr bool kPartialPass = kRowsPerPass > kRows;   // one pass, of the threads whose row is in the tile
+    static_assert(kRowChunks > kChunk0 && (kRows % kRowsPerPass == 0 || (kPartialPass && kRowsPerPass % kRows == 0)),
+                  "tile loads split evenly");
     const int chunk = kChunk0 + tid % kBandChunks;
     const int row0 = tid / kBandChunks;
     const bool chunk_valid = !kClipChunks || chunk < chunks_valid;
@@ -95,8 +98,9 @@ __device__ __forceinline__ void load_rows_async(u32 smem_base, const u8* gmem, i
     const u8* src = gmem + row0 * row_stride + chunk * kChunkBytes;
     const index_t pass_stride = kRowsPerPass * row_stride;
 #pragma unroll
-    for (int pass = 0; pass < kRows / kRowsPerPass; ++pass) {
+    for (int pass = 0; pass < (kPartialPass ? 1 : kRows / kRowsPerPass); ++pass) {
         const int row = row0 + pass * kRowsPerPass;
+        if (kPartialPass && row >= kRows) break;
         const bool valid = row < rows_valid && chunk_valid;
         // Out-of-range rows read nothing (zero-fill); keep the address in range anyway.
         cp_async_16(smem_base + Layout::chunk_offset(row, chunk), valid ? src : gmem, valid);

@@ -141,7 +141,8 @@ struct FwdTraits {
     static_assert(kHeadDimV % (2 * kMmaK) == 0 && kHeadDimV <= kHeadDim,
                   "head_dim_v class: a multiple of 32, at most the head-dim class (O is staged in the Q tile)");
     static_assert((kBlockN * kRowChunks) % kThreads == 0, "K tile loads split evenly");
-    static_assert((kBlockN * kVRowChunks) % kThreads == 0, "V tile loads split evenly");
+    static_assert((kBlockN * kVRowChunks) % kThreads == 0 || kThreads % kBlockN == 0,
+                  "V tile loads split evenly (or a band's pass covers the tile: load_rows_async)");
     static_assert((kBlockM * kRowChunks) % kThreads == 0, "Q tile loads split evenly");
 };
 
