@@ -250,13 +250,14 @@ def explain(*, dtype: str = "bfloat16", head_dim: int = 128, seqlen_q: int = 102
             block_sparse: bool = False, fp8: bool = False, lse: bool = False,
             cc: tuple[int, int] | None = None, variant: str | None = None, window: bool = False,
             softcap: bool = False, alibi: bool = False, varlen: bool = False,
-            head_dim_v: int | None = None) -> Selection:
-    """Which kernel a request would run, and why every other was rejected; launches nothing."""
+            head_dim_v: int | None = None, backward: bool = False) -> Selection:
+    """Which kernel a request would run (backward: its attention_backward), and why every other was rejected;
+    launches nothing."""
     dt = dtype_by_name(dtype)
     req = Request(dtype=dt.name, head_dim=head_dim, seqlen_q=seqlen_q, seqlen_k=seqlen_k or seqlen_q,
                   heads=heads, kv_heads=kv_heads or heads, batch=batch, causal=causal,
                   block_sparse=block_sparse, fp8=fp8 or dt is FLOAT8_E4M3, lse=lse, cc=cc, window=window,
-                  softcap=softcap, alibi=alibi, varlen=varlen, head_dim_v=head_dim_v)
+                  softcap=softcap, alibi=alibi, varlen=varlen, head_dim_v=head_dim_v, backward=backward)
     sel = select_kernel(req, discover_kernels().specs, variant)
     compiled = sel.chosen.head_dims.class_of(head_dim)
     if compiled != head_dim:
@@ -267,6 +268,9 @@ def explain(*, dtype: str = "bfloat16", head_dim: int = 128, seqlen_q: int = 102
         sel.notes.append(f"head_dim_v={head_dim_v}: v and the output run as head-dim class {compiled_v} under "
                          f"q / k's {compiled}" + (f" (columns {head_dim_v}..{compiled_v - 1} zero-filled, not stored)"
                                                   if compiled_v != head_dim_v else ""))
+    if cc is not None:   # the launch table this architecture takes (manifest launch and overrides)
+        table = sel.chosen.launch_config(cc, head_dim, req.build_mods, causal, seqlen_q)
+        sel.notes.append(f"tiles on sm_{cc[0]}{cc[1]}: " + " ".join(f"{k}={v}" for k, v in sorted(table.items())))
     info = device_info() if device_count() else None   # the grid notes follow this device's SMs (or assume)
     if "tiles" in sel.chosen.grids:   # persistent or one CTA a tile
         from .runtime.tile_balance import grid_note

@@ -27,18 +27,19 @@ from .common import device_cc_or_none, emit_json, one_line_errors, parse_arch
 @click.option("--softcap", is_flag=True, help="The call passes softcap > 0.")
 @click.option("--alibi", is_flag=True, help="The call passes alibi_slopes.")
 @click.option("--varlen", is_flag=True, help="A packed variable-length batch (attention_varlen); seqlens are the longest.")
+@click.option("--backward", is_flag=True, help="The call's backward (attention_backward) rather than its forward.")
 @click.option("--arch", default=None, help="Compute capability to assume (sm_90, 9.0); default: this GPU's.")
 @click.option("--variant", default=None, help="Explain forcing this variant.")
 @click.option("--json", "as_json", is_flag=True)
 @one_line_errors
 def command(dtype, head_dim, head_dim_v, seqlen_q, seqlen_k, heads, kv_heads, batch, causal, block_sparse, fp8, lse, window,
-            softcap, alibi, varlen, arch, variant, as_json) -> None:
+            softcap, alibi, varlen, backward, arch, variant, as_json) -> None:
     """Explain kernel selection for a request, without running anything."""
     cc = parse_arch(arch) if arch else device_cc_or_none()
     kwargs = dict(dtype=dtype, head_dim=head_dim, seqlen_q=seqlen_q, seqlen_k=seqlen_k, heads=heads,
                   kv_heads=kv_heads, batch=batch, causal=causal, block_sparse=block_sparse, fp8=fp8, lse=lse,
                   cc=cc, variant=variant, window=window, softcap=softcap, alibi=alibi,
-                  varlen=varlen, head_dim_v=head_dim_v)
+                  varlen=varlen, head_dim_v=head_dim_v, backward=backward)
     try:
         sel = api.explain(**kwargs)
     except UnsupportedError as e:

@@ -127,6 +127,7 @@ def test_explain_selects_and_reports(toy_catalogue):
     assert sel.report().splitlines() == [
         "request: dtype=float16 head_dim=96 batch=1 heads=8 seqlen_q=100 seqlen_k=100 on sm_80",
         "selected: slow (priority 0)",
+        "  tiles on sm_80: block_m=64 block_n=64 warps=4",
         "  warning: dtype=float16 head_dim=96 batch=1 heads=8 seqlen_q=100 seqlen_k=100 on sm_80 runs on the baseline "
         "kernel 'slow' (unfused, O(seqlen^2) memory): no faster kernel fits -- fast: head_dim=96 not supported: "
         "supported 64, 128, 256",
