@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import click
 
+from ..runtime.cubin import SMEM_PER_BLOCK_OPTIN
 from ..verify.compile_matrix import compile_matrix, plan_compiles
 from .common import device_cc_or_none, emit_json, one_line_errors, parse_arch
 
@@ -40,8 +41,12 @@ def command(variants, archs, dtypes, head_dims, jobs, as_json) -> None:
 
 
 def format_row(r: dict) -> str:
+    """One build: registers, shared memory a block (static + dynamic, the largest entry's), stack, spills."""
     if r["error"]:
         return f"FAIL {r['variant']:<13} {r['target']:<7} {r['config']}\n{r['error']}"
+    smem = r["smem_bytes"] + r.get("dynamic_smem_bytes", 0)
+    limit = SMEM_PER_BLOCK_OPTIN.get(parse_arch(r["target"]))
     return (f"ok   {r['variant']:<13} {r['target']:<7} {r['config']:<60} regs {r['registers']:>3}  "
-            f"smem {r['smem_bytes']:>6}  stack {r['stack_bytes']:>3}  spill {r['spill_bytes']:>3}  "
-            f"{r['seconds']:.1f}s" + ("  SERIALIZED wgmma" if r.get("serialized_wgmma") else ""))
+            f"smem {smem:>6}  stack {r['stack_bytes']:>3}  spill {r['spill_bytes']:>3}  "
+            f"{r['seconds']:.1f}s" + ("  SERIALIZED wgmma" if r.get("serialized_wgmma") else "")
+            + (f"  OVER {r['target']}'s {limit} B of shared memory" if limit and smem > limit else ""))
