@@ -44,7 +44,7 @@ def format_row(r: dict) -> str:
     """One build: registers, shared memory a block (static + dynamic, the largest entry's), stack, spills."""
     if r["error"]:
         return f"FAIL {r['variant']:<13} {r['target']:<7} {r['config']}\n{r['error']}"
-    smem = r["smem_bytes"] + r.get("dynamic_smem_bytes", 0)
+    smem = r.get("block_smem_bytes", r["smem_bytes"])
     limit = SMEM_PER_BLOCK_OPTIN.get(parse_arch(r["target"]))
     return (f"ok   {r['variant']:<13} {r['target']:<7} {r['config']:<60} regs {r['registers']:>3}  "
             f"smem {smem:>6}  stack {r['stack_bytes']:>3}  spill {r['spill_bytes']:>3}  "

@@ -120,8 +120,8 @@ def lengths(spec: KernelSpec, head_dim: int) -> tuple[int | None, ...]:
 def _compile_one(job, to_cache: bool) -> dict:
     spec, config, target = job
     row = {"variant": spec.name, "target": target, "config": config.describe(), "error": None,
-           "registers": 0, "smem_bytes": 0, "dynamic_smem_bytes": 0, "stack_bytes": 0, "spill_bytes": 0,
-           "serialized_wgmma": [], "seconds": 0.0}
+           "registers": 0, "smem_bytes": 0, "dynamic_smem_bytes": 0, "block_smem_bytes": 0, "stack_bytes": 0,
+           "spill_bytes": 0, "serialized_wgmma": [], "seconds": 0.0}
     try:
         compiled = compile_variant(spec, config, target)
         if to_cache:
@@ -130,9 +130,12 @@ def _compile_one(job, to_cache: bool) -> dict:
         row["error"] = str(e)
         return row
     reports = compiled.reports()
+    dynamic = dict(zip(spec.entries, smem_bytes(spec, compiled.cubin)[1]))   # what each entry launches with
     row.update(registers=max((r.registers for r in reports), default=0),
                smem_bytes=max((r.static_smem for r in reports), default=0),
-               dynamic_smem_bytes=max(smem_bytes(spec, compiled.cubin)[1], default=0),   # the largest entry's
+               dynamic_smem_bytes=max(dynamic.values(), default=0),
+               # a block's whole shared memory: the largest entry's static plus dynamic
+               block_smem_bytes=max((r.static_smem + dynamic.get(r.entry, 0) for r in reports), default=0),
                stack_bytes=max((r.stack_bytes for r in reports), default=0),
                spill_bytes=sum(r.spill_stores + r.spill_loads for r in reports),
                serialized_wgmma=[r.entry for r in reports if r.serialized_wgmma],

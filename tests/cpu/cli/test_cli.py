@@ -254,7 +254,7 @@ def test_console_entry_point_one_line_no_traceback():
 
 def test_compile_rows_give_a_blocks_shared_memory_and_flag_a_target_it_exceeds():
     from flashkit.cli.compile_cmd import format_row
-    row = dict(variant="fa2_bwd", target="sm_86", config="bfloat16 hd256", error=None, registers=255, smem_bytes=0,
-               dynamic_smem_bytes=147968, stack_bytes=16, spill_bytes=24, seconds=1.0)
+    row = dict(variant="fa2_bwd", target="sm_86", config="bfloat16 hd256", error=None, registers=255, smem_bytes=9216,
+               dynamic_smem_bytes=147968, block_smem_bytes=147968, stack_bytes=16, spill_bytes=24, seconds=1.0)
     assert "smem 147968" in format_row(row) and "OVER sm_86's 101376 B of shared memory" in format_row(row)
     assert "OVER" not in format_row({**row, "target": "sm_80"})

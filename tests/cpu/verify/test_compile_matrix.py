@@ -23,9 +23,11 @@ JOBS = 2
 # the 32 x 32 S^T and dP^T products; the 16-key warp strips it replaces had no spill and ran 0.92-0.96x as fast
 # (BENCHMARKS.md). On Hopper fa3_bwd serves these calls; fa2_bwd runs them there only with attention_chunk or when
 # forced. The bound covers window + softcap + ALiBi in float16 too (24 B before).
-# fa2_bwd at hd256: 12 B, the same loop scalars beside the same 128 registers of dK and dV (FlashAttention-2's 64-key
-# blocks, 32 x 64 of dK and dV a warp) and dQ's 32 x 64 accumulator.
-KNOWN_SPILLS = {("fa2_bwd", target, (hd,)): 32 for target in ("sm_80", "sm_86", "sm_90") for hd in ("hd128", "hd256")}
+# fa2_bwd at hd256: up to 40 B, the same loop scalars (one store and four reloads a visit) beside the same 128 registers
+# of dK and dV (FlashAttention-2's 64-key blocks, 32 x 64 of dK and dV a warp) and dQ's 32 x 64 accumulator: 24 B
+# under NVRTC 13.0, 36 B under 13.5 (sm_80's single-buffered build).
+KNOWN_SPILLS = {("fa2_bwd", target, (hd,)): bound for target in ("sm_80", "sm_86", "sm_90")
+                for hd, bound in (("hd128", 32), ("hd256", 40))}
 
 
 def known_spill(variant: str, target: str, config: str) -> int:
@@ -104,8 +106,8 @@ def test_compiles_without_spills(variant, target):
             if e["static_smem"] > 48 * 1024:
                 problems.append(f"{where}: {e['entry']} has {e['static_smem']} bytes of static shared memory")
         limit = SMEM_PER_BLOCK_OPTIN[parse_arch(target)]
-        if row["smem_bytes"] + row["dynamic_smem_bytes"] > limit:
-            problems.append(f"{where}: {row['smem_bytes']} + {row['dynamic_smem_bytes']} bytes of shared memory, "
+        if row["block_smem_bytes"] > limit:
+            problems.append(f"{where}: {row['block_smem_bytes']} bytes of shared memory a block (static and dynamic), "
                             f"over the {limit} a block of {target} may have")
     assert not problems, f"{len(problems)} of {len(rows)} compiles failed:\n" + "\n".join(problems)
     assert not any(cache_dir().glob("*.cubin")), "the CI compile must cache nothing"
