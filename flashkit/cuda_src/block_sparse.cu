@@ -11,8 +11,8 @@ priority: 50
 launch: {grid: q_blocks, block_m: 128, block_n: 64, warps: 4}
 overrides: {"hd96": {block_m: 128, block_n: 128, warps: 8}, "hd128": {block_m: 128, block_n: 128, warps: 8},
             "hd160": {warps: 8}, "hd192": {warps: 8}, "hd256": {warps: 8},   # 128x128 spills at hd32 and hd192 (sm_90)
-            "8.6": {}, "8.6/hd256": {block_n: 32}}
-# sm_86 / sm_89 (99 KB of shared memory a block) take smaller tiles where these do not fit: hd256 on 32-key tiles (96 KB against 128 KB).
+            "8.6": {}, "8.6/hd256": &hd256_99kb {block_n: 32}, "12.0": {}, "12.0/hd256": *hd256_99kb}
+# sm_86 / sm_89 and sm_120 (99 KB of shared memory a block) take smaller tiles where these do not fit: hd256 on 32-key tiles (96 KB against 128 KB).
 workspace: none
 ---*/
 // Block-sparse FlashAttention: the FlashAttention-2 forward of fa2.cu (sm80/fwd_mainloop.cuh) with

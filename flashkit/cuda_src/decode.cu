@@ -9,8 +9,8 @@ features: {causal: true, block_sparse: false, fp8: false, backward: false, lse: 
 limits: {seqlen_q: 16, packed_rows: 64}
 priority: 90
 launch: {grid: [kv_splits, split_combine], block_m: 16, block_n: 16, warps: 4, stages: 3}
-overrides: {"hd64": {stages: 4}, "8.6": {}, "8.6/hd128": {stages: 2}}
-# sm_86 / sm_89 (99 KB of shared memory a block) take smaller tiles where these do not fit: hd128 with two stages (100 KB against 102400 B for three).
+overrides: {"hd64": {stages: 4}, "8.6": {}, "8.6/hd128": &hd128_99kb {stages: 2}, "12.0": {}, "12.0/hd128": *hd128_99kb}
+# sm_86 / sm_89 and sm_120 (99 KB of shared memory a block) take smaller tiles where these do not fit: hd128 with two stages (100 KB against 102400 B for three).
 workspace: split_partials
 ---*/
 // Decode / speculative decode: a few query rows per sequence against a long KV cache.

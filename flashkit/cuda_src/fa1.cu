@@ -8,8 +8,9 @@ head_dims: [64, 128, 256]
 features: {causal: true, block_sparse: false, fp8: false, backward: false, lse: true, gqa: true}
 priority: 10
 launch: {grid: heads, block_m: 128, block_n: 64, warps: 4}
-overrides: {"hd128": {block_n: 32}, "hd256": {warps: 8}, "8.6": {}, "8.6/hd256": {block_n: 32}}
-# sm_86 / sm_89 (99 KB of shared memory a block) take smaller tiles where these do not fit: hd256 on 32-key tiles (96 KB against 128 KB).
+overrides: {"hd128": {block_n: 32}, "hd256": {warps: 8}, "8.6": {}, "8.6/hd256": &hd256_99kb {block_n: 32},
+            "12.0": {}, "12.0/hd256": *hd256_99kb}
+# sm_86 / sm_89 and sm_120 (99 KB of shared memory a block) take smaller tiles where these do not fit: hd256 on 32-key tiles (96 KB against 128 KB).
 workspace: running_state
 ---*/
 // FlashAttention-1 forward (Dao et al., 2022, Algorithm 1), tensor cores through mma.sync.

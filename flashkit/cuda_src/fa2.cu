@@ -14,8 +14,9 @@ overrides: {"hd32": {block_n: 128}, "hd96": {block_m: 128, block_n: 128, warps: 
             "hd128": {block_m: 128, block_n: 128, warps: 8}, "hd160": {warps: 8},
             "hd192": {block_m: 128, block_n: 128, warps: 8}, "hd256": {warps: 8},
             "hd192/window": {block_n: 64}, "hd192/softcap": {block_n: 64}, "hd192/alibi": {block_n: 64},
-            "hd192/varlen": {block_n: 64}, "8.6": {}, "8.6/hd192": {block_n: 64}, "8.6/hd256": {block_n: 32}}
-# sm_86 / sm_89 (99 KB of shared memory a block) take smaller tiles where these do not fit: hd192 on 64-key tiles (96 KB against 144 KB), hd256 on
+            "hd192/varlen": {block_n: 64}, "8.6": {}, "8.6/hd192": &hd192_99kb {block_n: 64},
+            "8.6/hd256": &hd256_99kb {block_n: 32}, "12.0": {}, "12.0/hd192": *hd192_99kb, "12.0/hd256": *hd256_99kb}
+# sm_86 / sm_89 and sm_120 (99 KB of shared memory a block) take smaller tiles where these do not fit: hd192 on 64-key tiles (96 KB against 144 KB), hd256 on
 # 32-key ones (96 KB against 128 KB).
 workspace: none
 ---*/

@@ -15,7 +15,8 @@ INT32 = struct.Struct("<i")
 
 # The most dynamic shared memory a block may opt in to, by compute capability (CUDA C Programming Guide, "Technical
 # Specifications per Compute Capability"): what a build compiled for that architecture must fit.
-SMEM_PER_BLOCK_OPTIN = {(7, 5): 65536, (8, 0): 166912, (8, 6): 101376, (8, 7): 166912, (8, 9): 101376, (9, 0): 232448}
+SMEM_PER_BLOCK_OPTIN = {(7, 5): 65536, (8, 0): 166912, (8, 6): 101376, (8, 7): 166912, (8, 9): 101376, (9, 0): 232448,
+                        (10, 0): 232448, (12, 0): 101376}
 
 
 def exported_ints(cubin: bytes, prefix: str) -> dict[str, int]:

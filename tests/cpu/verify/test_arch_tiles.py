@@ -53,3 +53,18 @@ def test_verify_runs_the_family_checks_with_each_architectures_tiles(monkeypatch
     assert len(checks) == len(module.family_checks(fa2, ["bfloat16"], [256], (False, True), True))
     assert [c for c in checks_for(fa2, ["bfloat16"], [256], [False]) if c.label.endswith("tiles]")]
     assert module.arch_tile_checks(fa2, ["bfloat16"], [64], (False,), False) == []
+
+
+def test_sm120_takes_sm86s_tables_whose_shared_memory_the_compile_tier_checks():
+    """sm_120 (consumer Blackwell) has sm_86's 99 KB a block: every variant gives it the tables and head-dim bounds
+    that the compile tier builds and checks for sm_86."""
+    from flashkit.runtime.cubin import SMEM_PER_BLOCK_OPTIN
+    assert SMEM_PER_BLOCK_OPTIN[(12, 0)] == SMEM_PER_BLOCK_OPTIN[(8, 6)]
+    for spec in discover_kernels().specs.values():
+        if not (spec.runs_on((8, 6)) and spec.runs_on((12, 0))):
+            continue
+        for hd in spec.head_dims.classes or spec.head_dims.examples():
+            assert spec.launch_config((12, 0), hd) == spec.launch_config((8, 6), hd), (spec.name, hd)
+            assert spec.head_dims.on_arch(hd, (12, 0)) == spec.head_dims.on_arch(hd, (8, 6)), (spec.name, hd)
+        if arch_tiles(spec, (9, 0)) and any(a == (8, 6) for a, _ in arch_tiles(spec, (9, 0))):
+            assert "sm_86" in spec.declared_archs(), spec.name
