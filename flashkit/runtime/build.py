@@ -10,9 +10,9 @@ from functools import lru_cache
 from pathlib import Path
 
 from ..call.dtypes import BY_NAME
+from ..errors import UnsupportedError
 from ..registry.manifest import KernelSpec
 from .call_cache import invalidate as invalidate_calls
-from ..errors import UnsupportedError
 from .cubin import exported_ints
 from .device import cupy_module, device_info
 from .nvrtc import Compiled, compile_cubin, nvrtc_version
