@@ -108,7 +108,8 @@ class HeadDims:
         if self.values:
             return ", ".join(str(v) for v in self.values)
         text = f"multiples of {self.multiple_of} from {self.low} to {self.high}"
-        return text + (f" (compiled as {', '.join(str(c) for c in self.classes)})" if self.classes else "")
+        text += f" (compiled as {', '.join(str(c) for c in self.classes)})" if self.classes else ""
+        return text + "".join(f"; up to {limit} on sm_{cc[0]}{cc[1]}" for cc, limit in self.max_by_arch)
 
     def padded_examples(self) -> tuple[int, ...]:
         """One head dim below each class, the furthest from it (the previous class + the step, or the minimum)."""

@@ -136,6 +136,7 @@ def test_max_by_arch_bounds_the_head_dims_an_architecture_takes(tmp_path):
     assert hd.max_on((8, 0)) is None and hd.max_on((9, 0)) is None and hd.max_on(None) is None
     assert hd.max_on((8, 6)) == hd.max_on((8, 9)) == 128
     assert hd.on_arch(128, (8, 9)) and not hd.on_arch(136, (8, 9)) and hd.on_arch(256, (8, 0))
+    assert hd.describe().endswith("(compiled as 32, 64, 96, 128, 160, 192, 256); up to 128 on sm_86")
     base = dict(dtype="bfloat16", seqlen_q=512, heads=8)
     with pytest.raises(UnsupportedError, match=r"toy: head_dim=192 not supported on sm_89: up to 128 there"):
         select_kernel(Request(head_dim=192, cc=(8, 9), **base), {"toy": spec})
