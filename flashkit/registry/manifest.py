@@ -230,10 +230,14 @@ class KernelSpec:
         """The NVRTC -arch value for a compute capability: the manifest's target or plain sm_XY."""
         return self.targets.get(cc, f"sm_{cc[0]}{cc[1]}")
 
+    def declared_ccs(self) -> list[tuple[int, int]]:
+        """The compute capabilities CI compiles for: the minimum, 8.0 and 9.0 where supported, and each declared
+        target's."""
+        return sorted({self.arch_min} | {cc for cc in ((8, 0), (9, 0)) if self.runs_on(cc)} | set(self.targets))
+
     def declared_archs(self) -> list[str]:
-        """The targets to compile in CI: the minimum arch, 8.0 and 9.0 where supported, and each declared target."""
-        ccs = {self.arch_min} | {cc for cc in ((8, 0), (9, 0)) if self.runs_on(cc)} | set(self.targets)
-        return sorted({self.target(cc) for cc in ccs})
+        """The targets to compile in CI (declared_ccs' NVRTC -arch values)."""
+        return sorted({self.target(cc) for cc in self.declared_ccs()})
 
 
 def _head_dim_classes(hd: dict, bad) -> tuple[int, ...]:

@@ -1,13 +1,13 @@
 """A variant's tiles as another architecture takes them, run on this GPU: the launch tables a manifest gives the
-GPUs whose SMs hold less shared memory (sm_86 / sm_89's 99 KB a block: the FA2 family's smaller tiles at hd192 and
-hd256; fa2_bwd's single-buffered Q and dO on sm_80 and sm_86) compile from the same source for this device too, so
+GPUs whose SMs hold less shared memory (sm_86 / sm_89's 99 KB a block, which sm_120's tables repeat: the FA2 family's
+smaller tiles at hd192 and hd256, decode's two stages at hd128; fa2_bwd's single-buffered Q and dO on sm_80 and
+sm_86) compile from the same source for this device too, so
 `flashkit verify` (an extension of every variant's checks), the GPU tier and the sanitizers check them here."""
 
 from __future__ import annotations
 
-from contextlib import contextmanager
 from collections.abc import Iterator
-
+from contextlib import contextmanager
 from dataclasses import replace
 
 from ..registry.manifest import KernelSpec
@@ -19,9 +19,8 @@ from .harness import Check, family_checks, register_extension
 def arch_tiles(spec: KernelSpec, cc: tuple[int, int]) -> list[tuple[tuple[int, int], int]]:
     """(arch, head-dim class) of every other declared architecture whose launch table for a class it takes differs
     from cc's."""
-    from ..cli.common import parse_arch
     out = []
-    for arch in sorted({parse_arch(t) for t in spec.declared_archs()} - {cc}):
+    for arch in [a for a in spec.declared_ccs() if a != cc]:
         out += [(arch, hd) for hd in spec.head_dims.classes or spec.head_dims.examples()
                 if spec.head_dims.on_arch(hd, arch) and spec.launch_config(arch, hd) != spec.launch_config(cc, hd)]
     return out
@@ -58,11 +57,14 @@ def arch_tile_checks(spec: KernelSpec, dtypes, head_dims, causal_opts, quick: bo
 
 
 def _with_tiles(check: Check, variant: str, arch: tuple[int, int]) -> Check:
+    """The check run with arch's tiles, its label saying so."""
+    tag = f" [sm_{arch[0]}{arch[1]}'s tiles]"
+
     def run(seed: int):
         with tiles_of(variant, arch):
             result = check.run(seed)
-        return replace(result, label=result.label + f" [sm_{arch[0]}{arch[1]}'s tiles]")
-    return Check(check.variant, check.label + f" [sm_{arch[0]}{arch[1]}'s tiles]", run)
+        return replace(result, label=result.label + tag)
+    return Check(check.variant, check.label + tag, run)
 
 
 register_extension("arch_tiles", arch_tile_checks)

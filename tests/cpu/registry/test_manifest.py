@@ -90,7 +90,7 @@ def test_targets_and_declared_archs(tmp_path):
     assert spec.targets == {(9, 0): "sm_90a"}
     assert spec.target((9, 0)) == "sm_90a"
     assert spec.target((8, 6)) == "sm_86"
-    assert spec.declared_archs() == ["sm_80", "sm_90a"]
+    assert spec.declared_archs() == ["sm_80", "sm_90a"] and spec.declared_ccs() == [(8, 0), (9, 0)]
     assert spec_of(tmp_path, "a", arch={"min": "7.5"}).declared_archs() == ["sm_75", "sm_80", "sm_90"]
     assert spec_of(tmp_path, "b", arch={"min": "9.0"}).declared_archs() == ["sm_90"]
     assert spec_of(tmp_path, "c", arch={"min": "8.9"}).declared_archs() == ["sm_89", "sm_90"]
