@@ -6,7 +6,7 @@ arch: {min: "8.0", targets: {"8.6": sm_86}}
 dtypes: [float16, bfloat16]
 head_dims: {min: 8, max: 256, multiple_of: 8, classes: [64, 128, 256], max_by_arch: {"8.6": 128, "12.0": 128}}
 features: {causal: true, block_sparse: false, fp8: false, backward: true, lse: false, gqa: true, varlen: true,
-           window: true, chunk: true, softcap: true, alibi: true}
+           window: true, chunk: true, softcap: true, alibi: true, score_mod: true}
 requires: {backward: true}
 priority: 50
 launch: {grid: [q_blocks, kv_tiles, q_blocks], block_m: 64, block_n: 128, warps: 8}
@@ -27,10 +27,12 @@ workspace: dq_accum
 //   convert_dq grid (ceil(seqlen_q / block_m), heads, batch): dQ = dq_accum in the input dtype
 // Causal (FLASHKIT_CAUSAL) skips the query blocks above the diagonal and masks the tiles crossing it; a window
 // or chunk (FLASHKIT_WINDOW) the query blocks outside it (bwd_mask.cuh); softcap and ALiBi (FLASHKIT_SOFTCAP,
-// FLASHKIT_ALIBI) modify the recomputed scores as the forward did, and softcap's slope scales dS.
+// FLASHKIT_ALIBI) modify the recomputed scores as the forward did, and softcap's slope scales dS; so does a drop-in
+// score_mod functor (FLASHKIT_SCORE_MOD, functor.cuh: its score_mod_grad scales dS).
 // Varlen (FLASHKIT_VARLEN, attention_varlen_backward): packed sequences, the grids of the longest (batch = the
 // sequences); every CTA sees its own sequence through varlen.cuh (causal bottom-right aligned per sequence),
 // blocks past the sequence's last query (prepass, convert_dq) or key (main) return at once.
+#include "flashkit/functor.cuh"
 #include "flashkit/sm80/bwd_walk.cuh"
 
 using flashkit::BwdKernelTraits;
@@ -49,7 +51,7 @@ extern "C" __global__ void __launch_bounds__(BwdKernelTraits::kThreads)
 
 extern "C" __global__ void __launch_bounds__(BwdKernelTraits::kThreads, 1)
     flashkit_fa2_bwd_main(const flashkit::Params params) {
-    flashkit::bwd_block<BwdKernelTraits, BwdMask, flashkit::BuildScoreMod>(params, blockIdx.x, blockIdx.y, blockIdx.z);
+    flashkit::bwd_block<BwdKernelTraits, BwdMask, flashkit::KernelScoreMod>(params, blockIdx.x, blockIdx.y, blockIdx.z);
 }
 
 extern "C" __global__ void __launch_bounds__(BwdKernelTraits::kThreads)

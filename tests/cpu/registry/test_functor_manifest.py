@@ -129,4 +129,6 @@ def test_a_score_mod_builds_into_a_backward_only_with_its_derivative(tmp_path):
     assert graded.score_grad and graded.kernel_functions == ("score_mod",) and not plain.score_grad
     assert plain.builds_into(fa3) and graded.builds_into(fa3)
     assert graded.builds_into(fa3_bwd) and not plain.builds_into(fa3_bwd)
-    assert not graded.builds_into(fa2_bwd)   # fa2_bwd builds no functor in
+    assert graded.builds_into(fa2_bwd) and not plain.builds_into(fa2_bwd)   # score_mod functors, with the derivative
+    masked = cat.mods["document"]   # a mask_mod: fa2_bwd walks no visit lists
+    assert masked.builds_into(fa3_bwd) and not masked.builds_into(fa2_bwd)

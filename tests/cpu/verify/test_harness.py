@@ -26,7 +26,9 @@ def test_backward_variants_are_checked_through_their_gradients():
     checks = harness.checks_for(specs["fa2_bwd"], ["bfloat16"], [64], [False, True], quick=True)
     modified = mod_checks(specs["fa2_bwd"], ["bfloat16"], [64], [False, True], quick=True)   # the mods extension
     assert modified and all(c.label.endswith(" backward") for c in modified)
-    assert len(checks) == 2 * (len(harness.QUICK_SHAPES) + len(QUICK_VARLEN_CASES)) + len(modified)
+    functor = [c for c in checks if "relative_bias" in c.label]   # its score_mod functor, on the quick masked shapes
+    assert len(functor) == 2 * 2
+    assert len(checks) == 2 * (len(harness.QUICK_SHAPES) + len(QUICK_VARLEN_CASES)) + len(modified) + len(functor)
     assert all(c.variant == "fa2_bwd" and c.label.endswith(" backward") for c in checks)
     varlen = [c.label for c in checks if c.label.startswith("varlen ")]   # the forward's varlen matrix stays out
     assert len(varlen) == 2 * len(QUICK_VARLEN_CASES)
