@@ -177,3 +177,19 @@ def test_strided_views_and_torch_tensors(variant):
     inputs = tuple(cp.from_dlpack(x) for x in (q, k, v, dout))
     ok, report = judge(inputs, grads, 64, True, "bfloat16", variant)
     assert ok, report
+
+
+@pytest.mark.parametrize("hd", head_dims("fa2_bwd"))
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_fa2_bwd_score_mod_functor(hd, causal):
+    """A drop-in score_mod functor (relative_bias, with its score_mod_grad) through fa2_bwd, against float64
+    gradients with the functor's Python reference applied (verify/backward.py's masked checks)."""
+    from flashkit.registry import discover_kernels
+    from flashkit.verify.backward import MASKED_SHAPES, masked_backward_check
+    require("fa2_bwd")
+    spec = discover_kernels().specs["fa2_bwd"]
+    for i, shape in enumerate(MASKED_SHAPES):
+        dtype = DTYPES[(i + causal) % 2]
+        res = masked_backward_check(spec, shape, hd, dtype, causal, "mod:relative_bias").run(
+            zlib.crc32(f"fa2_bwd functor {shape}{hd}{causal}".encode()))
+        assert res.passed, f"{res.label}: {res.note}"
