@@ -5,7 +5,7 @@ entry: [flashkit_fa2_bwd_prepass, flashkit_fa2_bwd_main, flashkit_fa2_bwd_conver
 arch: {min: "8.0", targets: {"8.6": sm_86}}
 dtypes: [float16, bfloat16]
 head_dims: {min: 8, max: 256, multiple_of: 8, classes: [64, 128, 256], max_by_arch: {"8.6": 128, "12.0": 128}}
-features: {causal: true, block_sparse: false, fp8: false, backward: true, lse: false, gqa: true, varlen: true,
+features: {causal: true, block_sparse: true, fp8: false, backward: true, lse: false, gqa: true, varlen: true,
            window: true, chunk: true, softcap: true, alibi: true, score_mod: true}
 requires: {backward: true}
 priority: 50
@@ -25,6 +25,8 @@ workspace: dq_accum
 //              registers while it walks the query blocks of its group's heads, recomputing P from the
 //              LSE; dQ through fp32 atomics (bwd_walk.cuh, bwd_mainloop.cuh, bwd_dq.cuh)
 //   convert_dq grid (ceil(seqlen_q / block_m), heads, batch): dQ = dq_accum in the input dtype
+// A block mask (FLASHKIT_BLOCK_SPARSE) visits the query blocks its lists name (bwd_lists.cuh, built on the GPU from
+// the mask's blocks at these tiles by flashkit/features/bwd_lists.py; bwd_visits.cuh walks them).
 // Causal (FLASHKIT_CAUSAL) skips the query blocks above the diagonal and masks the tiles crossing it; a window
 // or chunk (FLASHKIT_WINDOW) the query blocks outside it (bwd_mask.cuh); softcap and ALiBi (FLASHKIT_SOFTCAP,
 // FLASHKIT_ALIBI) modify the recomputed scores as the forward did, and softcap's slope scales dS; so does a drop-in
@@ -36,7 +38,9 @@ workspace: dq_accum
 #include "flashkit/sm80/bwd_walk.cuh"
 
 using flashkit::BwdKernelTraits;
-typedef flashkit::BwdMaskOf<FLASHKIT_WINDOW != 0, FLASHKIT_CAUSAL != 0>::type BwdMask;
+// A block mask's backward walks the visit lists (bwd_lists.cuh); the inner mask cuts the causal diagonal, the window.
+typedef flashkit::BwdListedOr<FLASHKIT_BLOCK_SPARSE != 0,
+                              flashkit::BwdMaskOf<FLASHKIT_WINDOW != 0, FLASHKIT_CAUSAL != 0>::type>::type BwdMask;
 
 FLASHKIT_EXPORT_SMEM_BYTES(BwdKernelTraits::kSmemBytes);
 // The pre-pass and the dQ conversion use no shared memory: launched with the main kernel's, they ran one CTA an SM
@@ -53,6 +57,10 @@ extern "C" __global__ void __launch_bounds__(BwdKernelTraits::kThreads, 1)
     flashkit_fa2_bwd_main(const flashkit::Params params) {
     flashkit::bwd_block<BwdKernelTraits, BwdMask, flashkit::KernelScoreMod>(params, blockIdx.x, blockIdx.y, blockIdx.z);
 }
+
+#if FLASHKIT_BLOCK_SPARSE
+FLASHKIT_BWD_LIST_ENTRIES
+#endif
 
 extern "C" __global__ void __launch_bounds__(BwdKernelTraits::kThreads)
     flashkit_fa2_bwd_convert_dq(const flashkit::Params params) {

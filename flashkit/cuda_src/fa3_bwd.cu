@@ -98,12 +98,7 @@ extern "C" __global__ void __launch_bounds__(Traits::kThreads, 1) flashkit_fa3_b
 
 #if FLASHKIT_BLOCK_SPARSE || FLASHKIT_MASK_MOD
 // The visit lists from the tile states (bwd_lists.cuh), launched by flashkit/features/bwd_lists.py before the passes.
-extern "C" __global__ void __launch_bounds__(flashkit::kListThreads) flashkit_bwd_list_columns(const flashkit::Params params) {
-    flashkit::bwd_list_columns(params);
-}
-extern "C" __global__ void __launch_bounds__(flashkit::kListThreads) flashkit_bwd_list_ranks(const flashkit::Params params) {
-    flashkit::bwd_list_ranks(params);
-}
+FLASHKIT_BWD_LIST_ENTRIES
 #endif
 
 extern "C" __global__ void __launch_bounds__(Traits::kThreads) flashkit_fa3_bwd_convert_dq(FLASHKIT_FA3_BWD_ARGS) {

@@ -1,5 +1,5 @@
 """The backward over visit lists (features/bwd_lists.py, bwd_lists.cuh): attention_backward with a block mask or a
-mask_mod functor on fa3_bwd, against float64 gradients with the mask explicit (DESIGN.md's rule on dq, dk, dv),
+mask_mod functor on fa3_bwd (and a block mask or a score_mod functor on fa2_bwd), against float64 gradients with the mask explicit (DESIGN.md's rule on dq, dk, dv),
 from NaN-poisoned memory; every head dim class, causal and not, GQA, q != k both ways, per-head and broadcast
 masks, an empty mask; deterministic=True bit for bit; the lists follow a mask_mod's array rewritten in place.
 """
@@ -136,3 +136,49 @@ def test_a_score_mod_with_a_non_unit_derivative(drop_in_functor, head_dim, causa
                                       "mod:capped")
         result = check.run(zlib.crc32(check.label.encode()))
         assert result.passed, format_result(result)
+
+
+def _fa2_bwd_params():
+    """fa2_bwd (mma.sync, any sm_80+): the block masks and the score_mod functor it takes, every head-dim class (at
+    hd256: 64-key tiles, lists of their own geometry), and the sm_80 / sm_86 tiles of verify/arch_tiles.py's test."""
+    spec = discover_kernels().specs["fa2_bwd"]
+    mods = discover_kernels().mods
+    masks = [m for m in MASKS if m.startswith("block:") or mods[m.split(":", 1)[1]].builds_into(spec)]
+    out = []
+    for i, shape in enumerate(SHAPES):
+        for mask in masks:
+            for hd in (64, 128, 256):
+                for causal in (False, True):
+                    dtype = ("bfloat16", "float16")[(i + hd // 64 + causal) % 2]
+                    check = masked_backward_check(spec, shape, hd, dtype, causal, mask)
+                    out.append(pytest.param(check, id=check.label))
+    return out
+
+
+@pytest.mark.parametrize("check", _fa2_bwd_params())
+def test_fa2_bwd_masked_backward_matches_reference(check):
+    from flashkit.cli.verify_cmd import format_result
+    result = check.run(zlib.crc32(check.label.encode()))
+    assert result.passed, format_result(result)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_fa2_bwd_block_mask_deterministic_is_bit_identical(causal):
+    """fa2_bwd adds dQ in each query block's list-rank order too: the same bits over repeated calls."""
+    import cupy as cp
+    import flashkit
+    from flashkit.verify.backward import masked_call
+    shape, hd, mask = Shape(2, 1000, 1000, 8, 2), 128, "block:random(0.5)"
+    rs = cp.random.RandomState(6)
+    q, k, v, dout = (rs.standard_normal(s, dtype=cp.float32).astype(cp.float16) for s in (
+        (shape.batch, shape.seqlen_q, shape.heads, hd), (shape.batch, shape.seqlen_k, shape.kv_heads, hd),
+        (shape.batch, shape.seqlen_k, shape.kv_heads, hd), (shape.batch, shape.seqlen_q, shape.heads, hd)))
+    kw, *_ = masked_call(*mask.split(":", 1), shape, 12, cp)
+    out, lse = flashkit.attention(q, k, v, causal=causal, return_lse=True, **kw)
+    first = flashkit.attention_backward(dout, q, k, v, out, lse, causal=causal, deterministic=True,
+                                       variant="fa2_bwd", **kw)
+    for _ in range(3):
+        again = flashkit.attention_backward(dout, q, k, v, out, lse, causal=causal, deterministic=True,
+                                           variant="fa2_bwd", **kw)
+        for name, a, b in zip(("dq", "dk", "dv"), first, again):
+            assert bool((a.view(cp.uint16) == b.view(cp.uint16)).all()), f"{name} differs between runs"

@@ -80,3 +80,15 @@ struct BwdListedOr<true, Inner> {
 };
 
 }  // namespace flashkit
+
+// The two compactions as entries of a backward variant (the runtime's AUX_ENTRIES["bwd_lists"], launched by
+// flashkit/features/bwd_lists.py before the passes): in a build with a block mask or a mask_mod.
+#define FLASHKIT_BWD_LIST_ENTRIES                                                                              \
+    extern "C" __global__ void __launch_bounds__(flashkit::kListThreads)                                      \
+        flashkit_bwd_list_columns(const flashkit::Params params) {                                            \
+        flashkit::bwd_list_columns(params);                                                                   \
+    }                                                                                                         \
+    extern "C" __global__ void __launch_bounds__(flashkit::kListThreads)                                      \
+        flashkit_bwd_list_ranks(const flashkit::Params params) {                                              \
+        flashkit::bwd_list_ranks(params);                                                                     \
+    }

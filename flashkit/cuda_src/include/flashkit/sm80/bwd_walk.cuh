@@ -8,6 +8,7 @@
 // sequence's); a key block that no query sees stores dK = dV = 0.
 #pragma once
 
+#include "flashkit/bwd_visits.cuh"
 #include "flashkit/sm80/bwd_dq.cuh"
 #include "flashkit/sm80/bwd_mainloop.cuh"
 #include "flashkit/sm80/bwd_products.cuh"
@@ -22,22 +23,20 @@ __device__ __forceinline__ void bwd_block_seq(const Params& p, const Params& cal
                                               const SeqOrigin& origin) {
     extern __shared__ __align__(128) unsigned char smem_raw[];
     BwdMainloop<Kt, Mask, Mod> loop(p, call, smem_raw, n_block, kv_head, batch, origin);
-    const int group = p.heads / p.kv_heads;
-    // The query blocks that see a key of the block (the sequence's, varlen), each head of the group.
-    const int n0 = n_block * Kt::kBlockN;
-    const int m_begin = loop.mask.m_begin(n0, Kt::kBlockM);
-    // (Dense: the workspace's count, the same number, which ptxas keeps anyway: a second one spilled 8 B at hd128.)
-    const int m_end = Mask::kLocal || FLASHKIT_VARLEN != 0
-                          ? loop.mask.m_end(min(n0 + Kt::kBlockN, p.seqlen_k), Kt::kBlockM) : loop.ws.m_blocks;
-    const int n_m = max(m_end - m_begin, 0);
-    const int total = group * n_m;
+    // The query blocks that see a key of the block (the sequence's, varlen), each head of the group: from the mask's
+    // intervals, or a block mask's visit lists (bwd_visits.cuh).
+    const BwdVisits<Kt::kBlockM, Kt::kBlockN, Mask> visits(p, n_block, kv_head, batch);
+    const int total = visits.total;
     loop.load_kv_async();
-    if (total > 0) loop.load_q_async(kv_head * group, m_begin, 0);
-    else cp_async_commit();
+    if (total > 0) {
+        const BwdVisit first = visits.at(0);
+        loop.load_q_async(first.head, first.m_block, 0);
+    } else {
+        cp_async_commit();
+    }
     constexpr bool kDoubleBuffered = Kt::kQStages == 2;
     for (int it = 0; total > 0; ++it) {   // (left by the break after the last visit)
-        const int head = kv_head * group + it / n_m;
-        const int m_block = m_begin + it % n_m;
+        const BwdVisit at = visits.at(it);
         const int buf = kDoubleBuffered ? it & 1 : 0;
         // Whether a visit follows, decided here through a volatile move, so that the loop's end tests this flag
         // rather than the visit count again: ptxas spills the count at hd128, and its reload there queued behind the
@@ -45,16 +44,19 @@ __device__ __forceinline__ void bwd_block_seq(const Params& p, const Params& cal
         const int more = fresh_value(it + 1 < total);
         cp_async_wait<0>();
         __syncthreads();   // Q_i, dO_i (and K, V) resident; every warp is done with buffer buf ^ 1, P^T and dS^T
-        if (kDoubleBuffered && more)
-            loop.load_q_async(kv_head * group + (it + 1) / n_m, m_begin + (it + 1) % n_m, buf ^ 1);
-        loop.step(head, m_block, buf);
+        if (kDoubleBuffered && more) {
+            const BwdVisit next = visits.at(it + 1);
+            loop.load_q_async(next.head, next.m_block, buf ^ 1);
+        }
+        loop.step(at.head, at.m_block, buf);
         __syncthreads();   // P^T and dS^T complete
         loop.accumulate_dk_dv(buf);
         if (!kDoubleBuffered && more) {   // Q_i, dO_i read by every warp: block i + 1 streams in under dQ_i
             if constexpr (!Kt::kRegisterOperands) __syncthreads();
-            loop.load_q_async(kv_head * group + (it + 1) / n_m, m_begin + (it + 1) % n_m, 0);
+            const BwdVisit next = visits.at(it + 1);
+            loop.load_q_async(next.head, next.m_block, 0);
         }
-        loop.accumulate_dq(head, m_block);
+        loop.accumulate_dq(at.head, at.m_block);
         if (!more) break;
     }
     loop.store_dk_dv();
