@@ -77,6 +77,12 @@ def main(names: list[str]) -> None:
                         for deterministic in (False, True):
                             attention_backward(cp.ones_like(out), q, k, v, out, lse, causal=causal,
                                                deterministic=deterministic, variant=spec.name, **kw)
+                if spec.supports("block_sparse"):   # a block mask's visit lists (bwd_lists.cuh), deterministic too
+                    mask = BlockMask.random(SHAPE[0], SHAPE[2], SHAPE[1], SHAPE[1] + 16, 0.5, seed=7)
+                    out, lse = attention(q, k, v, causal=causal, return_lse=True, block_mask=mask)
+                    for deterministic in (False, True):
+                        attention_backward(cp.ones_like(out), q, k, v, out, lse, causal=causal, block_mask=mask,
+                                           deterministic=deterministic, variant=spec.name)
                 mods = []
                 if spec.supports("mask_mod"):   # partial visits: the producer warpgroup's keep bits (bwd_keep.cuh)
                     mods.append(dict(mod="prefix_lm", mod_args={"prefix": PREFIX}))
