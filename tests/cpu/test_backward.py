@@ -550,3 +550,16 @@ def test_backward_misaligned_calls_are_not_cached(fake_h100, monkeypatch):
     assert fake_h100["select"] == 2 and len(call_cache.CALLS) == 0
     flashkit.attention_backward(dout, q, k, v, out, lse)
     assert len(call_cache.CALLS) == 1
+
+
+@pytest.mark.parametrize("cc,chosen", [((8, 0), "fa2_bwd"), ((8, 9), "fa2_bwd"), ((9, 0), "fa3_bwd")])
+def test_a_block_mask_backward_walks_visit_lists_on_every_architecture(cc, chosen):
+    """fa2_bwd walks a block mask's visit lists too (bwd_visits.cuh), so a block-sparse backward runs off Hopper; its
+    build adds the list compactions (runtime AUX_ENTRIES), as fa3_bwd's does."""
+    from flashkit.runtime.build import aux_entries, make_config
+    specs = discover_kernels().specs
+    sel = select_kernel(Request(dtype="bfloat16", head_dim=128, seqlen_q=1000, seqlen_k=1000, heads=8, kv_heads=2,
+                                cc=cc, backward=True, block_sparse=True), specs)
+    assert sel.chosen.name == chosen
+    config = make_config(sel.chosen, "bfloat16", 128, False, cc, block_sparse=True)
+    assert aux_entries(sel.chosen, config) == ("flashkit_bwd_list_columns", "flashkit_bwd_list_ranks")
