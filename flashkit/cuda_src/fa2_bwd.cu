@@ -6,7 +6,7 @@ arch: {min: "8.0", targets: {"8.6": sm_86}}
 dtypes: [float16, bfloat16]
 head_dims: {min: 8, max: 256, multiple_of: 8, classes: [64, 128, 256], max_by_arch: {"8.6": 128, "12.0": 128}}
 features: {causal: true, block_sparse: true, fp8: false, backward: true, lse: false, gqa: true, varlen: true,
-           window: true, chunk: true, softcap: true, alibi: true, score_mod: true}
+           window: true, chunk: true, softcap: true, alibi: true, score_mod: true, mask_mod: true}
 requires: {backward: true}
 priority: 50
 launch: {grid: [q_blocks, kv_tiles, q_blocks], block_m: 64, block_n: 128, warps: 8}
@@ -25,8 +25,10 @@ workspace: dq_accum
 //              registers while it walks the query blocks of its group's heads, recomputing P from the
 //              LSE; dQ through fp32 atomics (bwd_walk.cuh, bwd_mainloop.cuh, bwd_dq.cuh)
 //   convert_dq grid (ceil(seqlen_q / block_m), heads, batch): dQ = dq_accum in the input dtype
-// A block mask (FLASHKIT_BLOCK_SPARSE) visits the query blocks its lists name (bwd_lists.cuh, built on the GPU from
-// the mask's blocks at these tiles by flashkit/features/bwd_lists.py; bwd_visits.cuh walks them).
+// A block mask (FLASHKIT_BLOCK_SPARSE) or a mask_mod functor (FLASHKIT_MASK_MOD) visits the query blocks its lists
+// name (bwd_lists.cuh, built on the GPU at these tiles by flashkit/features/bwd_lists.py: a block mask's from its
+// blocks, a mask_mod's by its classifier; bwd_visits.cuh walks them); a mask_mod's partial visits apply it per
+// element (sm80/bwd_mainloop.cuh's keep_bits).
 // Causal (FLASHKIT_CAUSAL) skips the query blocks above the diagonal and masks the tiles crossing it; a window
 // or chunk (FLASHKIT_WINDOW) the query blocks outside it (bwd_mask.cuh); softcap and ALiBi (FLASHKIT_SOFTCAP,
 // FLASHKIT_ALIBI) modify the recomputed scores as the forward did, and softcap's slope scales dS; so does a drop-in
@@ -38,9 +40,15 @@ workspace: dq_accum
 #include "flashkit/sm80/bwd_walk.cuh"
 
 using flashkit::BwdKernelTraits;
-// A block mask's backward walks the visit lists (bwd_lists.cuh); the inner mask cuts the causal diagonal, the window.
-typedef flashkit::BwdListedOr<FLASHKIT_BLOCK_SPARSE != 0,
+// A block mask's or a mask_mod's backward walks the visit lists (bwd_lists.cuh); the inner mask cuts the causal
+// diagonal, the window.
+typedef flashkit::BwdListedOr<FLASHKIT_BLOCK_SPARSE != 0 || FLASHKIT_MASK_MOD != 0,
                               flashkit::BwdMaskOf<FLASHKIT_WINDOW != 0, FLASHKIT_CAUSAL != 0>::type>::type BwdMask;
+// A mask_mod's classifier at the backward's tiles, over the forward's mask of the same call (functor.cuh).
+typedef flashkit::LocalOr<FLASHKIT_WINDOW, BwdKernelTraits::kBlockM, BwdKernelTraits::kBlockN,
+                          flashkit::DenseMask<FLASHKIT_CAUSAL, BwdKernelTraits::kBlockM,
+                                              BwdKernelTraits::kBlockN>::type>::type ClassifyMask;
+FLASHKIT_FUNCTOR_ENTRIES(ClassifyMask, BwdKernelTraits::kBlockM, BwdKernelTraits::kBlockN)
 
 FLASHKIT_EXPORT_SMEM_BYTES(BwdKernelTraits::kSmemBytes);
 // The pre-pass and the dQ conversion use no shared memory: launched with the main kernel's, they ran one CTA an SM
@@ -58,7 +66,7 @@ extern "C" __global__ void __launch_bounds__(BwdKernelTraits::kThreads, 1)
     flashkit::bwd_block<BwdKernelTraits, BwdMask, flashkit::KernelScoreMod>(params, blockIdx.x, blockIdx.y, blockIdx.z);
 }
 
-#if FLASHKIT_BLOCK_SPARSE
+#if FLASHKIT_BLOCK_SPARSE || FLASHKIT_MASK_MOD
 FLASHKIT_BWD_LIST_ENTRIES
 #endif
 

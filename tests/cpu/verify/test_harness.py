@@ -26,10 +26,9 @@ def test_backward_variants_are_checked_through_their_gradients():
     checks = harness.checks_for(specs["fa2_bwd"], ["bfloat16"], [64], [False, True], quick=True)
     modified = mod_checks(specs["fa2_bwd"], ["bfloat16"], [64], [False, True], quick=True)   # the mods extension
     assert modified and all(c.label.endswith(" backward") for c in modified)
-    # block masks of every pattern and its score_mod functor, on the quick masked shapes, causal and not
+    # block masks of every pattern and the shipped functors, on the quick masked shapes, causal and not
     masked = [c for c in checks if " block:" in c.label or " mod:" in c.label]
-    assert {c.label.split(" bfloat16 ")[1].split(" backward")[0].removeprefix("causal ") for c in masked} == \
-        {m for m in MASKS if not m.startswith("mod:") or m == "mod:relative_bias"}
+    assert {c.label.split(" bfloat16 ")[1].split(" backward")[0].removeprefix("causal ") for c in masked} == set(MASKS)
     assert len(masked) == 2 * 2 * len({c.label.split(" bfloat16 ")[1].removeprefix("causal ") for c in masked})
     assert len(checks) == 2 * (len(harness.QUICK_SHAPES) + len(QUICK_VARLEN_CASES)) + len(modified) + len(masked)
     assert all(c.variant == "fa2_bwd" and c.label.endswith(" backward") for c in checks)

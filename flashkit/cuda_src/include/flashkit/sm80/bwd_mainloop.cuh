@@ -29,6 +29,7 @@
 
 #include "flashkit/sm80/bwd_traits.cuh"
 #include "flashkit/bwd_mask.cuh"
+#include "flashkit/functor.cuh"
 #include "flashkit/score_mod.cuh"
 #include "flashkit/fragment.cuh"
 #include "flashkit/sm80/ldsm_lane.cuh"
@@ -181,9 +182,32 @@ struct BwdMainloop {
         return p.seqlen_k - p.seqlen_q;
     }
 
+#if FLASHKIT_MASK_MOD
+    // A mask_mod's element mask of a partial visit (bwd_lists.cuh: its classifier found the tile partial), as one bit
+    // an element of the thread's S^T: bit ((mi 2 + h) kQueryTiles + ni) 2 + c keeps key key + 16 mi + 8 h, query
+    // query0 + 8 ni + c. Rows one at a time (not unrolled: one word of bits rather than a copy of mask_mod an
+    // element), kMaskModUnroll columns at a time; indices clamped into the sequences (functor.cuh's contract).
+    static constexpr int kRowBits = 2 * Kt::kQueryTiles;
+    static_assert(Kt::kKeyTiles * 2 * kRowBits <= 32, "a thread's S^T elements fit one word of bits");
+    __device__ __forceinline__ u32 keep_bits(int head, int key, int query0) const {
+        u32 bits = 0;
+#pragma unroll 1
+        for (int r = 0; r < 2 * Kt::kKeyTiles; ++r) {   // r = 2 mi + h
+            const int k = min(key + (r / 2) * kMmaM + (r % 2) * kFragRowHalf, p.seqlen_k - 1);
+#pragma unroll kMaskModUnroll
+            for (int c = 0; c < kRowBits; ++c) {
+                const int q = min(query0 + (c / 2) * kMmaN + c % 2, p.seqlen_q - 1);
+                bits |= static_cast<u32>(::mask_mod(batch, head, q, k, p.mods.args)) << (r * kRowBits + c);
+            }
+        }
+        return bits;
+    }
+#endif
+
     // One query block of `head`, this warp's tile: dS^T (and P^T) into shared memory, for dQ (and dV, dK) after
-    // the barrier that follows; with register operands dV and dK are added here.
-    __device__ __forceinline__ void step(int head, int m_block, int buf) {
+    // the barrier that follows; with register operands dV and dK are added here. partial: a mask_mod's element mask
+    // applies (a listed visit its classifier found partial).
+    __device__ __forceinline__ void step(int head, int m_block, int buf, bool partial = false) {
         const Mod mod(p, head, batch);
         const int g = lane / kQuadLanes;
         const int c2 = kFragCols * (lane % kQuadLanes);
@@ -218,6 +242,21 @@ struct BwdMainloop {
                                 st[mi][ni][e] = FLASHKIT_NEG_INF;
             }
         }
+#if FLASHKIT_MASK_MOD
+        if (partial) {
+            const u32 bits = keep_bits(head, key, query0);
+#pragma unroll
+            for (int mi = 0; mi < Kt::kKeyTiles; ++mi)
+#pragma unroll
+                for (int ni = 0; ni < Kt::kQueryTiles; ++ni)
+#pragma unroll
+                    for (int e = 0; e < 4; ++e)
+                        if (!((bits >> ((2 * mi + e / 2) * kRowBits + 2 * ni + e % 2)) & 1u))
+                            st[mi][ni][e] = FLASHKIT_NEG_INF;
+        }
+#else
+        (void)partial;
+#endif
         // P^T = exp2(S^T c - lse2), rounded to 16 bits once: pt[mi][ni][h] holds keys key + 16 mi + 8 h, queries
         // query0 + 8 ni + (0, 1). With operands in registers it is dV += P^T dO's A fragment at once; otherwise it
         // goes to shared memory, and this thread reads it back for dS (held over dP^T it took 16 registers, and

@@ -48,7 +48,7 @@ __device__ __forceinline__ void bwd_block_seq(const Params& p, const Params& cal
             const BwdVisit next = visits.at(it + 1);
             loop.load_q_async(next.head, next.m_block, buf ^ 1);
         }
-        loop.step(at.head, at.m_block, buf);
+        loop.step(at.head, at.m_block, buf, at.partial);
         __syncthreads();   // P^T and dS^T complete
         loop.accumulate_dk_dv(buf);
         if (!kDoubleBuffered && more) {   // Q_i, dO_i read by every warp: block i + 1 streams in under dQ_i
