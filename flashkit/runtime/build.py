@@ -72,15 +72,21 @@ class BuildConfig:
         return " ".join(parts)
 
 
+def launch_table(spec: KernelSpec, cc: tuple[int, int] | None, head_dim: int, mods: tuple[str, ...], causal: bool,
+                 block_sparse: bool = False, seqlen_q: int | None = None) -> dict[str, int]:
+    """The launch table a build of the call takes (KernelSpec.launch_config); a block mask's build takes the
+    manifest's 'hd<N>/block_sparse' override too."""
+    return spec.launch_config(cc, head_dim, tuple(mods) + (("block_sparse",) if block_sparse else ()), causal,
+                              seqlen_q)
+
+
 def make_config(spec: KernelSpec, dtype: str, head_dim: int, causal: bool, cc: tuple[int, int] | None,
                 block_sparse: bool = False, out_dtype: str | None = None, mods: tuple[str, ...] = (),
                 functor: str | None = None, head_dim_v: int | None = None, seqlen_q: int | None = None) -> BuildConfig:
     """The specialization of a call of head dim `head_dim`: compiled for its class, padded when below it; with a
     head_dim_v other than head_dim (v and o narrower than q and k), V and O compiled for head_dim_v's class; its
     tiles those of a call of seqlen_q query rows (None: of the longest calls; KernelSpec.launch_config)."""
-    # a block mask's build takes the manifest's 'hd<N>/block_sparse' override too
-    launch = spec.launch_config(cc, head_dim, tuple(mods) + (("block_sparse",) if block_sparse else ()), causal,
-                                seqlen_q)
+    launch = launch_table(spec, cc, head_dim, mods, causal, block_sparse, seqlen_q)
     compiled = spec.head_dims.class_of(head_dim)
     v_class = None if head_dim_v in (None, head_dim) else spec.head_dims.class_of(head_dim_v)
     return BuildConfig(dtype, compiled, causal, tuple(sorted(launch.items())), out_dtype, block_sparse, tuple(mods),

@@ -19,12 +19,26 @@ SMEM_PER_BLOCK_OPTIN = {(7, 5): 65536, (8, 0): 166912, (8, 6): 101376, (8, 7): 1
                         (10, 0): 232448, (12, 0): 101376}
 
 
+def header_field(image: bytes, lo: int, hi: int) -> int:
+    """The little-endian ELF64 header field at bytes [lo, hi) (e_shoff 0x28, e_shentsize 0x3A, e_shnum 0x3C, ...)."""
+    return int.from_bytes(image[lo:hi], "little")
+
+
+def section_table(image: bytes) -> tuple[int, int, int]:
+    """(offset, entry size, count) of the ELF64 image's section header table."""
+    return header_field(image, 0x28, 0x30), header_field(image, 0x3A, 0x3C), header_field(image, 0x3C, 0x3E)
+
+
+def program_table(image: bytes) -> tuple[int, int, int]:
+    """(offset, entry size, count) of the ELF64 image's program header table."""
+    return header_field(image, 0x20, 0x28), header_field(image, 0x36, 0x38), header_field(image, 0x38, 0x3A)
+
+
 def exported_ints(cubin: bytes, prefix: str) -> dict[str, int]:
     """Every 4-byte symbol of the cubin whose name starts with `prefix`, with its initial value."""
     if cubin[:4] != ELF_MAGIC or cubin[4] != 2:   # ELFCLASS64
         raise ValueError("not an ELF64 cubin")
-    shoff = int.from_bytes(cubin[0x28:0x30], "little")
-    shentsize, shnum = int.from_bytes(cubin[0x3A:0x3C], "little"), int.from_bytes(cubin[0x3C:0x3E], "little")
+    shoff, shentsize, shnum = section_table(cubin)
     sections = [SECTION_HEADER.unpack_from(cubin, shoff + i * shentsize) for i in range(shnum)]
     out: dict[str, int] = {}
     for _, kind, _, _, offset, size, link, _, _, entsize in sections:

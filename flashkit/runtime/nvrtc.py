@@ -7,6 +7,7 @@ import time
 from dataclasses import dataclass, replace
 
 from ..errors import CompileError, DeviceError
+from .cubin import ELF_MAGIC, program_table, section_table
 
 
 @dataclass(frozen=True)
@@ -69,12 +70,9 @@ def _whole_elf(cubin: bytes) -> bytes:
     """CuPy's getCUBIN drops the image's last byte (it treats it as a C string's NUL); restore the
     length the ELF64 header declares (its section or program header table ends the file), so that tools such as
     nvdisasm accept the cached cubin too."""
-    if cubin[:4] != b"\x7fELF" or len(cubin) < ELF64_HEADER_BYTES:
+    if cubin[:4] != ELF_MAGIC or len(cubin) < ELF64_HEADER_BYTES:
         return cubin
-    field = lambda lo, hi: int.from_bytes(cubin[lo:hi], "little")  # noqa: E731
-    section_table_end = field(0x28, 0x30) + field(0x3A, 0x3C) * field(0x3C, 0x3E)
-    program_table_end = field(0x20, 0x28) + field(0x36, 0x38) * field(0x38, 0x3A)
-    end = max(section_table_end, program_table_end)
+    end = max(offset + size * count for offset, size, count in (section_table(cubin), program_table(cubin)))
     return cubin + b"\0" * (end - len(cubin)) if end > len(cubin) else cubin
 
 

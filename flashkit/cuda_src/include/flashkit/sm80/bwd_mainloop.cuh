@@ -231,28 +231,17 @@ struct BwdMainloop {
             }
         } else {
             const int offset = causal_offset();
-            if (BwdCausal<kCausal>::crosses(offset, m0 + q0, n0 + r0, Kt::kWarpKeys)) {
-#pragma unroll
-                for (int mi = 0; mi < Kt::kKeyTiles; ++mi)
-#pragma unroll
-                    for (int ni = 0; ni < Kt::kQueryTiles; ++ni)
-#pragma unroll
-                        for (int e = 0; e < 4; ++e)
-                            if (key + mi * kMmaM + (e / 2) * kFragRowHalf > query0 + ni * kMmaN + e % 2 + offset)
-                                st[mi][ni][e] = FLASHKIT_NEG_INF;
-            }
+            if (BwdCausal<kCausal>::crosses(offset, m0 + q0, n0 + r0, Kt::kWarpKeys))
+                mask_where(st, [&](int mi, int ni, int e) {   // key above the query's diagonal
+                    return key + mi * kMmaM + (e / 2) * kFragRowHalf > query0 + ni * kMmaN + e % 2 + offset;
+                });
         }
 #if FLASHKIT_MASK_MOD
         if (partial) {
             const u32 bits = keep_bits(head, key, query0);
-#pragma unroll
-            for (int mi = 0; mi < Kt::kKeyTiles; ++mi)
-#pragma unroll
-                for (int ni = 0; ni < Kt::kQueryTiles; ++ni)
-#pragma unroll
-                    for (int e = 0; e < 4; ++e)
-                        if (!((bits >> ((2 * mi + e / 2) * kRowBits + 2 * ni + e % 2)) & 1u))
-                            st[mi][ni][e] = FLASHKIT_NEG_INF;
+            mask_where(st, [&](int mi, int ni, int e) {   // mask_mod's bit of the element clear
+                return !((bits >> ((2 * mi + e / 2) * kRowBits + 2 * ni + e % 2)) & 1u);
+            });
         }
 #else
         (void)partial;
@@ -320,6 +309,19 @@ struct BwdMainloop {
                     mma_fragment_by_cols(acc_dk[mi], a_fragment(ds[mi], 0), q_buf(buf), kq);
             }
         }
+    }
+
+    // S^T = -inf at the thread's elements (key tile mi, query tile ni, C-fragment element e) where masked(mi, ni, e).
+    template <class Masked>
+    __device__ __forceinline__ static void mask_where(float (&st)[Kt::kKeyTiles][Kt::kQueryTiles][4],
+                                                      const Masked& masked) {
+#pragma unroll
+        for (int mi = 0; mi < Kt::kKeyTiles; ++mi)
+#pragma unroll
+            for (int ni = 0; ni < Kt::kQueryTiles; ++ni)
+#pragma unroll
+                for (int e = 0; e < 4; ++e)
+                    if (masked(mi, ni, e)) st[mi][ni][e] = FLASHKIT_NEG_INF;
     }
 
     // The A fragment of k-step kk (query tiles 2 kk, 2 kk + 1) from 16-bit pairs x[ni][h] of one 16-key tile:

@@ -24,7 +24,7 @@ __device__ __forceinline__ void bwd_block_seq(const Params& p, const Params& cal
     extern __shared__ __align__(128) unsigned char smem_raw[];
     BwdMainloop<Kt, Mask, Mod> loop(p, call, smem_raw, n_block, kv_head, batch, origin);
     // The query blocks that see a key of the block (the sequence's, varlen), each head of the group: from the mask's
-    // intervals, or a block mask's visit lists (bwd_visits.cuh).
+    // intervals, or the visit lists of a block mask or a mask_mod (bwd_visits.cuh).
     const BwdVisits<Kt::kBlockM, Kt::kBlockN, Mask> visits(p, n_block, kv_head, batch);
     const int total = visits.total;
     loop.load_kv_async();
