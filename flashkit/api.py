@@ -15,7 +15,7 @@ from .features.mods import mods_of
 from .registry import Request, Selection, discover_kernels, select_kernel
 from .registry.select import check_head_dim_v
 from .registry.manifest import KernelSpec
-from .runtime.build import build_module, make_config
+from .runtime.build import build_module, launch_table, make_config
 from .runtime.device import cupy_module, device_count, device_info
 from .runtime.call_cache import (CALLS, UNKEYED, CachedLaunch, arrays_signature, context_signature,
                                  window_signature)
@@ -269,7 +269,7 @@ def explain(*, dtype: str = "bfloat16", head_dim: int = 128, seqlen_q: int = 102
                          f"q / k's {compiled}" + (f" (columns {head_dim_v}..{compiled_v - 1} zero-filled, not stored)"
                                                   if compiled_v != head_dim_v else ""))
     if cc is not None:   # the launch table this architecture takes (manifest launch and overrides)
-        table = sel.chosen.launch_config(cc, head_dim, req.build_mods, causal, seqlen_q)
+        table = launch_table(sel.chosen, cc, head_dim, req.build_mods, causal, block_sparse, seqlen_q)
         sel.notes.append(f"tiles on sm_{cc[0]}{cc[1]}: " + " ".join(f"{k}={v}" for k, v in sorted(table.items())))
     info = device_info() if device_count() else None   # the grid notes follow this device's SMs (or assume)
     if "tiles" in sel.chosen.grids:   # persistent or one CTA a tile

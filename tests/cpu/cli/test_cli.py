@@ -252,6 +252,13 @@ def test_console_entry_point_one_line_no_traceback():
     assert len(lines) == 1 and "no CUDA device" in lines[0], proc.stderr
 
 
+def test_explain_names_the_tiles_a_block_mask_build_takes():
+    """A block mask's build takes the manifest's hd<N>/block_sparse override (build.launch_table): fa3_bwd at hd64
+    runs it on two consumers of 128-key blocks, not the dense three of 192."""
+    out = invoke("explain", "--backward", "--block-sparse", "--arch", "sm_90", "--head-dim", "64").stdout
+    assert "selected: fa3_bwd" in out and "block_n=128" in out and "warps=12" in out
+
+
 def test_compile_rows_give_a_blocks_shared_memory_and_flag_a_target_it_exceeds():
     from flashkit.cli.compile_cmd import format_row
     row = dict(variant="fa2_bwd", target="sm_86", config="bfloat16 hd256", error=None, registers=255, smem_bytes=9216,
