@@ -9,8 +9,9 @@ from typing import Any
 from .api import ALIBI_FIELDS, _aligned, _check_block_mask, _negate_scale, per_call_pointers, request_for
 from .call.arrays import ArrayMeta, describe, to_cupy
 from .call.dtypes import BY_NAME
-from .errors import CompileError, InputError, UnsupportedError
+from .errors import CompileError, InputError
 from .registry import discover_kernels, select_kernel
+from .registry.select import check_head_dim_v
 from .runtime.build import build_module, make_config
 from .runtime.device import cupy_module, device_info
 from .runtime import call_cache
@@ -42,6 +43,7 @@ def attention_backward(dout: Any, q: Any, k: Any, v: Any, out: Any, lse: Any, *,
     flashkit.ModMask, whose lists are built once and kept) are walked as the forward walked them: only the tiles
     they keep are visited (features/bwd_lists.py). A score_mod functor needs its derivative, score_mod_grad, in
     its file (else UnsupportedError).
+    v may have a head dim of its own (head_dim_v <= head_dim; DeepSeek's MLA: 128 under 192), out and dout v's.
     Returns CuPy arrays shaped like q, k, v.
     """
     causal, deterministic = check_flag(causal, "causal"), check_flag(deterministic, "deterministic")
@@ -55,9 +57,9 @@ def attention_backward(dout: Any, q: Any, k: Any, v: Any, out: Any, lse: Any, *,
     check_variant(variant)
     q_meta = describe(q, "q")
     problem = validate_inputs(q_meta, describe(k, "k"), describe(v, "v"), softmax_scale)
-    check_same_head_dims(problem)
+    check_head_dim_v(problem.head_dim, problem.head_dim_v, discover_kernels().specs, backward=True)
     for x, name in ((dout, "dout"), (out, "out")):
-        _check_like_q(describe(x, name), q_meta)
+        _check_like_out(describe(x, name), q_meta, problem.head_dim_v)
     _check_lse(describe(lse, "lse"), problem, q_meta)
     mods = mods_of(problem, causal, window_size=window_size, softcap=softcap, alibi_slopes=alibi_slopes,
                    attention_chunk=attention_chunk, device=q_meta.device)
@@ -191,9 +193,9 @@ def attention_varlen_backward(dout: Any, q: Any, k: Any, v: Any, out: Any, lse: 
     call = validate_varlen(q_meta, k_meta, v_meta, describe(cu_seqlens_q, "cu_seqlens_q"),
                            describe(cu_seqlens_k, "cu_seqlens_k"), max_seqlen_q, max_seqlen_k, softmax_scale)
     problem = call.problem
-    check_same_head_dims(problem)
+    check_head_dim_v(problem.head_dim, problem.head_dim_v, discover_kernels().specs, backward=True)
     for x, name in ((dout, "dout"), (out, "out")):
-        _check_like_q(describe(x, name), q_meta)
+        _check_like_out(describe(x, name), q_meta, problem.head_dim_v)
     _check_varlen_lse(describe(lse, "lse"), problem.heads, call.total_q, q_meta)
     mods = mods_of(problem, causal, window_size=window_size, softcap=softcap, alibi_slopes=alibi_slopes,
                    attention_chunk=attention_chunk, device=q_meta.device)
@@ -254,7 +256,8 @@ def _launch_backward(spec, cc, problem: Problem, causal: bool, deterministic: bo
         qc, problem = _negate_scale(qc, problem, cupy_module())
     config = make_config(spec, problem.dtype, problem.head_dim, causal, cc, block_sparse=block_mask is not None,
                          mods=(("varlen",) if varlen else ()) + mods.features + (functor.features if functor else ()),
-                         functor=functor.build_key if functor else None, seqlen_q=problem.seqlen_q)
+                         functor=functor.build_key if functor else None, head_dim_v=problem.head_dim_v,
+                         seqlen_q=problem.seqlen_q)
     bwd = {"dout": doc.data.ptr, "dq": dq.data.ptr, "dk": dk.data.ptr, "dv": dv.data.ptr,
            "deterministic": int(deterministic), "order_pairs": _order_pairs(config.launch_dict, problem, causal, mods,
                                                                               varlen),
@@ -333,24 +336,14 @@ def _launch_listed(spec, cc, config, problem: Problem, io: LaunchInputs, causal:
     prepared(io.q, io.k, io.v, io.out, io.lse)
 
 
-def check_same_head_dims(p: Problem) -> None:
-    """The backward kernels take v of q's and k's head dim: head_dim_v != head_dim (MLA) is forward only."""
-    if p.head_dim_v != p.head_dim:
-        raise head_dim_v_unsupported(p.head_dim, p.head_dim_v)
-
-
-def head_dim_v_unsupported(head_dim: int, head_dim_v: int) -> UnsupportedError:
-    """The one-line refusal of a gradient through head_dim_v != head_dim (the adapters raise it before the forward)."""
-    return UnsupportedError(f"v: head_dim_v={head_dim_v} differs from q's and k's head_dim={head_dim}, which "
-                            "attention_backward does not support (head_dim_v != head_dim is forward only); run the "
-                            "forward under torch.no_grad() or flashkit.attention")
-
-
-def _check_like_q(m: ArrayMeta, q: ArrayMeta) -> None:
-    """dout and out: CUDA arrays of q's shape and dtype, last dim contiguous."""
+def _check_like_out(m: ArrayMeta, q: ArrayMeta, head_dim_v: int) -> None:
+    """dout and out: CUDA arrays of the forward output's shape (q's, with v's head dim last) and q's dtype, last dim
+    contiguous."""
     check_on_gpu(m)
-    if m.shape != q.shape:
-        raise InputError(f"{m.name}: expected q's shape {q.shape}, got {m.shape}")
+    want = tuple(q.shape[:-1]) + (head_dim_v,)
+    if tuple(m.shape) != want:
+        what = "q's shape" if head_dim_v == q.shape[-1] else "q's shape with v's head dim (head_dim_v) last"
+        raise InputError(f"{m.name}: expected {what} {want}, got {m.shape}")
     if m.dtype != q.dtype:
         raise InputError(f"{m.name}: expected q's dtype {q.dtype}, got {m.dtype}")
     if m.strides[-1] != 1 and m.shape[-1] != 1:

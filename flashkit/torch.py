@@ -26,7 +26,6 @@ from .api import cached_forward
 from .backward import attention_backward as _attention_backward
 from .backward import cached_backward
 from .backward import attention_varlen_backward as _attention_varlen_backward
-from .backward import head_dim_v_unsupported
 from .features.mods import op_mod_args  # noqa: F401 (the ops' trailing arguments; the compat layer reads it here)
 from .torch_views import (_VIEWED_DTYPES, _as_torch, _on_torch_stream_and_allocator,  # noqa: F401
                           cupy_views, tensor_view)  # (re-exported: the compat layer and tests import them from here)
@@ -315,8 +314,7 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool
     those calls trace as custom ops of their own (torch_masked.py), and a score_mod functor without its derivative
     has no gradient.
 
-    v may have a head dim of its own (head_dim_v, forward only: a call that needs a gradient raises)."""
-    check_gradient_head_dims(q, k, v)
+    v may have a head dim of its own (head_dim_v <= head_dim; DeepSeek's MLA: 128 under 192), the gradient too."""
     if block_mask is not None or mod is not None or mod_args is not None:
         from .torch_masked import masked_attention
         return masked_attention(q, k, v, deterministic, causal=causal, softmax_scale=softmax_scale,
@@ -333,16 +331,9 @@ def attention_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqle
                      alibi_slopes: torch.Tensor | None = None, attention_chunk: int = 0) -> torch.Tensor:
     """flashkit.attention_varlen for packed (total_tokens, heads, head_dim) CUDA tensors and int32 cu_seqlens;
     differentiable (attention_varlen_backward), modifications included. Returns out (total_q, heads, head_dim)."""
-    check_gradient_head_dims(q, k, v)
     return attention_varlen_with_lse(q, k, v, cu_seqlens_q, cu_seqlens_k, int(max_seqlen_q), int(max_seqlen_k),
                                      causal, softmax_scale, deterministic,
                                      *op_mod_args(window_size, softcap, alibi_slopes, attention_chunk))[0]
-
-
-def check_gradient_head_dims(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
-    """UnsupportedError before the forward when a gradient would have to flow through head_dim_v != head_dim."""
-    if v.shape[-1] != q.shape[-1] and torch.is_grad_enabled() and any(x.requires_grad for x in (q, k, v)):
-        raise head_dim_v_unsupported(q.shape[-1], v.shape[-1])
 
 
 __all__ = ["attention", "attention_varlen", "attention_with_lse", "attention_varlen_with_lse", "attention_fwd",

@@ -47,7 +47,6 @@ def dense(q: Any, k: Any, v: Any, *, causal: bool, softmax_scale: float | None, 
                          window_size=window_size, softcap=softcap, alibi_slopes=alibi_slopes)
     if not mods or needs_grad(q, k, v):   # the op pair: differentiable, and traceable under torch.compile
         from .. import torch as fk_torch   # defines torch.ops.flashkit.*
-        fk_torch.check_gradient_head_dims(q, k, v)
         out, lse = fk_torch.attention_with_lse(q, k, v, causal, softmax_scale, deterministic,
                                                *fk_torch.op_mod_args(window_size, softcap, alibi_slopes))
         return (out, lse) if return_lse else out
@@ -64,7 +63,6 @@ def varlen(q: Any, k: Any, v: Any, cu_seqlens_q: Any, cu_seqlens_k: Any, max_seq
     from ..varlen import attention_varlen
     if needs_grad(q, k, v):
         from .. import torch as fk_torch   # defines torch.ops.flashkit.*
-        fk_torch.check_gradient_head_dims(q, k, v)
         out, lse = fk_torch.attention_varlen_with_lse(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
                                                       max_seqlen_k, causal, softmax_scale, deterministic,
                                                       *fk_torch.op_mod_args(window_size, softcap, alibi_slopes))

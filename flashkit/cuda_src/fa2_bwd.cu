@@ -6,7 +6,7 @@ arch: {min: "8.0", targets: {"8.6": sm_86}}
 dtypes: [float16, bfloat16]
 head_dims: {min: 8, max: 256, multiple_of: 8, classes: [64, 128, 256], max_by_arch: {"8.6": 128, "12.0": 128}}
 features: {causal: true, block_sparse: true, fp8: false, backward: true, lse: false, gqa: true, varlen: true,
-           window: true, chunk: true, softcap: true, alibi: true, score_mod: true, mask_mod: true}
+           window: true, chunk: true, softcap: true, alibi: true, score_mod: true, mask_mod: true, head_dim_v: true}
 requires: {backward: true}
 priority: 50
 launch: {grid: [q_blocks, kv_tiles, q_blocks], block_m: 64, block_n: 128, warps: 8}

@@ -6,7 +6,7 @@ arch: {min: "9.0", max: "9.0", targets: {"9.0": sm_90a}}
 dtypes: [float16, bfloat16]
 head_dims: {min: 8, max: 256, multiple_of: 8, classes: [64, 128, 256]}
 features: {causal: true, block_sparse: true, fp8: false, backward: true, lse: false, gqa: true,
-           window: true, softcap: true, alibi: true, mask_mod: true, score_mod: true}
+           window: true, softcap: true, alibi: true, mask_mod: true, score_mod: true, head_dim_v: true}
 requires: {backward: true}
 # Verified on the H100 (GPU tier and verify --backward, 2026-11-23). Measured in one run (BENCHMARKS.md):
 # 1.6x fa2_bwd's TFLOP/s at hd128 and 1.1x at hd64, so it outranks fa2_bwd on sm_90.
@@ -59,6 +59,9 @@ workspace: dq_accum
 #include "flashkit/hopper/bwd_launch_order.cuh"
 #include "flashkit/hopper/ws_backward.cuh"
 
+#if FLASHKIT_HEAD_DIM_V != FLASHKIT_HEAD_DIM
+#error "fa3_bwd runs V at Q's and K's head-dim class (FLASHKIT_HEAD_DIM_V_PADDED for a narrower head_dim_v)"
+#endif
 typedef flashkit::hopper::BwdWsTraits<flashkit::Element, FLASHKIT_HEAD_DIM, FLASHKIT_BLOCK_M, FLASHKIT_BLOCK_N,
                                       FLASHKIT_STAGES>
     Traits;

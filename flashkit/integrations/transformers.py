@@ -109,20 +109,18 @@ def _mask_parts(fn: Callable) -> set[str]:
 def attention_forward(module: Any, query: Any, key: Any, value: Any, attention_mask: Any, dropout: float = 0.0,
                       scaling: float | None = None, sliding_window: int | None = None, softcap: float | None = None,
                       is_causal: bool | None = None, s_aux: Any = None, **kwargs) -> tuple[Any, None]:
-    """transformers' attention interface: (batch, heads, seqlen, head_dim) in, ((batch, seqlen, heads,
-    head_dim), None) out."""
-    import torch
+    """transformers' attention interface: (batch, heads, seqlen, head_dim) in (value's head dim may be below the
+    others'), ((batch, seqlen, heads, value's head dim), None) out."""
     if dropout:
         raise UnsupportedError(f"dropout: flashkit has no attention dropout, got {dropout}; set the model's "
                                "attention_dropout to 0")
     if s_aux is not None:
         raise UnsupportedError("s_aux: flashkit has no attention sinks")
-    batch, _, q_len, head_dim = query.shape
+    batch, _, q_len, _ = query.shape
     kv_len = key.shape[2]
-    q, k, v = query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2)   # views, no copy
-    v_dim = v.shape[-1]
-    if v_dim != head_dim:   # MLA: value's head dim below the query's, padded up and cropped (as flash_attention_2)
-        v = torch.nn.functional.pad(v, [0, head_dim - v_dim])
+    # views, no copy; value may have a head dim of its own (MLA: 128 under 192), which the output takes
+    q, k, v = query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2)
+    out_heads = (q.shape[2], v.shape[-1])   # the output's (heads, head_dim_v)
     causal = bool(is_causal if is_causal is not None else getattr(module, "is_causal", True))
     window = (sliding_window - 1, sliding_window - 1) if sliding_window is not None and kv_len > sliding_window else None
     kw = dict(softmax_scale=scaling, window_size=window, softcap=float(softcap) if softcap else 0.0,
@@ -138,11 +136,9 @@ def attention_forward(module: Any, query: Any, key: Any, value: Any, attention_m
     elif (packed := _packed(kwargs, batch, q_len, kv_len)) is not None:
         cu_q, cu_k, max_q, max_k = packed
         flat = [x.reshape(-1, x.shape[2], x.shape[3]) for x in (q, k, v)]
-        out = backend.varlen(*flat, cu_q, cu_k, max_q, max_k, causal=causal, **kw).view(batch, -1, *q.shape[2:])
+        out = backend.varlen(*flat, cu_q, cu_k, max_q, max_k, causal=causal, **kw).view(batch, -1, *out_heads)
     else:
         out = backend.dense(q, k, v, causal=causal, **kw)
-    if v_dim != head_dim:
-        out = out[..., :v_dim]
     return out, None
 
 

@@ -124,11 +124,13 @@ def head_dim_v_reasons(spec: KernelSpec, req: Request) -> list[str]:
             f"{spec.head_dims.describe()}"]
 
 
-def check_head_dim_v(head_dim: int, head_dim_v: int, specs: dict[str, KernelSpec]) -> None:
-    """InputError (before any device is asked) when no variant takes v of head_dim_v under q / k of head_dim."""
+def check_head_dim_v(head_dim: int, head_dim_v: int, specs: dict[str, KernelSpec], backward: bool = False) -> None:
+    """InputError (before any device is asked) when no variant takes v of head_dim_v under q / k of head_dim (of the
+    forward variants, or of the backward ones)."""
     if head_dim_v == head_dim:
         return
-    takers = [s for _, s in sorted(specs.items()) if s.supports("head_dim_v")]
+    takers = [s for _, s in sorted(specs.items())
+              if s.supports("head_dim_v") and s.supports("backward") == backward]
     if any(head_dim in s.head_dims and not head_dim_v_reasons(s, Request(s.dtypes[0], head_dim, head_dim_v=head_dim_v))
            for s in takers):
         return

@@ -15,7 +15,8 @@ from ..call.arrays import array_module
 from ..call.dtypes import BY_NAME
 from ..registry.manifest import KernelSpec
 from ..runtime.device import cupy_module
-from .harness import ERROR_FACTOR, QUICK_SHAPES, SHAPES, Check, CheckResult, Shape, random_qkv, register_family
+from .harness import (ERROR_FACTOR, QUICK_SHAPES, SHAPES, Check, CheckResult, Shape, head_dims_label, random_qkv,
+                      register_family)
 from .reference import output_atol
 from .reference_backward import plain_backward, reference_backward
 from .varlen import packed_qkv
@@ -63,16 +64,24 @@ def judge_each(variant: str, label: str, grads, refs, plains, dtype: str, reduct
     return CheckResult(variant, label, worst[0], worst[1], None, None, passed, "; ".join(notes))
 
 
-def backward_check(spec: KernelSpec, shape: Shape, head_dim: int, dtype: str, causal: bool) -> Check:
-    """One backward run (forward by the default kernel, then the variant's gradients) against float64 autograd."""
-    label = f"{shape.label()} d{head_dim} {dtype}" + (" causal" if causal else "") + " backward"
+def random_dout(out, seed: int):
+    """A fresh N(0, 1) upstream gradient of the forward output's shape and dtype."""
+    xp = cupy_module()
+    return xp.random.default_rng(seed).standard_normal(out.shape, dtype=xp.float32).astype(out.dtype)
+
+
+def backward_check(spec: KernelSpec, shape: Shape, head_dim: int, dtype: str, causal: bool,
+                   head_dim_v: int | None = None) -> Check:
+    """One backward run (forward by the default kernel, then the variant's gradients) against float64 autograd; v
+    (and out, dout, dv) of head_dim_v columns where given."""
+    label = f"{shape.label()} {head_dims_label(head_dim, head_dim_v)} {dtype}" + (" causal" if causal else "") + \
+        " backward"
 
     def run(seed: int) -> CheckResult:
         from ..api import attention
         from ..backward import attention_backward
-        xp = cupy_module()
-        q, k, v = random_qkv(shape, head_dim, dtype, seed)
-        dout = xp.random.default_rng(seed + 1).standard_normal(q.shape, dtype=xp.float32).astype(q.dtype)
+        q, k, v = random_qkv(shape, head_dim, dtype, seed, head_dim_v)
+        dout = random_dout(q[..., :v.shape[-1]], seed + 1)
         out, lse = attention(q, k, v, causal=causal, return_lse=True)
         poison_pool((q, k, v))
         grads = attention_backward(dout, q, k, v, out, lse, causal=causal, variant=spec.name)
@@ -111,10 +120,11 @@ QUICK_VARLEN_CASES = VARLEN_CASES[:2]
 
 
 def varlen_backward_check(spec: KernelSpec, case: VarlenBackwardCase, head_dim: int, dtype: str,
-                          causal: bool) -> Check:
+                          causal: bool, head_dim_v: int | None = None) -> Check:
     """One packed batch: forward by the default varlen kernel, the variant's gradients, each sequence referenced
-    on its own in float64 (causal bottom-right aligned to it)."""
-    label = f"{case.label()} d{head_dim} {dtype}" + (" causal" if causal else "") + " backward"
+    on its own in float64 (causal bottom-right aligned to it); v of head_dim_v columns where given."""
+    label = f"{case.label()} {head_dims_label(head_dim, head_dim_v)} {dtype}" + (" causal" if causal else "") + \
+        " backward"
 
     def run(seed: int) -> CheckResult:
         from ..backward import attention_varlen_backward
@@ -122,8 +132,8 @@ def varlen_backward_check(spec: KernelSpec, case: VarlenBackwardCase, head_dim: 
         xp = cupy_module()
         rng = xp.random.default_rng(seed)
         storage = BY_NAME[dtype].storage
-        q, k, v, cu_q, cu_k = packed_qkv(case, rng, xp, storage, head_dim)
-        dout = rng.standard_normal(q.shape, dtype=xp.float32).astype(storage)
+        q, k, v, cu_q, cu_k = packed_qkv(case, rng, xp, storage, head_dim, head_dim_v)
+        dout = rng.standard_normal(q.shape[:2] + v.shape[2:], dtype=xp.float32).astype(storage)
         out, lse = attention_varlen(q, k, v, cu_q, cu_k, max(case.lens_q), max(case.keys), causal=causal,
                                     return_lse=True)
         poison_pool((q, k, v))
@@ -171,7 +181,7 @@ def masked_backward_check(spec: KernelSpec, shape: Shape, head_dim: int, dtype: 
         from ..backward import attention_backward
         xp = cupy_module()
         q, k, v = random_qkv(shape, head_dim, dtype, seed)
-        dout = xp.random.default_rng(seed + 1).standard_normal(q.shape, dtype=xp.float32).astype(q.dtype)
+        dout = random_dout(q, seed + 1)
         kw, emask, score_fn, score_grad_fn = masked_call(kind, name, shape, seed, xp)
         out, lse = attention(q, k, v, causal=causal, return_lse=True, **kw)
         poison_pool((q, k, v))

@@ -75,7 +75,7 @@ def mod_check(spec: KernelSpec, shape: Shape, head_dim: int, dtype: str, case: M
     """One modified run against the float64 reference with the same modification (v of head_dim_v columns); a
     backward variant's gradients against the float64 gradients of the modified attention."""
     if spec.supports("backward"):
-        return backward_mod_check(spec, shape, head_dim, dtype, case)
+        return backward_mod_check(spec, shape, head_dim, dtype, case, head_dim_v)
     label = f"{shape.label()} {head_dims_label(head_dim, head_dim_v)} {dtype} {case.name}"
 
     def run(seed: int) -> CheckResult:
@@ -99,19 +99,21 @@ def mod_check(spec: KernelSpec, shape: Shape, head_dim: int, dtype: str, case: M
     return Check(spec.name, label, run)
 
 
-def backward_mod_check(spec: KernelSpec, shape: Shape, head_dim: int, dtype: str, case: ModCase) -> Check:
+def backward_mod_check(spec: KernelSpec, shape: Shape, head_dim: int, dtype: str, case: ModCase,
+                       head_dim_v: int | None = None) -> Check:
     """The modified forward by the default kernel, then the variant's gradients (on NaN-poisoned memory) against
-    the float64 gradients with the same modification (verify/backward.py's rule on each of dq, dk, dv)."""
-    label = f"{shape.label()} d{head_dim} {dtype} {case.name} backward"
+    the float64 gradients with the same modification (verify/backward.py's rule on each of dq, dk, dv); v of
+    head_dim_v columns where given."""
+    label = f"{shape.label()} {head_dims_label(head_dim, head_dim_v)} {dtype} {case.name} backward"
 
     def run(seed: int) -> CheckResult:
         from ..api import attention
         from ..backward import attention_backward
-        from .backward import judge_each, poison_pool
+        from .backward import judge_each, poison_pool, random_dout
         from .reference_backward import plain_backward, reference_backward
         xp = cupy_module()
-        q, k, v = random_qkv(shape, head_dim, dtype, seed)
-        dout = xp.random.default_rng(seed + 2).standard_normal(q.shape, dtype=xp.float32).astype(q.dtype)
+        q, k, v = random_qkv(shape, head_dim, dtype, seed, head_dim_v)
+        dout = random_dout(q[..., :v.shape[-1]], seed + 2)
         slopes = alibi_slopes(case, shape, seed, xp) if case.alibi else None
         mods = dict(window_size=case.window, softcap=case.softcap, alibi_slopes=slopes, attention_chunk=case.chunk)
         out, lse = attention(q, k, v, causal=case.causal, return_lse=True, **mods)

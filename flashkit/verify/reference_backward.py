@@ -49,9 +49,9 @@ def _attention_grads(q, k, v, dout, scale: float, mask, xp, round_to=None, softc
     dq = xp.einsum("bhqk,bkhd->bqhd", ds, ke) * scale
     dk = xp.einsum("bhqk,bqhd->bkhd", ds, q) * scale
     group = heads // kv_heads
-    b, sk, _, d = dk.shape
-    dk = dk.reshape(b, sk, kv_heads, group, d).sum(axis=3)
-    dv = dv.reshape(b, sk, kv_heads, group, d).sum(axis=3)
+    b, sk = dk.shape[:2]
+    dk = dk.reshape(b, sk, kv_heads, group, dk.shape[-1]).sum(axis=3)
+    dv = dv.reshape(b, sk, kv_heads, group, dv.shape[-1]).sum(axis=3)   # (v's head dim: head_dim_v)
     return r(dq), r(dk), r(dv)
 
 

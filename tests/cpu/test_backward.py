@@ -309,10 +309,15 @@ def test_varlen_unsupported_head_dim_fails_before_launch(no_launch):
         flashkit.attention_varlen_backward(*args.values())
 
 
-def test_varlen_head_dim_v_is_refused_by_name(no_launch):
-    args = good_varlen(v=cuda((TK, H, 32)))
-    with pytest.raises(UnsupportedError, match="^v: head_dim_v=32"):
-        flashkit.attention_varlen_backward(*args.values())
+def test_varlen_head_dim_v_wants_dout_and_out_of_v_s_head_dim(no_launch):
+    """v narrower than q (head_dim_v): dout and out must be (total_q, heads, head_dim_v); q's shape is an InputError
+    naming the argument, before any compile or launch."""
+    for name in ("dout", "out"):
+        args = good_varlen(v=cuda((TK, H, 32)), **{n: cuda((TQ, H, 32)) for n in ("dout", "out") if n != name})
+        with pytest.raises(InputError, match=rf"^{name}: expected q's shape with v's head dim \(head_dim_v\) last "
+                                             rf"\({TQ}, {H}, 32\)") as e:
+            flashkit.attention_varlen_backward(*args.values())
+        assert "\n" not in str(e.value)
 
 
 def test_fa2_bwd_declares_varlen_and_its_builds_define_it():

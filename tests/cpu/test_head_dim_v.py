@@ -1,6 +1,7 @@
 """head_dim_v (v and the output narrower than q and k; DeepSeek's MLA: 192 / 128) without a GPU: validation before
-the device, selection and its reasons, explain, the backward's refusal, the build's defines and cache keys, the
-float64 reference, verify's checks, and the NVRTC compile of the new specializations (no spills)."""
+the device, selection and its reasons, explain, the backward's selection and build (V at q / k's class), the build's
+defines and cache keys, the float64 reference and gradients, verify's checks, and the NVRTC compile of the new
+specializations (no spills)."""
 
 from __future__ import annotations
 
@@ -32,6 +33,7 @@ H100 = DeviceInfo(0, "Fake H100", (9, 0), 132, 227 * 1024, 13000, 13000)
 A100 = DeviceInfo(0, "Fake A100", (8, 0), 108, 163 * 1024, 12000, 12000)
 B, SQ, SK, H, HK = 2, 17, 33, 8, 2
 TAKERS = {"fa2", "causal", "fa3"}
+BACKWARD_TAKERS = {"fa2_bwd", "fa3_bwd"}
 FA3_V_DIMS = "64, 96, 128, 192, 256"   # fa3 takes head_dim_v <= head_dim among its head dims
 
 
@@ -101,6 +103,9 @@ def test_check_head_dim_v_names_each_taker():
     check_head_dim_v(64, 64, {})   # equal head dims need no taker
     with pytest.raises(InputError, match=r"^v: head_dim_v=128 .*no variant declares head_dim_v"):
         check_head_dim_v(192, 128, {n: s for n, s in specs.items() if n not in TAKERS})
+    check_head_dim_v(192, 128, specs, backward=True)
+    with pytest.raises(InputError, match=r"^v: head_dim_v=128 .*no variant declares head_dim_v"):
+        check_head_dim_v(192, 128, {n: s for n, s in specs.items() if n not in BACKWARD_TAKERS}, backward=True)
 
 
 def test_varlen_refuses_an_unsupported_v_head_dim_before_the_device(no_device):
@@ -112,11 +117,11 @@ def test_varlen_refuses_an_unsupported_v_head_dim_before_the_device(no_device):
 
 # --- selection and explain --------------------------------------------------------------------------------
 
-def test_the_fa2_family_and_fa3_declare_head_dim_v():
+def test_the_fa2_family_fa3_and_the_backward_declare_head_dim_v():
     specs = discover_kernels().specs
-    assert {n for n, s in specs.items() if s.supports("head_dim_v")} == TAKERS
+    assert {n for n, s in specs.items() if s.supports("head_dim_v")} == TAKERS | BACKWARD_TAKERS
     for name in ("hopper", "fp8", "fa3_fp8", "block_sparse", "block_sparse_hopper", "decode", "standard",
-                 "fa1", "fa2_bwd"):
+                 "fa1"):
         assert not specs[name].supports("head_dim_v"), name
 
 
@@ -213,20 +218,68 @@ def test_explain_cli_without_a_kernel_exits_1():
     assert res.exit_code == 1 and "no kernel fits" in res.output and "head_dim_v=128" in res.output
 
 
-# --- the backward refuses -----------------------------------------------------------------------------------
+# --- the backward -------------------------------------------------------------------------------------------
 
-def test_attention_backward_refuses_before_anything_runs(monkeypatch):
+@pytest.mark.parametrize("name", ["dout", "out"])
+def test_attention_backward_wants_dout_and_out_of_v_s_head_dim(monkeypatch, name):
+    """dout and out of q's shape under a narrower v: an InputError naming the argument before anything runs."""
     def forbid(*a, **k):
         raise AssertionError("compile or launch was called")
-    for module, name in ((backward, "build_module"), (backward, "prepare_launch"), (backward, "device_info")):
-        monkeypatch.setattr(module, name, forbid)
+    for module, fn in ((backward, "build_module"), (backward, "prepare_launch"), (backward, "device_info")):
+        monkeypatch.setattr(module, fn, forbid)
     q, k, v = mla()
-    out, dout, lse = cuda((B, SQ, H, 128)), cuda((B, SQ, H, 128)), cuda((B, H, SQ), "<f4")
-    with pytest.raises(UnsupportedError) as e:
-        flashkit.attention_backward(dout, q, k, v, out, lse)
+    arrays = {"dout": cuda((B, SQ, H, 128)), "out": cuda((B, SQ, H, 128)), name: cuda((B, SQ, H, 192))}
+    with pytest.raises(InputError) as e:
+        flashkit.attention_backward(arrays["dout"], q, k, v, arrays["out"], cuda((B, H, SQ), "<f4"))
     msg = str(e.value)
-    assert "\n" not in msg and msg.startswith("v: head_dim_v=128 differs from q's and k's head_dim=192")
-    assert "attention_backward does not support" in msg
+    assert "\n" not in msg and msg.startswith(f"{name}: expected q's shape with v's head dim (head_dim_v) last "
+                                               f"{(B, SQ, H, 128)}"), msg
+
+
+@pytest.mark.parametrize("device,chosen,d,dv,compiled", [(H100, "fa3_bwd", 192, 128, 256),
+                                                         (A100, "fa2_bwd", 192, 128, 256),
+                                                         (A100, "fa2_bwd", 128, 64, 128),
+                                                         (H100, "fa3_bwd", 64, 40, 64)])
+def test_attention_backward_runs_v_at_q_s_class(monkeypatch, device, chosen, d, dv, compiled):
+    """The backward kernels run V and dO at q / k's head-dim class, zero-filled past head_dim_v (the build defines
+    FLASHKIT_HEAD_DIM_V at that class, padded)."""
+    seen = []
+
+    def stop(spec, *args, **kw):
+        seen.append((spec.name, make_config(spec, *args, **kw)))
+        raise Stop
+    monkeypatch.setattr(backward, "device_info", lambda *a: device)
+    monkeypatch.setattr(backward, "make_config", stop)
+    monkeypatch.setattr(backward, "cupy_module", lambda: _FakeCupy)
+    monkeypatch.setattr(backward, "to_cupy", describe)   # (shape, dtype: what the backward reads before the build)
+    monkeypatch.setattr(backward, "_aligned", lambda x: x)
+    q, k, v = mla(d, dv)
+    out = cuda((B, SQ, H, dv))
+    with pytest.raises(Stop):
+        flashkit.attention_backward(out, q, k, v, out, cuda((B, H, SQ), "<f4"), causal=True)
+    ((name, config),) = seen
+    assert name == chosen
+    assert (config.head_dim, config.head_dim_v, config.head_dim_v_padded) == (compiled, compiled, True)
+    assert {f"-DFLASHKIT_HEAD_DIM_V={compiled}", "-DFLASHKIT_HEAD_DIM_V_PADDED=1"} <= set(config.defines())
+
+
+class _FakeCupy:
+    """What attention_backward asks of CuPy before it builds: contiguous LSE views and empty gradients."""
+
+    @staticmethod
+    def ascontiguousarray(x):
+        return x
+
+    @staticmethod
+    def empty(shape, dtype):
+        return cuda(tuple(shape))
+
+
+def test_explain_backward_names_v_s_class():
+    sel = flashkit.explain(head_dim=192, head_dim_v=128, cc=(9, 0), backward=True)
+    assert sel.chosen.name == "fa3_bwd"
+    assert any("head_dim_v=128: v, dout and dv run as head-dim class 256 under q / k's 256 (columns 128..255 "
+               "zero-filled, not stored)" in n for n in sel.notes), sel.notes
 
 
 # --- build, parameters, cache -------------------------------------------------------------------------------

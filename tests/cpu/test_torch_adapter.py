@@ -80,10 +80,12 @@ def test_compat_varlen_with_a_gradient_takes_the_custom_op():
     assert q.grad.shape == q.shape and k.grad.shape == k.shape
 
 
-def test_varlen_gradient_through_head_dim_v_is_refused_before_the_forward():
+def test_varlen_gradient_through_head_dim_v_has_v_s_shape():
+    """v narrower than q (head_dim_v, MLA): the output and v's gradient take v's head dim (meta: the fake kernels)."""
     import flashkit.torch as ft
-    from flashkit.errors import UnsupportedError
     q, k, _, cu = _meta_varlen()
     v = torch.empty(50, 2, 32, device="meta", dtype=torch.bfloat16, requires_grad=True)
-    with pytest.raises(UnsupportedError, match="^v: head_dim_v=32"):
-        ft.attention_varlen(q, k, v, cu, cu, 20, 30)
+    out = ft.attention_varlen(q, k, v, cu, cu, 20, 30)
+    assert out.shape == (30, 4, 32) and out.requires_grad
+    out.sum().backward()
+    assert (q.grad.shape, k.grad.shape, v.grad.shape) == (q.shape, k.shape, v.shape)

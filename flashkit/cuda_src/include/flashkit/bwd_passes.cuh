@@ -9,6 +9,9 @@
 // offset by the sequence's origin; the workspace keeps one padded slot per (sequence, head), sized by
 // max_seqlen_q (BwdWorkspace over the call's parameter block, not the sequence's view).
 // The passes read of their traits Kt only Element, kHeadDim, kBlockM, kWarps and kThreads (BwdPassTraits).
+// head_dim_v (v narrower than q and k; DeepSeek's MLA: 128 under 192): the backward runs V and dO at Q's and K's
+// class, their columns past the call's head_dim_v zero-filled by the loads (so dP^T = V dO^T adds exact zeros there)
+// and dV's past it not stored; dsum = rowsum(dO O) runs over head_dim_v (BwdVColumns).
 #pragma once
 
 #include "flashkit/dq_layout.cuh"
@@ -17,6 +20,15 @@
 #include "flashkit/varlen.cuh"
 
 namespace flashkit {
+
+// The columns of V, dO, O and dV a backward build reads and writes: the class where V is not padded, else the call's
+// head_dim_v where v has a head dim of its own, else its head_dim (the same value, and the code of before).
+struct BwdVColumns {
+    static constexpr bool kPadded = FLASHKIT_HEAD_DIM_V_PADDED != 0;
+    __device__ __forceinline__ static int call(const Params& p) {
+        return FLASHKIT_OWN_HEAD_DIM_V ? p.head_dim_v : p.head_dim;
+    }
+};
 
 // The geometry the passes need, for a main kernel whose own traits carry more (or other) constraints.
 template <typename Element_, int kHeadDim_, int kBlockM_, int kWarps_>
@@ -132,9 +144,10 @@ __device__ __forceinline__ void bwd_prepass_block(const Params& p, const BwdWork
     constexpr int kRowLanes = kD / kChunkElems < kWarpSize ? kD / kChunkElems : kWarpSize;
     constexpr int kRowsPerWarp = kWarpSize / kRowLanes;
     static_assert((kRowLanes & (kRowLanes - 1)) == 0, "a power-of-two lane group per row");
-    // 16-bit pairs (chunks) of a row that hold data: the call's head dim when it is below the compiled class
-    const int pairs = FLASHKIT_HEAD_DIM_PADDED ? p.head_dim / 2 : kD / 2;
-    const int chunks = FLASHKIT_HEAD_DIM_PADDED ? p.head_dim / kChunkElems : kD / kChunkElems;
+    // 16-bit pairs (chunks) of a dO and O row that hold data: v's head dim when it is below the compiled class
+    const int v_cols = BwdVColumns::kPadded ? BwdVColumns::call(p) : kD;
+    const int pairs = v_cols / 2;
+    const int chunks = v_cols / kChunkElems;
     const int tid = threadIdx.x;
     const int warp = tid / kWarpSize;
     const int lane = tid % kWarpSize;
@@ -148,7 +161,7 @@ __device__ __forceinline__ void bwd_prepass_block(const Params& p, const BwdWork
     // dsum = sum_d dO * O, kRowsPerWarp rows a warp at a time by 16-byte loads (the head dim is a multiple of 8
     // elements); a row a warp by 4-byte loads where dO or O rows are not 16-byte aligned.
     const bool vector = aligned16(dout, p.bwd.do_row_stride, kElem) && aligned16(out, p.o_row_stride, kElem) &&
-                        (FLASHKIT_HEAD_DIM_PADDED ? p.head_dim % kChunkElems == 0 : true);
+                        (BwdVColumns::kPadded ? v_cols % kChunkElems == 0 : true);
     const int rows_per_warp = vector ? kRowsPerWarp : 1;
     const int lane_row = vector ? lane / kRowLanes : 0;
     for (int r0 = warp * rows_per_warp; r0 < Kt::kBlockM; r0 += Kt::kWarps * rows_per_warp) {

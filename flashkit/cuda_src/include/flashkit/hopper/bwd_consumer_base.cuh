@@ -337,8 +337,8 @@ struct BwdConsumerBase {
         if (Kt::kDqBulk && !Kt::kDqWriter && tid == 0) bulk_wait();
     }
 
-    // dK = scale dK, dV of the consumer's keys < seqlen_k and its columns < head_dim, 16-bit, straight from
-    // the accumulators.
+    // dK = scale dK, dV of the consumer's keys < seqlen_k and its columns < head_dim (dV's: < head_dim_v,
+    // bwd_passes.cuh's BwdVColumns), 16-bit, straight from the accumulators.
     __device__ __forceinline__ void store_dk_dv() const {
         Element* dk = static_cast<Element*>(p.bwd.dk) + batch * p.bwd.dk_batch_stride + kv_head * p.bwd.dk_head_stride;
         Element* dv = static_cast<Element*>(p.bwd.dv) + batch * p.bwd.dv_batch_stride + kv_head * p.bwd.dv_head_stride;
@@ -349,10 +349,12 @@ struct BwdConsumerBase {
 #pragma unroll
             for (int nd = 0; nd < Kt::kDTiles; ++nd) {
                 const int col = own_col0() + nd * kMmaN + col2;
-                // a padded call: the tiles past its head dim (a multiple of 8) hold zeros and are not stored
+                // a padded call: the tiles past its head dim (a multiple of 8) hold zeros and are not stored; nor are
+                // dV's past head_dim_v (<= head_dim)
                 if (FLASHKIT_HEAD_DIM_PADDED && own_col0() + nd * kMmaN >= p.head_dim) continue;
                 *reinterpret_cast<u32*>(dk + key * p.bwd.dk_row_stride + col) = pack_float2<Element>(
                     acc_dk[nd][2 * h] * p.softmax_scale, acc_dk[nd][2 * h + 1] * p.softmax_scale);
+                if (BwdVColumns::kPadded && own_col0() + nd * kMmaN >= BwdVColumns::call(p)) continue;
                 *reinterpret_cast<u32*>(dv + key * p.bwd.dv_row_stride + col) =
                     pack_float2<Element>(acc_dv[nd][2 * h], acc_dv[nd][2 * h + 1]);
             }

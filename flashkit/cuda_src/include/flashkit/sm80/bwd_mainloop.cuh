@@ -45,12 +45,14 @@ struct BwdMainloop {
     // The call's head dim is below the compiled class: loads zero-fill its columns past p.head_dim (so S, dP,
     // dK, dV and dQ see zeros there), and the stores leave them out.
     static constexpr bool kPadded = FLASHKIT_HEAD_DIM_PADDED != 0;
+    // V and dO of a narrower head_dim_v run at the same class, zero-filled past it (bwd_passes.cuh's BwdVColumns).
+    static constexpr bool kVPadded = BwdVColumns::kPadded;
     static constexpr int kM = Kt::kBlockM;
     static constexpr int kN = Kt::kBlockN;
 
     static constexpr bool kCausal = Mask::kCausal;
     // Whether load_q_async may keep its addresses' loop invariants in registers (see there).
-    static constexpr bool kHeld = Kt::kRegisterOperands && !kPadded;
+    static constexpr bool kHeld = Kt::kRegisterOperands && !kPadded && !kVPadded;
 
     const Params& p;               // the sequence's view (varlen) or the call's parameter block
     const BwdWorkspace<kM, kD> ws;     // over the call's parameter block
@@ -106,8 +108,8 @@ struct BwdMainloop {
                            kv_head * p.v_head_stride + (k_row0 + n0) * p.v_row_stride;
         load_tile_async<kN, kD, Kt::kThreads, Element, kPadded>(sK, k, p.k_row_stride, p.seqlen_k - n0, threadIdx.x,
                                                                 p.head_dim);
-        load_tile_async<kN, kD, Kt::kThreads, Element, kPadded>(sV, v, p.v_row_stride, p.seqlen_k - n0, threadIdx.x,
-                                                                p.head_dim);
+        load_tile_async<kN, kD, Kt::kThreads, Element, kVPadded>(sV, v, p.v_row_stride, p.seqlen_k - n0, threadIdx.x,
+                                                                 BwdVColumns::call(p));
     }
 
     // Q_i, dO_i, lse2_i, dsum_i of (head, m_block) into buffer buf, as one commit group.
@@ -126,12 +128,13 @@ struct BwdMainloop {
         // spilled them (4 B in the sm_80 float16 causal build of the 128 class; 20-56 B at hd128 with the 32-key
         // grid). Where they fit (hd64's 16-key grid) they stay held, as before the 32-key grid.
         const int tid = kHeld ? static_cast<int>(threadIdx.x) : fresh_value(threadIdx.x);
-        int cols = kD;
+        int cols = kD, v_cols = kD;
         if constexpr (kPadded) cols = fresh_value(p.head_dim);
+        if constexpr (kVPadded) v_cols = FLASHKIT_OWN_HEAD_DIM_V ? fresh_value(p.head_dim_v) : cols;
         load_tile_async<kM, kD, Kt::kThreads, Element, kPadded>(q_buf(buf), q, p.q_row_stride, seqlen_q - m0, tid,
                                                                 cols);
-        load_tile_async<kM, kD, Kt::kThreads, Element, kPadded>(do_buf(buf), dout, p.bwd.do_row_stride,
-                                                                seqlen_q - m0, tid, cols);
+        load_tile_async<kM, kD, Kt::kThreads, Element, kVPadded>(do_buf(buf), dout, p.bwd.do_row_stride,
+                                                                 seqlen_q - m0, tid, v_cols);
         // lse2 and dsum are padded to whole blocks: 2 x kM floats, 16 B a lane of the first warp.
         constexpr int kChunks = kM * 4 / kChunkBytes;
         const int t = threadIdx.x;
@@ -346,7 +349,8 @@ struct BwdMainloop {
         return pair;
     }
 
-    // dK = scale dK, dV: this warp's keys and columns, rows past seqlen_k and columns past head_dim not written.
+    // dK = scale dK, dV: this warp's keys and columns, rows past seqlen_k and columns past head_dim (dV's: past
+    // head_dim_v) not written.
     __device__ __forceinline__ void store_dk_dv() const {
         const int g = lane / kQuadLanes;
         const int c2 = kFragCols * (lane % kQuadLanes);
@@ -368,6 +372,7 @@ struct BwdMainloop {
                     if (kPadded && col >= p.head_dim) continue;   // zero columns past a padded call's head dim
                     *reinterpret_cast<u32*>(dk + key * p.bwd.dk_row_stride + col) = pack_float2<Element>(
                         acc_dk[mi][nd][2 * h] * p.softmax_scale, acc_dk[mi][nd][2 * h + 1] * p.softmax_scale);
+                    if (kVPadded && col >= BwdVColumns::call(p)) continue;   // dV's past head_dim_v (<= head_dim)
                     *reinterpret_cast<u32*>(dv + key * p.bwd.dv_row_stride + col) =
                         pack_float2<Element>(acc_dv[mi][nd][2 * h], acc_dv[mi][nd][2 * h + 1]);
                 }

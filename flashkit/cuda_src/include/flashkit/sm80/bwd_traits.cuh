@@ -98,6 +98,9 @@ struct BwdTraits {
 
 #if defined(FLASHKIT_HEAD_DIM) && defined(FLASHKIT_BLOCK_M) && defined(FLASHKIT_BLOCK_N) && \
     defined(FLASHKIT_WARPS) && defined(FLASHKIT_DTYPE)
+#if FLASHKIT_HEAD_DIM_V != FLASHKIT_HEAD_DIM
+#error "fa2_bwd runs V at Q's and K's head-dim class (FLASHKIT_HEAD_DIM_V_PADDED for a narrower head_dim_v)"
+#endif
 #ifndef FLASHKIT_Q_STAGES
 #define FLASHKIT_Q_STAGES 2   // the manifest's launch key q_stages
 #endif
