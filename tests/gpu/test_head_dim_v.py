@@ -1,8 +1,8 @@
 """head_dim_v on a GPU (v and the output narrower than q and k; DeepSeek's MLA: 192 / 128): fa2, causal and fa3 (sm_90)
 against the float64 reference under DESIGN.md's rule (fresh random inputs, NaN-poisoned outputs, the LSE too), fa3 on
 every pair of its head dims at tile boundaries and over several tiles a CTA, the default selection (fa3 on sm_90, the
-FA2 family elsewhere), column slices neither read nor written past head_dim_v, the cached hot path, and the refusal
-of a gradient."""
+FA2 family elsewhere), column slices neither read nor written past head_dim_v, the cached hot path; and the backward
+(fa2_bwd, fa3_bwd) against the float64 gradients, on column slices too, and through flashkit.torch's autograd."""
 
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ from .gpu_checks import run_check
 
 pytestmark = pytest.mark.gpu
 
-VARIANTS = ("fa2", "causal", "fa3")
+VARIANTS = ("fa2", "causal", "fa3", "fa2_bwd", "fa3_bwd")
 FA3_HEAD_DIMS = (64, 96, 128, 192, 256)
 FA3_PAIRS = tuple((d, dv) for d in FA3_HEAD_DIMS for dv in FA3_HEAD_DIMS if dv < d)
 # fa3's tiles: 128 query rows; 128 keys (hd96, hd128) or 64 (hd192, hd256). Lengths at those bounds and one past,
@@ -149,29 +149,54 @@ def test_columns_past_head_dim_v_are_neither_read_nor_written(d, dv, width, caus
     _compare(res, lse, q, k, cp.ascontiguousarray(v), causal, "bfloat16", f"slices d{d}/v{dv} causal={causal}")
 
 
-def test_backward_is_refused_on_the_device():
+@pytest.mark.parametrize("variant", ["fa2_bwd", "fa3_bwd"])
+@pytest.mark.parametrize("d,dv,width", [(192, 128, 192), (200, 136, 200), (64, 40, 64), (128, 64, 96)])
+@pytest.mark.parametrize("causal", [False, True])
+def test_backward_reads_no_column_past_head_dim_v(variant, d, dv, width, causal):
+    """v, out and dout are column slices of NaN-filled wider buffers: the backward must zero-fill (not load) their
+    columns past head_dim_v; dq, dk, dv against the float64 gradients (NaN-poisoned pool)."""
     import cupy as cp
 
     import flashkit
-    from flashkit.errors import UnsupportedError
-    q, k, v = random_qkv(Shape(1, 64, 64, 2, 2), 192, "bfloat16", 3, head_dim_v=128)
-    out, lse = flashkit.attention(q, k, v, return_lse=True)
-    with pytest.raises(UnsupportedError, match="head_dim_v=128 differs"):
-        flashkit.attention_backward(cp.ones_like(out), q, k, v, out, lse)
+    from flashkit.verify.backward import judge_gradients, poison_pool
+    rng = cp.random.default_rng(d + dv + causal)
+    storage = BY_NAME["bfloat16"].storage
+
+    def sliced(shape):   # the first dv columns of a NaN-filled (..., width) buffer, random
+        buf = cp.full(shape[:-1] + (width,), cp.nan, dtype=cp.float32).astype(storage)
+        buf[..., :dv] = rng.standard_normal(shape, dtype=cp.float32).astype(storage)
+        return buf[..., :dv]
+    q = rng.standard_normal((2, 130, 4, d), dtype=cp.float32).astype(storage)
+    k = rng.standard_normal((2, 201, 2, d), dtype=cp.float32).astype(storage)
+    v, dout = sliced((2, 201, 2, dv)), sliced((2, 130, 4, dv))
+    out = sliced((2, 130, 4, dv))
+    res, lse = flashkit.attention(q, k, v, causal=causal, out=out, return_lse=True)
+    assert res is out
+    poison_pool((q, k, v))
+    grads = flashkit.attention_backward(dout, q, k, v, out, lse, causal=causal, variant=variant)
+    assert [g.shape for g in grads] == [q.shape, k.shape, (2, 201, 2, dv)]
+    label = f"slices d{d}/v{dv} causal={causal}"
+    res = judge_gradients(variant, label, (q, k, cp.ascontiguousarray(v), cp.ascontiguousarray(dout)), grads, d,
+                          causal, "bfloat16")
+    assert res.passed, f"{label}: {res.note}"
 
 
-def test_torch_adapter_runs_the_forward_and_refuses_a_gradient():
+def test_torch_adapter_differentiates_a_narrower_v():
+    """flashkit.torch.attention with v of 128 under q / k's 192: the output has v's head dim, and autograd's dq, dk,
+    dv pass the rule against the float64 gradients."""
     torch = pytest.importorskip("torch")
     import flashkit.torch as fk_torch
-    from flashkit.errors import UnsupportedError
-    q = torch.randn(2, 100, 8, 192, device="cuda", dtype=torch.bfloat16)
-    k = torch.randn(2, 90, 2, 192, device="cuda", dtype=torch.bfloat16)
-    v = torch.randn(2, 90, 2, 128, device="cuda", dtype=torch.bfloat16)
-    with torch.no_grad():
-        out = fk_torch.attention(q, k, v, causal=True)
+    from flashkit.call.arrays import to_cupy
+    from flashkit.verify.backward import judge_gradients
+    g = torch.Generator(device="cuda").manual_seed(5)
+    q = torch.randn(2, 100, 8, 192, device="cuda", dtype=torch.bfloat16, generator=g).requires_grad_()
+    k = torch.randn(2, 90, 2, 192, device="cuda", dtype=torch.bfloat16, generator=g).requires_grad_()
+    v = torch.randn(2, 90, 2, 128, device="cuda", dtype=torch.bfloat16, generator=g).requires_grad_()
+    dout = torch.randn(2, 100, 8, 128, device="cuda", dtype=torch.bfloat16, generator=g)
+    out = fk_torch.attention(q, k, v, causal=True)
     assert out.shape == (2, 100, 8, 128)
-    ref, _ = reference_attention(q.float().cpu().numpy(), k.float().cpu().numpy(), v.float().cpu().numpy(),
-                                 scale=192 ** -0.5, causal=True)
-    assert float(abs(out.float().cpu().numpy() - ref).max()) < 0.05
-    with pytest.raises(UnsupportedError, match="head_dim_v=128"):
-        fk_torch.attention(q.requires_grad_(), k, v)
+    out.backward(dout)
+    views = [to_cupy(x.detach(), "x") for x in (q, k, v, dout)]
+    grads = [to_cupy(x.grad, "grad") for x in (q, k, v)]
+    res = judge_gradients("default", "torch d192/v128 causal", views, grads, 192, True, "bfloat16")
+    assert res.passed, res.note

@@ -14,6 +14,12 @@ def test_backward_flops_are_two_and_a_half_forwards_halved_when_causal():
     forward = 4 * 2 * 16 * 8192 * 8192 * 128
     assert backward_flops(2, 16, 8192, 128, False) == 2.5 * forward
     assert backward_flops(2, 16, 8192, 128, True) == 2.5 * forward / 2
+    assert backward_flops(2, 16, 8192, 128, False, 128) == 2.5 * forward
+
+
+def test_backward_flops_count_v_s_products_over_head_dim_v():
+    """q k^T, dQ, dK over head_dim; P V, dP, dV over head_dim_v: 2.5 x 2 B H S^2 (D + Dv)."""
+    assert backward_flops(1, 8, 1024, 192, False, 128) == 2.5 * 2 * 8 * 1024 * 1024 * (192 + 128)
 
 
 @pytest.mark.skipif(device_count() > 0, reason="checks the GPU-less error")
