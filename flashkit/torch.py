@@ -282,9 +282,9 @@ class _EagerVarlenAttention(_EagerOps):
 
 
 def _dispatch(op, eager: type, impl: _Implementations, *inputs) -> tuple[torch.Tensor, torch.Tensor]:
-    """(out, lse), differentiable in out: the custom op under torch.compile's tracing (it enters the graph), its
-    eager twin otherwise."""
-    if torch.compiler.is_compiling():
+    """(out, lse), differentiable in out: the custom op under torch.compile's tracing (it enters the graph) and on
+    meta tensors (its fake implementation gives the shapes), its eager twin otherwise."""
+    if torch.compiler.is_compiling() or inputs[0].is_meta:
         return op(*inputs)
     return eager.apply(impl, *inputs)
 

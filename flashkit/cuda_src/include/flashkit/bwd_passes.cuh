@@ -25,6 +25,8 @@ namespace flashkit {
 // head_dim_v where v has a head dim of its own, else its head_dim (the same value, and the code of before).
 struct BwdVColumns {
     static constexpr bool kPadded = FLASHKIT_HEAD_DIM_V_PADDED != 0;
+    // v's head dim below q's and k's (then padded: the class is theirs): dV's columns stop before dK's.
+    static constexpr bool kNarrower = FLASHKIT_OWN_HEAD_DIM_V != 0;
     __device__ __forceinline__ static int call(const Params& p) {
         return FLASHKIT_OWN_HEAD_DIM_V ? p.head_dim_v : p.head_dim;
     }
@@ -145,9 +147,8 @@ __device__ __forceinline__ void bwd_prepass_block(const Params& p, const BwdWork
     constexpr int kRowsPerWarp = kWarpSize / kRowLanes;
     static_assert((kRowLanes & (kRowLanes - 1)) == 0, "a power-of-two lane group per row");
     // 16-bit pairs (chunks) of a dO and O row that hold data: v's head dim when it is below the compiled class
-    const int v_cols = BwdVColumns::kPadded ? BwdVColumns::call(p) : kD;
-    const int pairs = v_cols / 2;
-    const int chunks = v_cols / kChunkElems;
+    const int pairs = BwdVColumns::kPadded ? BwdVColumns::call(p) / 2 : kD / 2;
+    const int chunks = BwdVColumns::kPadded ? BwdVColumns::call(p) / kChunkElems : kD / kChunkElems;
     const int tid = threadIdx.x;
     const int warp = tid / kWarpSize;
     const int lane = tid % kWarpSize;
@@ -161,7 +162,7 @@ __device__ __forceinline__ void bwd_prepass_block(const Params& p, const BwdWork
     // dsum = sum_d dO * O, kRowsPerWarp rows a warp at a time by 16-byte loads (the head dim is a multiple of 8
     // elements); a row a warp by 4-byte loads where dO or O rows are not 16-byte aligned.
     const bool vector = aligned16(dout, p.bwd.do_row_stride, kElem) && aligned16(out, p.o_row_stride, kElem) &&
-                        (BwdVColumns::kPadded ? v_cols % kChunkElems == 0 : true);
+                        (BwdVColumns::kPadded ? BwdVColumns::call(p) % kChunkElems == 0 : true);
     const int rows_per_warp = vector ? kRowsPerWarp : 1;
     const int lane_row = vector ? lane / kRowLanes : 0;
     for (int r0 = warp * rows_per_warp; r0 < Kt::kBlockM; r0 += Kt::kWarps * rows_per_warp) {

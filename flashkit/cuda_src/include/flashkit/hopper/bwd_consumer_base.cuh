@@ -354,7 +354,7 @@ struct BwdConsumerBase {
                 if (FLASHKIT_HEAD_DIM_PADDED && own_col0() + nd * kMmaN >= p.head_dim) continue;
                 *reinterpret_cast<u32*>(dk + key * p.bwd.dk_row_stride + col) = pack_float2<Element>(
                     acc_dk[nd][2 * h] * p.softmax_scale, acc_dk[nd][2 * h + 1] * p.softmax_scale);
-                if (BwdVColumns::kPadded && own_col0() + nd * kMmaN >= BwdVColumns::call(p)) continue;
+                if (BwdVColumns::kNarrower && own_col0() + nd * kMmaN >= BwdVColumns::call(p)) continue;
                 *reinterpret_cast<u32*>(dv + key * p.bwd.dv_row_stride + col) =
                     pack_float2<Element>(acc_dv[nd][2 * h], acc_dv[nd][2 * h + 1]);
             }

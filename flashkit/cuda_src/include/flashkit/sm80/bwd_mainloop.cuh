@@ -372,7 +372,7 @@ struct BwdMainloop {
                     if (kPadded && col >= p.head_dim) continue;   // zero columns past a padded call's head dim
                     *reinterpret_cast<u32*>(dk + key * p.bwd.dk_row_stride + col) = pack_float2<Element>(
                         acc_dk[mi][nd][2 * h] * p.softmax_scale, acc_dk[mi][nd][2 * h + 1] * p.softmax_scale);
-                    if (kVPadded && col >= BwdVColumns::call(p)) continue;   // dV's past head_dim_v (<= head_dim)
+                    if (BwdVColumns::kNarrower && col >= BwdVColumns::call(p)) continue;   // dV's past head_dim_v (<= head_dim)
                     *reinterpret_cast<u32*>(dv + key * p.bwd.dv_row_stride + col) =
                         pack_float2<Element>(acc_dv[mi][nd][2 * h], acc_dv[mi][nd][2 * h + 1]);
                 }
