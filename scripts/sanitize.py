@@ -21,16 +21,17 @@ DECODE_ROWS = 3         # query rows for the variants that only serve decode-siz
 PREFIX = 20             # prefix_lm's bidirectional prefix: tiles of every state at SHAPE's lengths
 WINDOW = (24, 8)        # window_size (left, right): visits cut on both sides at SHAPE's lengths
 SOFTCAP = 2.0           # softcap: small, so that its slopes (1 - tanh^2) are far from 1
+MLA = (192, 128)        # (head_dim, head_dim_v) of a backward with v narrower than q and k (V and dO zero-filled)
 PASS_ROWS = 2113        # causal rows past 2048: hd64's 192-row tiles and hd256's 64-key ones, whose top consumers
                         # pass key tiles by
 
 
-def inputs(head_dim: int, dtype: str, seed: int, rows: int = SHAPE[1]):
+def inputs(head_dim: int, dtype: str, seed: int, rows: int = SHAPE[1], head_dim_v: int | None = None):
     rng = cp.random.default_rng(seed)
     b, s, h, hk = SHAPE
     storage = BY_NAME[dtype].storage
     return [rng.standard_normal(shape, dtype=cp.float32).astype(storage)
-            for shape in ((b, rows, h, head_dim), (b, s + 16, hk, head_dim), (b, s + 16, hk, head_dim))]
+            for shape in ((b, rows, h, head_dim), (b, s + 16, hk, head_dim), (b, s + 16, hk, head_dim_v or head_dim))]
 
 
 def forward(spec, head_dim: int, causal: bool) -> None:
@@ -104,6 +105,13 @@ def main(names: list[str]) -> None:
                     attention(q, k, v, causal=True, variant=spec.name, fp8=bool(spec.requires.get("fp8")))
             cp.cuda.runtime.deviceSynchronize()
             print(f"{spec.name} hd{head_dim} causal={causal}: ran", flush=True)
+        if spec.supports("backward") and spec.supports("head_dim_v"):   # v narrower: its columns zero-filled
+            q, k, v = inputs(MLA[0], spec.dtypes[0], 6, head_dim_v=MLA[1])
+            for causal in spec.causal_options():
+                out, lse = attention(q, k, v, causal=causal, return_lse=True)
+                attention_backward(cp.ones_like(out), q, k, v, out, lse, causal=causal, variant=spec.name)
+                cp.cuda.runtime.deviceSynchronize()
+                print(f"{spec.name} hd{MLA[0]} / v{MLA[1]} causal={causal}: ran", flush=True)
         if spec.supports("backward"):   # the tiles of the GPUs with less shared memory (single-buffered Q and dO)
             for (arch, head_dim), causal in itertools.product(arch_tiles(spec, cc), spec.causal_options()):
                 with tiles_of(spec.name, arch):

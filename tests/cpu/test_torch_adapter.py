@@ -67,7 +67,7 @@ def test_varlen_autograd_calls_the_varlen_backward_with_the_forward_arguments(mo
     out.sum().backward()
     assert (q.grad.shape, k.grad.shape, v.grad.shape) == (q.shape, k.shape, v.shape)
     (args,) = seen
-    assert args[6] is cu and args[7] is cu and args[8:] == (20, 30, True, 0.5, True)
+    assert args[6] is cu and args[7] is cu and args[8:13] == (20, 30, True, 0.5, True)   # then the mods (none)
     assert args[5].shape == (4, 30) and args[5].dtype == torch.float32   # the forward's (heads, total_q) LSE
 
 
