@@ -59,14 +59,14 @@ workspace: dq_accum
 #include "flashkit/hopper/bwd_launch_order.cuh"
 #include "flashkit/hopper/ws_backward.cuh"
 
-#if FLASHKIT_HEAD_DIM_V != FLASHKIT_HEAD_DIM
-#error "fa3_bwd runs V at Q's and K's head-dim class (FLASHKIT_HEAD_DIM_V_PADDED for a narrower head_dim_v)"
-#endif
+// V, dO and dV of v's head-dim class (FLASHKIT_HEAD_DIM_V: FLASHKIT_HEAD_DIM unless v is narrower; bwd_traits.cuh).
 typedef flashkit::hopper::BwdWsTraits<flashkit::Element, FLASHKIT_HEAD_DIM, FLASHKIT_BLOCK_M, FLASHKIT_BLOCK_N,
-                                      FLASHKIT_STAGES>
+                                      FLASHKIT_STAGES, FLASHKIT_HEAD_DIM_V>
     Traits;
 // The passes run on the main kernel's block of threads (the runtime launches every entry with one block).
-typedef flashkit::BwdPassTraits<flashkit::Element, FLASHKIT_HEAD_DIM, FLASHKIT_BLOCK_M, FLASHKIT_WARPS> PassTraits;
+typedef flashkit::BwdPassTraits<flashkit::Element, FLASHKIT_HEAD_DIM, FLASHKIT_BLOCK_M, FLASHKIT_WARPS,
+                                FLASHKIT_HEAD_DIM_V>
+    PassTraits;
 static_assert(FLASHKIT_WARPS * flashkit::kWarpSize == Traits::kThreads, "warps: a producer and the consumers");
 typedef flashkit::BwdListedOr<FLASHKIT_BLOCK_SPARSE != 0 || FLASHKIT_MASK_MOD != 0,
                               flashkit::BwdMaskOf<FLASHKIT_WINDOW != 0, FLASHKIT_CAUSAL != 0, false>::type>::type BwdMask;

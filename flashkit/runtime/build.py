@@ -95,9 +95,9 @@ def make_config(spec: KernelSpec, dtype: str, head_dim: int, causal: bool, cc: t
 
 
 def v_class_of(spec: KernelSpec, head_dim: int, head_dim_v: int) -> int:
-    """The compiled head-dim class of v (and o, dout, dv) under q / k's head_dim: its own class in the forward; the
-    backward kernels run V and dO at q / k's class, zero-filled past head_dim_v (bwd_passes.cuh's BwdVColumns)."""
-    return spec.head_dims.class_of(head_dim if spec.supports("backward") else head_dim_v)
+    """The compiled head-dim class of v (and o, dout, dv) under q / k's head_dim: head_dim_v's own class (a kernel may
+    run V's tiles wider, zero-filled: fa3_bwd's column split, hopper/bwd_traits.cuh)."""
+    return spec.head_dims.class_of(head_dim_v)
 
 
 @lru_cache(maxsize=None)

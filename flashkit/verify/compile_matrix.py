@@ -15,7 +15,7 @@ MODS = ("window", "softcap", "alibi")   # built-in modifications (features/mods.
 # their classes, with each modification set; and V / O tiles of fewer 128 B panels than Q / K's (the Hopper core's
 # V tiles, P V's N and O's TMA store), without modifications (they touch S only).
 HEAD_DIM_V_PAIRS = ((192, 128), (200, 136))
-HEAD_DIM_V_GEOMETRY_PAIRS = ((96, 64), (128, 64), (256, 192))
+HEAD_DIM_V_GEOMETRY_PAIRS = ((96, 64), (128, 64), (256, 192), (256, 64))
 
 
 def spec_configs(spec: KernelSpec, cc: tuple[int, int], dtypes=None, head_dims=None) -> list[BuildConfig]:

@@ -236,13 +236,14 @@ def test_attention_backward_wants_dout_and_out_of_v_s_head_dim(monkeypatch, name
                                                f"{(B, SQ, H, 128)}"), msg
 
 
-@pytest.mark.parametrize("device,chosen,d,dv,compiled", [(H100, "fa3_bwd", 192, 128, 256),
-                                                         (A100, "fa2_bwd", 192, 128, 256),
-                                                         (A100, "fa2_bwd", 128, 64, 128),
-                                                         (H100, "fa3_bwd", 64, 40, 64)])
-def test_attention_backward_runs_v_at_q_s_class(monkeypatch, device, chosen, d, dv, compiled):
-    """The backward kernels run V and dO at q / k's head-dim class, zero-filled past head_dim_v (the build defines
-    FLASHKIT_HEAD_DIM_V at that class, padded)."""
+@pytest.mark.parametrize("device,chosen,d,dv,compiled,compiled_v,v_padded", [
+    (H100, "fa3_bwd", 192, 128, 256, 128, False), (A100, "fa2_bwd", 192, 128, 256, 128, False),
+    (A100, "fa2_bwd", 128, 64, 128, 64, False), (H100, "fa3_bwd", 64, 40, 64, 64, True),
+    (H100, "fa3_bwd", 200, 136, 256, 256, True)])
+def test_attention_backward_compiles_v_at_its_own_class(monkeypatch, device, chosen, d, dv, compiled, compiled_v,
+                                                        v_padded):
+    """The backward kernels compile V, dO and dV at head_dim_v's own class (FLASHKIT_HEAD_DIM_V), padded below it as
+    q / k's is, as the forward does."""
     seen = []
 
     def stop(spec, *args, **kw):
@@ -259,8 +260,9 @@ def test_attention_backward_runs_v_at_q_s_class(monkeypatch, device, chosen, d, 
         flashkit.attention_backward(out, q, k, v, out, cuda((B, H, SQ), "<f4"), causal=True)
     ((name, config),) = seen
     assert name == chosen
-    assert (config.head_dim, config.head_dim_v, config.head_dim_v_padded) == (compiled, compiled, True)
-    assert {f"-DFLASHKIT_HEAD_DIM_V={compiled}", "-DFLASHKIT_HEAD_DIM_V_PADDED=1"} <= set(config.defines())
+    assert (config.head_dim, config.head_dim_v, config.head_dim_v_padded) == (compiled, compiled_v, v_padded)
+    assert {f"-DFLASHKIT_HEAD_DIM_V={compiled_v}", f"-DFLASHKIT_HEAD_DIM_V_PADDED={int(v_padded)}"} <= \
+        set(config.defines())
 
 
 class _FakeCupy:
@@ -278,8 +280,8 @@ class _FakeCupy:
 def test_explain_backward_names_v_s_class():
     sel = flashkit.explain(head_dim=192, head_dim_v=128, cc=(9, 0), backward=True)
     assert sel.chosen.name == "fa3_bwd"
-    assert any("head_dim_v=128: v, dout and dv run as head-dim class 256 under q / k's 256 (columns 128..255 "
-               "zero-filled, not stored)" in n for n in sel.notes), sel.notes
+    assert any("head_dim_v=128: v, dout and dv run as head-dim class 128 under q / k's 256" in n
+               for n in sel.notes), sel.notes
 
 
 # --- build, parameters, cache -------------------------------------------------------------------------------
@@ -306,7 +308,11 @@ def test_params_carry_head_dim_v():
 
 
 def test_compile_matrix_plans_the_pairs():
-    geometry = {(96, 64), (128, 64), (256, 192)}   # V / O of fewer panels than Q / K, unmodified
+    geometry = {(96, 64), (128, 64), (256, 192), (256, 64)}   # V / O of fewer panels than Q / K, unmodified
+    for name, cc in (("fa2_bwd", (8, 0)), ("fa3_bwd", (9, 0))):   # the backward: (class, v's class), mods too
+        configs = [c for c in spec_configs(discover_kernels().get(name), cc) if c.head_dim_v]
+        assert {(c.head_dim, c.head_dim_v) for c in configs} == {(256, 128), (256, 256), (128, 64), (256, 64)}, name
+        assert any("window" in c.mods for c in configs) and {c.causal for c in configs} == {False, True}
     for name in TAKERS:
         spec = discover_kernels().get(name)
         cc = (9, 0) if name == "fa3" else (8, 0)

@@ -8,10 +8,11 @@
 // With FLASHKIT_VARLEN each CTA sees its packed sequence (varlen.cuh): q, o, dO, dQ and the LSE rows are
 // offset by the sequence's origin; the workspace keeps one padded slot per (sequence, head), sized by
 // max_seqlen_q (BwdWorkspace over the call's parameter block, not the sequence's view).
-// The passes read of their traits Kt only Element, kHeadDim, kBlockM, kWarps and kThreads (BwdPassTraits).
-// head_dim_v (v narrower than q and k; DeepSeek's MLA: 128 under 192): the backward runs V and dO at Q's and K's
-// class, their columns past the call's head_dim_v zero-filled by the loads (so dP^T = V dO^T adds exact zeros there)
-// and dV's past it not stored; dsum = rowsum(dO O) runs over head_dim_v (BwdVColumns).
+// The passes read of their traits Kt only Element, kHeadDim, kHeadDimV, kBlockM, kWarps and kThreads (BwdPassTraits).
+// head_dim_v (v narrower than q and k; DeepSeek's MLA: 128 under 192): V, dO and dV have a head-dim class of their
+// own, kHeadDimV (FLASHKIT_HEAD_DIM_V), padded as Q's is (FLASHKIT_HEAD_DIM_V_PADDED: columns past the call's
+// head_dim_v zero-filled by the loads, so dP^T = V dO^T adds exact zeros there, and dV's past it not stored);
+// dsum = rowsum(dO O) runs over head_dim_v (BwdVColumns).
 #pragma once
 
 #include "flashkit/dq_layout.cuh"
@@ -21,11 +22,12 @@
 
 namespace flashkit {
 
-// The columns of V, dO, O and dV a backward build reads and writes: the class where V is not padded, else the call's
+// The columns of V, dO, O and dV a backward build reads and writes: v's class where V is not padded, else the call's
 // head_dim_v where v has a head dim of its own, else its head_dim (the same value, and the code of before).
 struct BwdVColumns {
     static constexpr bool kPadded = FLASHKIT_HEAD_DIM_V_PADDED != 0;
-    // v's head dim below q's and k's (then padded: the class is theirs): dV's columns stop before dK's.
+    // v's head dim below q's and k's: dV's columns end at head_dim_v (a main kernel may run V's tiles wider than
+    // v's class, zero-filled, as fa3_bwd's column split does).
     static constexpr bool kNarrower = FLASHKIT_OWN_HEAD_DIM_V != 0;
     __device__ __forceinline__ static int call(const Params& p) {
         return FLASHKIT_OWN_HEAD_DIM_V ? p.head_dim_v : p.head_dim;
@@ -33,10 +35,11 @@ struct BwdVColumns {
 };
 
 // The geometry the passes need, for a main kernel whose own traits carry more (or other) constraints.
-template <typename Element_, int kHeadDim_, int kBlockM_, int kWarps_>
+template <typename Element_, int kHeadDim_, int kBlockM_, int kWarps_, int kHeadDimV_ = kHeadDim_>
 struct BwdPassTraits {
     typedef Element_ Element;
     static constexpr int kHeadDim = kHeadDim_;
+    static constexpr int kHeadDimV = kHeadDimV_;   // of dO and O (the pre-pass's rowsum)
     static constexpr int kBlockM = kBlockM_;
     static constexpr int kWarps = kWarps_;
     static constexpr int kThreads = kWarps * kWarpSize;
@@ -139,16 +142,17 @@ template <class Kt>
 __device__ __forceinline__ void bwd_prepass_block(const Params& p, const BwdWorkspace<Kt::kBlockM, Kt::kHeadDim>& ws,
                                                   int m_block, int head, int batch, const SeqOrigin& origin) {
     typedef typename Kt::Element Element;
-    constexpr int kD = Kt::kHeadDim;
+    constexpr int kD = Kt::kHeadDim;     // of a dq_accum row
+    constexpr int kDv = Kt::kHeadDimV;   // of a dO and O row
     constexpr int kElem = static_cast<int>(sizeof(Element));
     constexpr int kChunkElems = 16 / kElem;                                  // elements of a 16-byte chunk
-    // The lanes of a row: one a chunk of the class's row, at most a warp (a power of two for classes 64-256).
-    constexpr int kRowLanes = kD / kChunkElems < kWarpSize ? kD / kChunkElems : kWarpSize;
+    // The lanes of a row: one a chunk of v's class's row, at most a warp (a power of two for classes 64-256).
+    constexpr int kRowLanes = kDv / kChunkElems < kWarpSize ? kDv / kChunkElems : kWarpSize;
     constexpr int kRowsPerWarp = kWarpSize / kRowLanes;
     static_assert((kRowLanes & (kRowLanes - 1)) == 0, "a power-of-two lane group per row");
     // 16-bit pairs (chunks) of a dO and O row that hold data: v's head dim when it is below the compiled class
-    const int pairs = BwdVColumns::kPadded ? BwdVColumns::call(p) / 2 : kD / 2;
-    const int chunks = BwdVColumns::kPadded ? BwdVColumns::call(p) / kChunkElems : kD / kChunkElems;
+    const int pairs = BwdVColumns::kPadded ? BwdVColumns::call(p) / 2 : kDv / 2;
+    const int chunks = BwdVColumns::kPadded ? BwdVColumns::call(p) / kChunkElems : kDv / kChunkElems;
     const int tid = threadIdx.x;
     const int warp = tid / kWarpSize;
     const int lane = tid % kWarpSize;

@@ -123,11 +123,13 @@ struct BwdColumnConsumer : BwdConsumerBase<Kt, Mask> {
                     dq[pn], DsTile::desc_mn_major(ds_tile, kk * Kt::kStepElems),
                     KTile::desc_mn_major(k_tile + (dq_panel0 + pn) * KTile::kPanelSize, kk * Kt::kStepElems), kk > 0);
         gmma::commit();
-        const int own_panels = this->own_col0() / Kt::kPanelElems * QTile::kPanelSize;   // byte offset in Q, dO
+        const int own_panels = this->own_col0() / Kt::kPanelElems * QTile::kPanelSize;   // byte offset in Q
+        const int own_panels_v = this->own_col0_v() / Kt::kPanelElems * Kt::DoTile::kPanelSize;   // in dO
 #pragma unroll
         for (int kk = 0; kk < Kt::kQSteps; ++kk)   // dV += P^T dO (queries 16 kk.. are k, dO read MN-major)
-            gmma::MmaBT<Element, Kt::kOwnCols>::ss(acc_dv, DsTile::desc(pt_tile, 0, kk * gmma::kKBytes),
-                                                    QTile::desc_mn_major(do_tile + own_panels, kk * Kt::kStepElems), 1);
+            gmma::MmaBT<Element, Kt::kOwnColsV>::ss(
+                acc_dv, DsTile::desc(pt_tile, 0, kk * gmma::kKBytes),
+                Kt::DoTile::desc_mn_major(do_tile + own_panels_v, kk * Kt::kStepElems), 1);
 #pragma unroll
         for (int kk = 0; kk < Kt::kQSteps; ++kk)   // dK += dS^T Q (Q read MN-major)
             gmma::MmaBT<Element, Kt::kOwnCols>::ss(acc_dk, DsTile::desc(ds_tile, 0, kk * gmma::kKBytes),

@@ -127,7 +127,8 @@ struct BwdConsumer : BwdConsumerBase<Kt, Mask> {
         gmma::fence();
 #pragma unroll
         for (int kk = 0; kk < Kt::kQSteps; ++kk)   // dV += P^T dO (queries 16 kk.. are k, dO read MN-major)
-            gmma::MmaBT<Element, kD>::rs(acc_dv, pt[kk], QTile::desc_mn_major(do_tile, kk * Kt::kStepElems), 1);
+            gmma::MmaBT<Element, Kt::kHeadDimV>::rs(acc_dv, pt[kk],
+                                                    Kt::DoTile::desc_mn_major(do_tile, kk * Kt::kStepElems), 1);
         gmma::commit();
         timeline_stamp(slot, kBwdDvIssued);
 

@@ -34,7 +34,7 @@ struct BwdConsumerBase {
     int col2;       // 2 t: this thread's first column within an 8-wide column tile
 
     float acc_dk[Kt::kDTiles][4];   // dK of the consumer's keys and columns, wgmma accumulator layout
-    float acc_dv[Kt::kDTiles][4];
+    float acc_dv[Kt::kDTilesV][4];  // dV of its keys and v's columns
 
     __device__ __forceinline__ BwdConsumerBase(const Params& p_, int consumer_, int n_block_, int kv_head_, int batch_)
         : p(p_), ws(p_), mask(p_), batch(batch_), kv_head(kv_head_), n_block(n_block_),
@@ -47,7 +47,11 @@ struct BwdConsumerBase {
 #pragma unroll
         for (int nd = 0; nd < Kt::kDTiles; ++nd)
 #pragma unroll
-            for (int e = 0; e < 4; ++e) acc_dk[nd][e] = acc_dv[nd][e] = 0.f;
+            for (int e = 0; e < 4; ++e) acc_dk[nd][e] = 0.f;
+#pragma unroll
+        for (int nd = 0; nd < Kt::kDTilesV; ++nd)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) acc_dv[nd][e] = 0.f;
     }
 
     // This thread's two values of a visit's per-query row in column tile ni of the consumer's queries: lse2 from
@@ -74,7 +78,7 @@ struct BwdConsumerBase {
     __device__ __forceinline__ int s_key_row0() const { return Kt::kSplitColumns ? 0 : consumer * Kt::kConsumerKeys; }
     __device__ __forceinline__ int s_query0() const { return Kt::kSplitColumns ? consumer * Kt::kSQueries : 0; }
 
-    // S^T = K Q^T and dP^T = V dO^T over the head dim, issued as two groups, each once its stage has landed.
+    // S^T = K Q^T over the head dim and dP^T = V dO^T over v's, issued as two groups, each once its stage has landed.
     __device__ __forceinline__ void issue_scores(const BwdCta<Kt>& cta, int slot, float (&s)[Kt::kQTiles][4],
                                                  float (&dp)[Kt::kQTiles][4]) const {
         const int k_row0 = s_key_row0(), q0 = s_query0();
@@ -89,9 +93,9 @@ struct BwdConsumerBase {
         gmma::commit();
         cta.do_ring.wait_full(slot);
 #pragma unroll
-        for (int kk = 0; kk < Kt::kDSteps; ++kk)   // dP^T = V dO^T
-            gmma::Mma<Element, Kt::kSQueries>::ss(dp, KTile::desc(v_tile, k_row0, kk * gmma::kKBytes),
-                                                   QTile::desc(cta.do_tile(slot), q0, kk * gmma::kKBytes), kk > 0);
+        for (int kk = 0; kk < Kt::kDvSteps; ++kk)   // dP^T = V dO^T
+            gmma::Mma<Element, Kt::kSQueries>::ss(dp, Kt::VTile::desc(v_tile, k_row0, kk * gmma::kKBytes),
+                                                   Kt::DoTile::desc(cta.do_tile(slot), q0, kk * gmma::kKBytes), kk > 0);
         gmma::commit();
     }
 
@@ -230,6 +234,7 @@ struct BwdConsumerBase {
 
     // This consumer's first dK, dV column, and its first dQ column.
     __device__ __forceinline__ int own_col0() const { return Kt::kSplitColumns ? consumer * Kt::kOwnCols : 0; }
+    __device__ __forceinline__ int own_col0_v() const { return Kt::kSplitColumns ? consumer * Kt::kOwnColsV : 0; }
     __device__ __forceinline__ int dq_col0() const { return Kt::dq_col0(consumer); }
 
     // The thread's index in its warpgroup (fresh_warpgroup_thread) and its consumer index, from a volatile read of
@@ -350,12 +355,14 @@ struct BwdConsumerBase {
             for (int nd = 0; nd < Kt::kDTiles; ++nd) {
                 const int col = own_col0() + nd * kMmaN + col2;
                 // a padded call: the tiles past its head dim (a multiple of 8) hold zeros and are not stored; nor are
-                // dV's past head_dim_v (<= head_dim)
+                // dV's past head_dim_v (v's own columns where v is narrower)
                 if (FLASHKIT_HEAD_DIM_PADDED && own_col0() + nd * kMmaN >= p.head_dim) continue;
                 *reinterpret_cast<u32*>(dk + key * p.bwd.dk_row_stride + col) = pack_float2<Element>(
                     acc_dk[nd][2 * h] * p.softmax_scale, acc_dk[nd][2 * h + 1] * p.softmax_scale);
-                if (BwdVColumns::kNarrower && own_col0() + nd * kMmaN >= BwdVColumns::call(p)) continue;
-                *reinterpret_cast<u32*>(dv + key * p.bwd.dv_row_stride + col) =
+                if (nd >= Kt::kDTilesV) continue;
+                const int col_v = own_col0_v() + nd * kMmaN;
+                if (BwdVColumns::kNarrower && col_v >= BwdVColumns::call(p)) continue;
+                *reinterpret_cast<u32*>(dv + key * p.bwd.dv_row_stride + col_v + col2) =
                     pack_float2<Element>(acc_dv[nd][2 * h], acc_dv[nd][2 * h + 1]);
             }
         }

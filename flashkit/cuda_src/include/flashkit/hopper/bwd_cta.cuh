@@ -81,7 +81,7 @@ struct BwdCta : WsRoles {   // smem: the layout in bwd_traits.cuh
         return smem + Kt::kQOffset + Ring::stage(visit) * Kt::kQStageBytes;
     }
     __device__ __forceinline__ u32 do_tile(int visit) const {
-        return smem + Kt::kDoOffset + Ring::stage(visit) * Kt::kQStageBytes;
+        return smem + Kt::kDoOffset + Ring::stage(visit) * Kt::kDoStageBytes;
     }
     // The address of a mask_mod's keep bits of consumer thread `thread` (0 .. kConsumerThreads - 1) for visit i: in
     // Q's stage with mask warps, else the thread's one word (Kt::kKeepSets).

@@ -19,15 +19,17 @@ __device__ __forceinline__ void bwd_produce(const Params& p, const BwdCta<Kt>& c
                                             const Visits& visits, int n_block, int kv_head, int batch) {
     typedef typename Kt::KTile KTile;
     typedef typename Kt::QTile QTile;
+    typedef typename Kt::VTile VTile;
+    typedef typename Kt::DoTile DoTile;
     if (visits.total == 0) return;   // no consumer waits: nothing may land in shared memory
     prefetch_tensor_map(maps.q);
     prefetch_tensor_map(maps.k);
     prefetch_tensor_map(maps.v);
     prefetch_tensor_map(maps.dout);
     const TileCoords kv_at{n_block * Kt::kBlockN, kv_head, batch};
-    mbarrier_arrive_expect_tx(cta.kv_full, 2 * KTile::kBytes);
+    mbarrier_arrive_expect_tx(cta.kv_full, KTile::kBytes + VTile::kBytes);
     load_tile<Kt, KTile>(cta.smem + Kt::kKOffset, maps.k, cta.kv_full, kv_at);
-    load_tile<Kt, KTile>(cta.smem + Kt::kVOffset, maps.v, cta.kv_full, kv_at);
+    load_tile<Kt, VTile>(cta.smem + Kt::kVOffset, maps.v, cta.kv_full, kv_at);
     const BwdWorkspace<Kt::kBlockM, Kt::kHeadDim> ws(p);
     constexpr u32 kQStageBytes = QTile::kBytes + (Kt::kStagedRows ? Kt::kRowVecBytes : 0);   // Q and its lse2 row
     BwdVisit visit = visits.at(0);
@@ -38,7 +40,7 @@ __device__ __forceinline__ void bwd_produce(const Params& p, const BwdCta<Kt>& c
         load_tile<Kt, QTile>(cta.q_tile(i), maps.q, q_full, q_at);
         if constexpr (Kt::kStagedRows)
             bulk_load(cta.lse2_row(i), ws.lse2 + ws.row0(p, batch, visit.head) + q_at.row, Kt::kRowVecBytes, q_full);
-        load_tile<Kt, QTile>(cta.do_tile(i), maps.dout, cta.do_ring.acquire(i, QTile::kBytes), q_at);
+        load_tile<Kt, DoTile>(cta.do_tile(i), maps.dout, cta.do_ring.acquire(i, DoTile::kBytes), q_at);
     }
 }
 

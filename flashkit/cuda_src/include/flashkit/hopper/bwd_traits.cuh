@@ -14,7 +14,8 @@
 //     [kSQueries c, kSQueries (c + 1)) only, and the two halves of P^T and dS^T meet in shared tiles.
 // Warp w of a consumer owns keys [16 w, 16 w + 16) of its 64 (the m16n8 fragment conventions of
 // fragment.cuh apply).
-// Shared memory, each tile 1024 B aligned in gmma::KMajorTile's layout (what TMA's 128 B swizzle writes):
+// Shared memory, each tile 1024 B aligned in gmma::KMajorTile's layout (what TMA's 128 B swizzle writes; V and dO
+// rows of v's head dim kHeadDimV, the others of kHeadDim):
 //   [ K: kBlockN rows | V: kBlockN rows | Q: kStages x kBlockM rows | dO: kStages x kBlockM rows |
 //     dS^T: 2 x (kBlockN rows of kBlockM 16-bit queries) | P^T: the same, split by columns only |
 //     dQ: one fp32 panel (64 x 64, DqLayout's order) a consumer, split by keys only |
@@ -59,7 +60,7 @@ __host__ __device__ constexpr bool slopes_at_recompute() {
     return !Mod::kUnitGrad && Mod::kHeldGrad && !Mod::kIndexed;
 }
 
-template <typename Element_, int kHeadDim_, int kBlockM_, int kBlockN_, int kStages_>
+template <typename Element_, int kHeadDim_, int kBlockM_, int kBlockN_, int kStages_, int kHeadDimV_ = kHeadDim_>
 struct BwdWsTraits {
     typedef Element_ Element;
     static constexpr int kElemBytes = static_cast<int>(sizeof(Element));
@@ -72,7 +73,14 @@ struct BwdWsTraits {
     static constexpr bool kSplitColumns = kBlockN == gmma::kWarpgroupRows;
     static constexpr int kConsumerKeys = gmma::kWarpgroupRows;   // keys (wgmma rows) of a consumer's dK, dV
     static constexpr int kConsumers = kSplitColumns ? 2 : kBlockN / kConsumerKeys;
-    static constexpr int kOwnCols = kSplitColumns ? kHeadDim / kConsumers : kHeadDim;   // its dK, dV columns
+    static constexpr int kOwnCols = kSplitColumns ? kHeadDim / kConsumers : kHeadDim;   // its dK columns
+    // V, dO and dV: v's head-dim class (kHeadDimV_, below kHeadDim where v is narrower: MLA's 128 under 192's 256),
+    // raised to whole 128 B panels a consumer (a column split of 64 columns each needs 128: v of 64 runs at 128,
+    // zero-filled past head_dim_v as a padded V is).
+    static constexpr int kPanelElems = kTmaPanelBytes / kElemBytes;   // a TMA box's head-dim extent; N of a dQ product
+    static constexpr int kMinHeadDimV = (kSplitColumns ? kConsumers : 1) * kPanelElems;
+    static constexpr int kHeadDimV = kHeadDimV_ > kMinHeadDimV ? kHeadDimV_ : kMinHeadDimV;
+    static constexpr int kOwnColsV = kSplitColumns ? kHeadDimV / kConsumers : kHeadDimV;   // its dV columns
     static constexpr int kSQueries = kSplitColumns ? kBlockM / kConsumers : kBlockM;    // its S^T, dP^T columns
     static constexpr int kConsumerThreads = kConsumers * gmma::kWarpgroupThreads;
     static constexpr int kThreads = kConsumerThreads + gmma::kWarpgroupThreads;   // + the producer warpgroup
@@ -94,12 +102,15 @@ struct BwdWsTraits {
     // consumers ran 3% slower with it (their group division moved out of the uniform registers).
     static constexpr bool kFreshVisitCount = !kSplitColumns && (kConsumers == 2 || FLASHKIT_SCORE_MOD);
 
-    static constexpr int kRowBytes = kHeadDim * kElemBytes;         // a Q, dO, K or V row
+    static constexpr int kRowBytes = kHeadDim * kElemBytes;         // a Q or K row
+    static constexpr int kRowBytesV = kHeadDimV * kElemBytes;       // a V or dO row
     static constexpr int kStepElems = gmma::kKBytes / kElemBytes;   // k of one wgmma (16)
-    static constexpr int kDSteps = kRowBytes / gmma::kKBytes;       // k-steps over the head dim (S^T, dP^T)
+    static constexpr int kDSteps = kRowBytes / gmma::kKBytes;       // k-steps over the head dim (S^T)
+    static constexpr int kDvSteps = kRowBytesV / gmma::kKBytes;     // over v's (dP^T)
     static constexpr int kQSteps = kBlockM / kStepElems;            // k-steps over queries (dV, dK)
     static constexpr int kQTiles = kSQueries / kMmaN;               // 8-query column tiles of S^T
-    static constexpr int kDTiles = kOwnCols / kMmaN;                // 8-wide column tiles of dK, dV
+    static constexpr int kDTiles = kOwnCols / kMmaN;                // 8-wide column tiles of dK
+    static constexpr int kDTilesV = kOwnColsV / kMmaN;              // of dV
     // dQ = dS K over every key of the block (k): at hd128 the consumers split the head-dim columns (N = 64 each, one
     // 128 B panel of the K tile); at hd64 half the columns would be N = 32 starting inside a swizzle atom, so they
     // take the visit's whole dQ by turns (kDqTurns): in visit `slot` consumer slot % kConsumers alone computes it
@@ -138,7 +149,6 @@ struct BwdWsTraits {
     __host__ __device__ static constexpr bool takes_slopes() {   // held or stashed: dS takes them (ds_pair)
         return holds_slopes<Mod>() || stashes_slopes<Mod>();
     }
-    static constexpr int kPanelElems = kTmaPanelBytes / kElemBytes;   // a TMA box's head-dim extent; N of a dQ product
     static constexpr int kDqPanels = kDqCols / kPanelElems;           // dQ products a k-step
     // How dQ reaches dq_accum (DqLayout's order): split by keys, a consumer's 64 x 64 fp32 dQ (its columns at hd128,
     // the whole visit's in its turn at hd64) goes through its own shared panel and one bulk reduction
@@ -169,8 +179,10 @@ struct BwdWsTraits {
     __host__ __device__ static constexpr int dq_col0(int c) { return kDqTurns ? 0 : c * kDqCols; }
     typedef DqFragments<kBlockM, false> DqLayout;   // dq_accum (dq_layout.cuh), unscaled
 
-    typedef gmma::KMajorTile<kBlockM, kRowBytes> QTile;                 // Q and dO: [query][d]
-    typedef gmma::KMajorTile<kBlockN, kRowBytes> KTile;                 // K and V: [key][d]
+    typedef gmma::KMajorTile<kBlockM, kRowBytes> QTile;                 // Q: [query][d]
+    typedef gmma::KMajorTile<kBlockN, kRowBytes> KTile;                 // K: [key][d]
+    typedef gmma::KMajorTile<kBlockM, kRowBytesV> DoTile;               // dO: [query][dv]
+    typedef gmma::KMajorTile<kBlockN, kRowBytesV> VTile;                // V: [key][dv]
     typedef gmma::KMajorTile<kBlockN, kBlockM * kElemBytes> DsTile;     // dS^T: [key][query]
     typedef StageRing<kStages> Ring;
 
@@ -178,15 +190,17 @@ struct BwdWsTraits {
         return (bytes + gmma::kTileAlign - 1) / gmma::kTileAlign * gmma::kTileAlign;
     }
     static constexpr int kKVTileBytes = align(KTile::kBytes);
+    static constexpr int kVTileBytes = align(VTile::kBytes);
     static constexpr int kQStageBytes = align(QTile::kBytes);
+    static constexpr int kDoStageBytes = align(DoTile::kBytes);
     static constexpr int kDsBufferBytes = align(DsTile::kBytes);
     static constexpr int kDsBuffers = 2;
     static constexpr int kPtBuffers = kSplitColumns ? kDsBuffers : 0;   // P^T shared only when split by columns
     static constexpr int kKOffset = 0;
     static constexpr int kVOffset = kKOffset + kKVTileBytes;
-    static constexpr int kQOffset = kVOffset + kKVTileBytes;
+    static constexpr int kQOffset = kVOffset + kVTileBytes;
     static constexpr int kDoOffset = kQOffset + kStages * kQStageBytes;
-    static constexpr int kDsOffset = kDoOffset + kStages * kQStageBytes;
+    static constexpr int kDsOffset = kDoOffset + kStages * kDoStageBytes;
     static constexpr int kPtOffset = kDsOffset + kDsBuffers * kDsBufferBytes;
     static constexpr int kDqBuffers = kDqBulk ? kConsumers : 0;
     static constexpr int kDqBufferBytes = DqLayout::kPanelBytes;
@@ -226,6 +240,8 @@ struct BwdWsTraits {
     static_assert(kConsumers >= 2 && kConsumers <= kMaxConsumers, "2 or 3 consumer warpgroups");
     static_assert(kConsumers == 2 || kDqTurns, "more than two consumers take dQ by turns");
     static_assert(kRowBytes % kTmaPanelBytes == 0, "head dims of whole 128 B panels (64, 128, 256)");
+    static_assert(kRowBytesV % kTmaPanelBytes == 0 && kHeadDimV <= kHeadDim, "v's: whole panels, at most q's");
+    static_assert(!kSplitColumns || kOwnColsV % kPanelElems == 0, "a consumer's dV columns: whole 128 B panels");
     static_assert(kBlockM * kElemBytes == kTmaPanelBytes, "a dS^T row is one 128 B swizzle panel");
     static_assert(kDqCols % kPanelElems == 0, "dQ's N: whole 128 B panels of the K tile (MmaTT<T, 64>)");
     static_assert(!kSplitColumns || kOwnCols % kPanelElems == 0, "a consumer's columns: whole 128 B panels");

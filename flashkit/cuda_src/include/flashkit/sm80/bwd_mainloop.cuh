@@ -42,6 +42,7 @@ template <class Kt, class Mask, class Mod>
 struct BwdMainloop {
     typedef typename Kt::Element Element;
     static constexpr int kD = Kt::kHeadDim;
+    static constexpr int kDv = Kt::kHeadDimV;   // V, dO, dV (v's class: MLA's 128 under 192's 256)
     // The call's head dim is below the compiled class: loads zero-fill its columns past p.head_dim (so S, dP,
     // dK, dV and dQ see zeros there), and the stores leave them out.
     static constexpr bool kPadded = FLASHKIT_HEAD_DIM_PADDED != 0;
@@ -66,7 +67,7 @@ struct BwdMainloop {
 
     // dK, dV of this warp's keys (rows key_row0() + 16 mi + g, + 8) x columns col0() + 8 nd + 2t, + 1: mma C layout
     float acc_dk[Kt::kKeyTiles][Kt::kColTiles][4];
-    float acc_dv[Kt::kKeyTiles][Kt::kColTiles][4];
+    float acc_dv[Kt::kKeyTiles][Kt::kColTilesV][4];
 
     // call: the call's parameter block (the workspace's layout); p_: the sequence's view, or call itself.
     __device__ __forceinline__ BwdMainloop(const Params& p_, const Params& call, unsigned char* smem, int n_block,
@@ -77,28 +78,28 @@ struct BwdMainloop {
         lane = threadIdx.x % kWarpSize;
         sQ = smem_u32(smem);
         sdO = sQ + Kt::kQStages * Kt::kQTileBytes;
-        sK = sdO + Kt::kQStages * Kt::kQTileBytes;
+        sK = sdO + Kt::kQStages * Kt::kDoTileBytes;
         sV = sK + Kt::kKVElems * Kt::kElemBytes;
-        sdS = sV + Kt::kKVElems * Kt::kElemBytes;
+        sdS = sV + Kt::kVElems * Kt::kElemBytes;
         sP = sdS + Kt::kDsElems * Kt::kElemBytes;   // (no such tile with register operands)
         s_lse2 = reinterpret_cast<float*>(smem + Kt::kTileBytes);
         s_dsum = s_lse2 + Kt::kQStages * kM;
-#pragma unroll
-        for (int mi = 0; mi < Kt::kKeyTiles; ++mi)
-#pragma unroll
-            for (int nd = 0; nd < Kt::kColTiles; ++nd)
-#pragma unroll
-                for (int e = 0; e < 4; ++e) acc_dk[mi][nd][e] = acc_dv[mi][nd][e] = 0.f;
+        zero_fragments(acc_dk);
+        zero_fragments(acc_dv);
     }
 
     // This warp's place in the warp grid (bwd_traits.cuh): its first key of the block (S^T, dP^T, dK, dV), its
     // first query of the block (S^T, dP^T) and its first head-dim column (dK, dV).
     __device__ __forceinline__ int key_row0() const { return (warp % Kt::kKeyWarps) * Kt::kWarpKeys; }
     __device__ __forceinline__ int query_col0() const { return (warp / Kt::kKeyWarps) * Kt::kWarpQueries; }
-    __device__ __forceinline__ int col0() const { return (warp / Kt::kKeyWarps) * Kt::kWarpCols; }
+    __device__ __forceinline__ int col0() const { return cols0<kD>(); }
+    // The first column of the warp's part of a tile of kCols columns (dK's of K's, dV's of V's: kCols / kPartWarps a
+    // warp).
+    template <int kCols>
+    __device__ __forceinline__ int cols0() const { return (warp / Kt::kKeyWarps) * (kCols / Kt::kPartWarps); }
 
     __device__ __forceinline__ u32 q_buf(int buf) const { return sQ + buf * Kt::kQTileBytes; }
-    __device__ __forceinline__ u32 do_buf(int buf) const { return sdO + buf * Kt::kQTileBytes; }
+    __device__ __forceinline__ u32 do_buf(int buf) const { return sdO + buf * Kt::kDoTileBytes; }
 
     // K_j, V_j: one commit group with the first query block's loads.
     __device__ __forceinline__ void load_kv_async() const {
@@ -108,8 +109,8 @@ struct BwdMainloop {
                            kv_head * p.v_head_stride + (k_row0 + n0) * p.v_row_stride;
         load_tile_async<kN, kD, Kt::kThreads, Element, kPadded>(sK, k, p.k_row_stride, p.seqlen_k - n0, threadIdx.x,
                                                                 p.head_dim);
-        load_tile_async<kN, kD, Kt::kThreads, Element, kVPadded>(sV, v, p.v_row_stride, p.seqlen_k - n0, threadIdx.x,
-                                                                 BwdVColumns::call(p));
+        load_tile_async<kN, kDv, Kt::kThreads, Element, kVPadded>(sV, v, p.v_row_stride, p.seqlen_k - n0, threadIdx.x,
+                                                                  BwdVColumns::call(p));
     }
 
     // Q_i, dO_i, lse2_i, dsum_i of (head, m_block) into buffer buf, as one commit group.
@@ -128,13 +129,13 @@ struct BwdMainloop {
         // spilled them (4 B in the sm_80 float16 causal build of the 128 class; 20-56 B at hd128 with the 32-key
         // grid). Where they fit (hd64's 16-key grid) they stay held, as before the 32-key grid.
         const int tid = kHeld ? static_cast<int>(threadIdx.x) : fresh_value(threadIdx.x);
-        int cols = kD, v_cols = kD;
+        int cols = kD, v_cols = kDv;
         if constexpr (kPadded) cols = fresh_value(p.head_dim);
         if constexpr (kVPadded) v_cols = FLASHKIT_OWN_HEAD_DIM_V ? fresh_value(p.head_dim_v) : cols;
         load_tile_async<kM, kD, Kt::kThreads, Element, kPadded>(q_buf(buf), q, p.q_row_stride, seqlen_q - m0, tid,
                                                                 cols);
-        load_tile_async<kM, kD, Kt::kThreads, Element, kVPadded>(do_buf(buf), dout, p.bwd.do_row_stride,
-                                                                 seqlen_q - m0, tid, v_cols);
+        load_tile_async<kM, kDv, Kt::kThreads, Element, kVPadded>(do_buf(buf), dout, p.bwd.do_row_stride,
+                                                                  seqlen_q - m0, tid, v_cols);
         // lse2 and dsum are padded to whole blocks: 2 x kM floats, 16 B a lane of the first warp.
         constexpr int kChunks = kM * 4 / kChunkBytes;
         const int t = threadIdx.x;
@@ -147,19 +148,22 @@ struct BwdMainloop {
     }
 
     // The warp's products (defined in sm80/bwd_products.cuh):
-    // S^T = K Q^T and dP^T = V dO^T over the head dim (c: keys key_row0() + 16 mi + (g, g + 8) x queries
-    // query_col0() + 8 ni + (2t, 2t + 1));
+    // S^T = K Q^T over the head dim kCols = kD and dP^T = V dO^T over v's, kDv (c: keys key_row0() + 16 mi + (g,
+    // g + 8) x queries query_col0() + 8 ni + (2t, 2t + 1));
+    template <int kCols>
     __device__ __forceinline__ void gemm_keys_by_queries(float (&c)[Kt::kKeyTiles][Kt::kQueryTiles][4], u32 sA,
                                                          u32 sB) const;
     struct FragmentA {
         u32 r[4];
     };
-    // acc += A B over queries 16 kk.. for the warp's columns, A a 16-key fragment in registers (P^T or dS^T);
-    __device__ __forceinline__ void mma_fragment_by_cols(float (&acc)[Kt::kColTiles][4], const FragmentA& a, u32 sB,
+    // acc += A B over queries 16 kk.. for the warp's columns, A a 16-key fragment in registers (P^T or dS^T), B of
+    // kTiles column tiles a warp (dK's of Q, dV's of dO);
+    template <int kTiles>
+    __device__ __forceinline__ void mma_fragment_by_cols(float (&acc)[kTiles][4], const FragmentA& a, u32 sB,
                                                          int kk) const;
     // acc += X B over the block's queries for the warp's keys and columns, X a [key][query] tile (P^T or dS^T).
-    __device__ __forceinline__ void mma_keys_by_cols(float (&acc)[Kt::kKeyTiles][Kt::kColTiles][4], u32 sX,
-                                                     u32 sB) const;
+    template <int kTiles>
+    __device__ __forceinline__ void mma_keys_by_cols(float (&acc)[Kt::kKeyTiles][kTiles][4], u32 sX, u32 sB) const;
 
     // dV += P^T dO_i, dK += dS^T Q_i (after the barrier that completes P^T and dS^T); with operands in registers
     // step() has added them.
@@ -222,7 +226,7 @@ struct BwdMainloop {
         const int query0 = m0 + q0 + c2;  // and queries query0 + 8 ni + (0, 1)
 
         float st[Kt::kKeyTiles][Kt::kQueryTiles][4];   // S^T, then P^T
-        gemm_keys_by_queries(st, sK, q_buf(buf));
+        gemm_keys_by_queries<kD>(st, sK, q_buf(buf));
 #pragma unroll
         for (int mi = 0; mi < Kt::kKeyTiles; ++mi) apply_score_mod_transposed(mod, st[mi], key + mi * kMmaM, query0);
         if constexpr (Mask::kLocal) {   // the tile's queries not inside every key's interval: the element mask
@@ -278,7 +282,7 @@ struct BwdMainloop {
         }
 
         float dpt[Kt::kKeyTiles][Kt::kQueryTiles][4];   // dP^T
-        gemm_keys_by_queries(dpt, sV, do_buf(buf));
+        gemm_keys_by_queries<kDv>(dpt, sV, do_buf(buf));
         // dS^T = P^T (dP^T - dsum) (times d mod / ds), 16 bits, to shared memory for dQ = dS K (and for
         // dK += dS^T Q, unless it takes its A fragments from registers), 16 queries at a time.
 #pragma unroll
@@ -372,8 +376,10 @@ struct BwdMainloop {
                     if (kPadded && col >= p.head_dim) continue;   // zero columns past a padded call's head dim
                     *reinterpret_cast<u32*>(dk + key * p.bwd.dk_row_stride + col) = pack_float2<Element>(
                         acc_dk[mi][nd][2 * h] * p.softmax_scale, acc_dk[mi][nd][2 * h + 1] * p.softmax_scale);
-                    if (BwdVColumns::kNarrower && col >= BwdVColumns::call(p)) continue;   // dV's past head_dim_v (<= head_dim)
-                    *reinterpret_cast<u32*>(dv + key * p.bwd.dv_row_stride + col) =
+                    if (nd >= Kt::kColTilesV) continue;
+                    const int col_v = cols0<kDv>() + nd * kMmaN + c2;   // dV's, up to head_dim_v where v is narrower
+                    if (BwdVColumns::kNarrower && col_v >= BwdVColumns::call(p)) continue;
+                    *reinterpret_cast<u32*>(dv + key * p.bwd.dv_row_stride + col_v) =
                         pack_float2<Element>(acc_dv[mi][nd][2 * h], acc_dv[mi][nd][2 * h + 1]);
                 }
             }

@@ -34,13 +34,14 @@ __device__ __forceinline__ void mma_tile_pairs(float (&c)[kATiles][kBTiles][4], 
 // B its kWarpQueries rows of a [query][d] tile (Q or dO): S^T = K Q^T, dP^T = V dO^T.
 // c[mi][ni]: keys key_row0() + 16 mi + (g, g + 8) x queries query_col0() + 8 ni + (2t, 2t + 1).
 template <class Kt, class Mask, class Mod>
+template <int kCols>
 __device__ __forceinline__ void BwdMainloop<Kt, Mask, Mod>::gemm_keys_by_queries(
     float (&c)[Kt::kKeyTiles][Kt::kQueryTiles][4], u32 sA, u32 sB) const {
-    const LdsmLane<kD> la = ldsm_rows16<kD>(lane);
-    const LdsmLane<kD> lb = ldsm_rows8x2<kD>(lane);
+    const LdsmLane<kCols> la = ldsm_rows16<kCols>(lane);
+    const LdsmLane<kCols> lb = ldsm_rows8x2<kCols>(lane);
     const int r0 = key_row0(), q0 = query_col0();
     zero_fragments(c);
-    mma_tile_pairs<Kt::kDSteps, Element>(
+    mma_tile_pairs<kCols / kMmaK, Element>(
         c, [&](int mi, int kk) { return la.addr(sA, r0 + mi * kMmaM, kk); },
         [&](u32(&b)[4], int np, int kk) { ldsm_x4(b, lb.addr(sB, q0 + np * 2 * kMmaN, kk)); });
 }
@@ -48,13 +49,15 @@ __device__ __forceinline__ void BwdMainloop<Kt, Mask, Mod>::gemm_keys_by_queries
 // acc += A B over the queries 16 kk .. 16 kk + 15 for this warp's columns: A a 16-key A fragment in registers
 // (P^T or dS^T of the warp's own queries), B a [query][d] tile read transposed (dO or Q).
 template <class Kt, class Mask, class Mod>
-__device__ __forceinline__ void BwdMainloop<Kt, Mask, Mod>::mma_fragment_by_cols(float (&acc)[Kt::kColTiles][4],
+template <int kTiles>
+__device__ __forceinline__ void BwdMainloop<Kt, Mask, Mod>::mma_fragment_by_cols(float (&acc)[kTiles][4],
                                                                                  const FragmentA& a, u32 sB,
                                                                                  int kk) const {
-    const LdsmLane<kD> lb = ldsm_rows16<kD>(lane);
-    const int s0 = col0() / kMmaK;
+    constexpr int kCols = kTiles * kMmaN * Kt::kPartWarps;   // of the B tile (dO's or Q's)
+    const LdsmLane<kCols> lb = ldsm_rows16<kCols>(lane);
+    const int s0 = cols0<kCols>() / kMmaK;
 #pragma unroll
-    for (int dp = 0; dp < Kt::kColTiles / 2; ++dp) {
+    for (int dp = 0; dp < kTiles / 2; ++dp) {
         u32 b[4];   // b0, b1 of column tile 2 dp, then of 2 dp + 1
         ldsm_x4_trans(b, lb.addr(sB, kk * kMmaK, s0 + dp));
         mma_16816<Element>(acc[2 * dp], a.r, b[0], b[1]);
@@ -65,11 +68,13 @@ __device__ __forceinline__ void BwdMainloop<Kt, Mask, Mod>::mma_fragment_by_cols
 // acc += X B for this warp's keys and columns over the block's queries: X a [key][query] tile in shared
 // memory (P^T or dS^T), B a [query][d] tile read transposed (dO or Q): dV += P^T dO, dK += dS^T Q.
 template <class Kt, class Mask, class Mod>
-__device__ __forceinline__ void BwdMainloop<Kt, Mask, Mod>::mma_keys_by_cols(
-    float (&acc)[Kt::kKeyTiles][Kt::kColTiles][4], u32 sX, u32 sB) const {
+template <int kTiles>
+__device__ __forceinline__ void BwdMainloop<Kt, Mask, Mod>::mma_keys_by_cols(float (&acc)[Kt::kKeyTiles][kTiles][4],
+                                                                             u32 sX, u32 sB) const {
+    constexpr int kCols = kTiles * kMmaN * Kt::kPartWarps;   // of the B tile (dO's or Q's)
     const LdsmLane<kM> la = ldsm_rows16<kM>(lane);
-    const LdsmLane<kD> lb = ldsm_rows16<kD>(lane);
-    const int r0 = key_row0(), s0 = col0() / kMmaK;
+    const LdsmLane<kCols> lb = ldsm_rows16<kCols>(lane);
+    const int r0 = key_row0(), s0 = cols0<kCols>() / kMmaK;
     mma_tile_pairs<Kt::kMSteps, Element>(
         acc, [&](int mi, int kk) { return la.addr(sX, r0 + mi * kMmaM, kk); },
         [&](u32(&b)[4], int dp, int kk) { ldsm_x4_trans(b, lb.addr(sB, kk * kMmaK, s0 + dp)); });

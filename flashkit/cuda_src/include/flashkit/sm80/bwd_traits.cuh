@@ -14,7 +14,7 @@
 // hd256 takes FlashAttention-2's 64-key blocks with the same 32-key warp grid (2 x 4 warps: 32 x 16 of S^T, 32 x 64
 // of dK and dV).
 // Shared memory (dynamic), 16-bit tiles in the swizzled layout of tile.cuh:
-//   [ Q: S x kBlockM x D | dO: S x kBlockM x D | K: kBlockN x D | V: kBlockN x D |
+//   [ Q: S x kBlockM x D | dO: S x kBlockM x Dv | K: kBlockN x D | V: kBlockN x Dv |   (Dv = kHeadDimV, v's)
 //     dS^T: kBlockN x kBlockM | P^T: kBlockN x kBlockM (not with register operands) | lse2: S x kBlockM (fp32) |
 //     dsum: S x kBlockM (fp32) ],  S = kQStages
 // With two stages Q, dO, lse2 and dsum are double-buffered: query block i + 1 streams in under block i. One stage
@@ -39,10 +39,12 @@
 
 namespace flashkit {
 
-template <int kHeadDim_, int kBlockM_, int kBlockN_, int kWarps_, typename Element_, int kQStages_ = 2>
+template <int kHeadDim_, int kBlockM_, int kBlockN_, int kWarps_, typename Element_, int kQStages_ = 2,
+          int kHeadDimV_ = kHeadDim_>
 struct BwdTraits {
     typedef Element_ Element;
     static constexpr int kHeadDim = kHeadDim_;
+    static constexpr int kHeadDimV = kHeadDimV_;   // V, dO, dV: v's class (below kHeadDim where v is narrower)
     static constexpr int kBlockM = kBlockM_;   // query rows per visited block
     static constexpr int kBlockN = kBlockN_;   // keys per CTA
     static constexpr int kWarps = kWarps_;
@@ -63,11 +65,12 @@ struct BwdTraits {
     static constexpr int kPartWarps = kWarps / kKeyWarps;
     static constexpr bool kRegisterOperands = kPartWarps == 1;   // P^T, dS^T as register A fragments (dV, dK)
     static constexpr int kWarpQueries = kBlockM / kPartWarps;   // columns of S^T per warp
-    static constexpr int kWarpCols = kHeadDim / kPartWarps;     // columns of dK, dV per warp
+    static constexpr int kWarpCols = kHeadDim / kPartWarps;     // columns of dK per warp
+    static constexpr int kWarpColsV = kHeadDimV / kPartWarps;   // of dV
     static constexpr int kKeyTiles = kWarpKeys / kMmaM;         // 16-key row tiles of a warp
     static constexpr int kQueryTiles = kWarpQueries / kMmaN;    // 8-query column tiles of a warp's S^T
-    static constexpr int kColTiles = kWarpCols / kMmaN;         // 8-wide column tiles of a warp's dK, dV
-    static constexpr int kDSteps = kHeadDim / kMmaK;            // k-steps over the head dim (S^T, dP^T)
+    static constexpr int kColTiles = kWarpCols / kMmaN;         // 8-wide column tiles of a warp's dK
+    static constexpr int kColTilesV = kWarpColsV / kMmaN;       // of its dV
     static constexpr int kMSteps = kBlockM / kMmaK;             // k-steps over a block's queries (dV, dK)
     static constexpr int kNSteps = kBlockN / kMmaK;             // k-steps over the keys (dQ)
 
@@ -78,18 +81,24 @@ struct BwdTraits {
     static constexpr int kDqDTiles = kHeadDim / kMmaN / kDqWarpsD;  // 8-wide column tiles per warp
 
     static constexpr int kQElems = kBlockM * kHeadDim;
-    static constexpr int kKVElems = kBlockN * kHeadDim;
+    static constexpr int kDoElems = kBlockM * kHeadDimV;
+    static constexpr int kKVElems = kBlockN * kHeadDim;   // K's
+    static constexpr int kVElems = kBlockN * kHeadDimV;
     static constexpr int kDsElems = kBlockN * kBlockM;
     static constexpr int kTransposedTiles = kRegisterOperands ? 1 : 2;   // dS^T (dQ's operand), P^T
-    static constexpr int kQTileBytes = kQElems * kElemBytes;   // one stage of Q (or dO)
-    static constexpr int kTileBytes = 2 * kQStages * kQTileBytes + (2 * kKVElems + kTransposedTiles * kDsElems) * kElemBytes;
+    static constexpr int kQTileBytes = kQElems * kElemBytes;     // one stage of Q
+    static constexpr int kDoTileBytes = kDoElems * kElemBytes;   // of dO
+    static constexpr int kTileBytes = kQStages * (kQTileBytes + kDoTileBytes) +
+                                      (kKVElems + kVElems + kTransposedTiles * kDsElems) * kElemBytes;
     static constexpr int kSmemBytes = kTileBytes + 2 * kQStages * kBlockM * static_cast<int>(sizeof(float));
 
     static_assert(kElemBytes == 2, "tensor-core path: 16-bit elements only");
     static_assert(kKeyWarps * kPartWarps == kWarps && kBlockN % kWarpKeys == 0, "the warp grid covers the keys");
-    static_assert(kWarpQueries % (2 * kMmaN) == 0 && kWarpCols % (2 * kMmaN) == 0, "whole 16-wide ldmatrix steps");
+    static_assert(kWarpQueries % (2 * kMmaN) == 0 && kWarpCols % (2 * kMmaN) == 0 && kWarpColsV % (2 * kMmaN) == 0,
+                  "whole 16-wide ldmatrix steps");
     static_assert(kBlockM % 64 == 0, "the dS^T tile's rows span the 8 chunks of the swizzle");
-    static_assert(kHeadDim % 64 == 0, "head dim: multiple of 64 (swizzle spans 8 chunks of a row)");
+    static_assert(kHeadDim % 64 == 0 && kHeadDimV % 64 == 0, "head dims: multiples of 64 (swizzle spans 8 chunks)");
+    static_assert(kHeadDimV <= kHeadDim, "v's head dim at most q's");
     static_assert(kWarps % kDqWarpsM == 0 && kDqDTiles % 2 == 0 && kDqDTiles * kDqWarpsD * kMmaN == kHeadDim,
                   "dQ tile splits evenly");
     static_assert(kBlockM * 4 / kChunkBytes <= kWarpSize, "one warp loads lse2 and dsum");
@@ -98,13 +107,11 @@ struct BwdTraits {
 
 #if defined(FLASHKIT_HEAD_DIM) && defined(FLASHKIT_BLOCK_M) && defined(FLASHKIT_BLOCK_N) && \
     defined(FLASHKIT_WARPS) && defined(FLASHKIT_DTYPE)
-#if FLASHKIT_HEAD_DIM_V != FLASHKIT_HEAD_DIM
-#error "fa2_bwd runs V at Q's and K's head-dim class (FLASHKIT_HEAD_DIM_V_PADDED for a narrower head_dim_v)"
-#endif
 #ifndef FLASHKIT_Q_STAGES
 #define FLASHKIT_Q_STAGES 2   // the manifest's launch key q_stages
 #endif
-typedef BwdTraits<FLASHKIT_HEAD_DIM, FLASHKIT_BLOCK_M, FLASHKIT_BLOCK_N, FLASHKIT_WARPS, Element, FLASHKIT_Q_STAGES>
+typedef BwdTraits<FLASHKIT_HEAD_DIM, FLASHKIT_BLOCK_M, FLASHKIT_BLOCK_N, FLASHKIT_WARPS, Element, FLASHKIT_Q_STAGES,
+                  FLASHKIT_HEAD_DIM_V>
     BwdKernelTraits;
 #endif
 
