@@ -26,11 +26,14 @@ def test_backward_variants_are_checked_through_their_gradients():
     checks = harness.checks_for(specs["fa2_bwd"], ["bfloat16"], [64], [False, True], quick=True)
     modified = mod_checks(specs["fa2_bwd"], ["bfloat16"], [64], [False, True], quick=True)   # the mods extension
     assert modified and all(c.label.endswith(" backward") for c in modified)
+    narrow_v = [c for c in checks if "/v" in c.label]   # the head_dim_v extension: pairs of q / k's class 64
+    assert narrow_v and all(c.label.endswith(" backward") and " d40/v8 " in c.label for c in narrow_v)
     # block masks of every pattern and the shipped functors, on the quick masked shapes, causal and not
     masked = [c for c in checks if " block:" in c.label or " mod:" in c.label]
     assert {c.label.split(" bfloat16 ")[1].split(" backward")[0].removeprefix("causal ") for c in masked} == set(MASKS)
     assert len(masked) == 2 * 2 * len({c.label.split(" bfloat16 ")[1].removeprefix("causal ") for c in masked})
-    assert len(checks) == 2 * (len(harness.QUICK_SHAPES) + len(QUICK_VARLEN_CASES)) + len(modified) + len(masked)
+    assert len(checks) == 2 * (len(harness.QUICK_SHAPES) + len(QUICK_VARLEN_CASES)) + len(modified) + len(masked) + \
+        len(narrow_v)
     assert all(c.variant == "fa2_bwd" and c.label.endswith(" backward") for c in checks)
     varlen = [c.label for c in checks if c.label.startswith("varlen ")]   # the forward's varlen matrix stays out
     assert len(varlen) == 2 * len(QUICK_VARLEN_CASES)

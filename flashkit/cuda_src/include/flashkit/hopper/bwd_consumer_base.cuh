@@ -44,14 +44,14 @@ struct BwdConsumerBase {
         const ConsumerPlace at(tid);
         warp_row = at.row;
         col2 = at.col2;
+        static_assert(Kt::kDTilesV <= Kt::kDTiles, "dV's columns at most dK's");
 #pragma unroll
         for (int nd = 0; nd < Kt::kDTiles; ++nd)
 #pragma unroll
-            for (int e = 0; e < 4; ++e) acc_dk[nd][e] = 0.f;
-#pragma unroll
-        for (int nd = 0; nd < Kt::kDTilesV; ++nd)
-#pragma unroll
-            for (int e = 0; e < 4; ++e) acc_dv[nd][e] = 0.f;
+            for (int e = 0; e < 4; ++e) {
+                if (nd < Kt::kDTilesV) acc_dv[nd][e] = 0.f;
+                acc_dk[nd][e] = 0.f;
+            }
     }
 
     // This thread's two values of a visit's per-query row in column tile ni of the consumer's queries: lse2 from
@@ -360,9 +360,9 @@ struct BwdConsumerBase {
                 *reinterpret_cast<u32*>(dk + key * p.bwd.dk_row_stride + col) = pack_float2<Element>(
                     acc_dk[nd][2 * h] * p.softmax_scale, acc_dk[nd][2 * h + 1] * p.softmax_scale);
                 if (nd >= Kt::kDTilesV) continue;
-                const int col_v = own_col0_v() + nd * kMmaN;
-                if (BwdVColumns::kNarrower && col_v >= BwdVColumns::call(p)) continue;
-                *reinterpret_cast<u32*>(dv + key * p.bwd.dv_row_stride + col_v + col2) =
+                const int col_v = own_col0_v() + nd * kMmaN + col2;
+                if (BwdVColumns::kNarrower && own_col0_v() + nd * kMmaN >= BwdVColumns::call(p)) continue;
+                *reinterpret_cast<u32*>(dv + key * p.bwd.dv_row_stride + col_v) =
                     pack_float2<Element>(acc_dv[nd][2 * h], acc_dv[nd][2 * h + 1]);
             }
         }

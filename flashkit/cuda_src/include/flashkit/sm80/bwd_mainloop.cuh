@@ -84,8 +84,16 @@ struct BwdMainloop {
         sP = sdS + Kt::kDsElems * Kt::kElemBytes;   // (no such tile with register operands)
         s_lse2 = reinterpret_cast<float*>(smem + Kt::kTileBytes);
         s_dsum = s_lse2 + Kt::kQStages * kM;
-        zero_fragments(acc_dk);
-        zero_fragments(acc_dv);
+        static_assert(Kt::kColTilesV <= Kt::kColTiles, "dV's columns at most dK's");
+#pragma unroll
+        for (int mi = 0; mi < Kt::kKeyTiles; ++mi)
+#pragma unroll
+            for (int nd = 0; nd < Kt::kColTiles; ++nd)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) {
+                    if (nd < Kt::kColTilesV) acc_dv[mi][nd][e] = 0.f;
+                    acc_dk[mi][nd][e] = 0.f;
+                }
     }
 
     // This warp's place in the warp grid (bwd_traits.cuh): its first key of the block (S^T, dP^T, dK, dV), its
@@ -377,7 +385,8 @@ struct BwdMainloop {
                     *reinterpret_cast<u32*>(dk + key * p.bwd.dk_row_stride + col) = pack_float2<Element>(
                         acc_dk[mi][nd][2 * h] * p.softmax_scale, acc_dk[mi][nd][2 * h + 1] * p.softmax_scale);
                     if (nd >= Kt::kColTilesV) continue;
-                    const int col_v = cols0<kDv>() + nd * kMmaN + c2;   // dV's, up to head_dim_v where v is narrower
+                    // dV's column (dK's where v's class is q's), up to head_dim_v where v is narrower
+                    const int col_v = kDv == kD ? col : cols0<kDv>() + nd * kMmaN + c2;
                     if (BwdVColumns::kNarrower && col_v >= BwdVColumns::call(p)) continue;
                     *reinterpret_cast<u32*>(dv + key * p.bwd.dv_row_stride + col_v) =
                         pack_float2<Element>(acc_dv[mi][nd][2 * h], acc_dv[mi][nd][2 * h + 1]);
