@@ -356,12 +356,13 @@ struct BwdConsumerBase {
                 const int col = own_col0() + nd * kMmaN + col2;
                 // a padded call: the tiles past its head dim (a multiple of 8) hold zeros and are not stored; nor are
                 // dV's past head_dim_v (v's own columns where v is narrower)
-                if (FLASHKIT_HEAD_DIM_PADDED && own_col0() + nd * kMmaN >= p.head_dim) continue;
-                *reinterpret_cast<u32*>(dk + key * p.bwd.dk_row_stride + col) = pack_float2<Element>(
-                    acc_dk[nd][2 * h] * p.softmax_scale, acc_dk[nd][2 * h + 1] * p.softmax_scale);
+                if (!FLASHKIT_HEAD_DIM_PADDED || own_col0() + nd * kMmaN < p.head_dim)
+                    *reinterpret_cast<u32*>(dk + key * p.bwd.dk_row_stride + col) = pack_float2<Element>(
+                        acc_dk[nd][2 * h] * p.softmax_scale, acc_dk[nd][2 * h + 1] * p.softmax_scale);
                 if (nd >= Kt::kDTilesV) continue;
                 const int col_v = own_col0_v() + nd * kMmaN + col2;
-                if (BwdVColumns::kNarrower && own_col0_v() + nd * kMmaN >= BwdVColumns::call(p)) continue;
+                if ((BwdVColumns::kPadded || BwdVColumns::kNarrower) && own_col0_v() + nd * kMmaN >= BwdVColumns::call(p))
+                    continue;
                 *reinterpret_cast<u32*>(dv + key * p.bwd.dv_row_stride + col_v) =
                     pack_float2<Element>(acc_dv[nd][2 * h], acc_dv[nd][2 * h + 1]);
             }

@@ -381,13 +381,13 @@ struct BwdMainloop {
 #pragma unroll
                 for (int nd = 0; nd < Kt::kColTiles; ++nd) {
                     const int col = col0() + nd * kMmaN + c2;
-                    if (kPadded && col >= p.head_dim) continue;   // zero columns past a padded call's head dim
-                    *reinterpret_cast<u32*>(dk + key * p.bwd.dk_row_stride + col) = pack_float2<Element>(
-                        acc_dk[mi][nd][2 * h] * p.softmax_scale, acc_dk[mi][nd][2 * h + 1] * p.softmax_scale);
+                    if (!kPadded || col < p.head_dim)   // zero columns past a padded call's head dim: not stored
+                        *reinterpret_cast<u32*>(dk + key * p.bwd.dk_row_stride + col) = pack_float2<Element>(
+                            acc_dk[mi][nd][2 * h] * p.softmax_scale, acc_dk[mi][nd][2 * h + 1] * p.softmax_scale);
                     if (nd >= Kt::kColTilesV) continue;
-                    // dV's column (dK's where v's class is q's), up to head_dim_v where v is narrower
+                    // dV's column (dK's where v's class is q's), likewise up to head_dim_v
                     const int col_v = kDv == kD ? col : cols0<kDv>() + nd * kMmaN + c2;
-                    if (BwdVColumns::kNarrower && col_v >= BwdVColumns::call(p)) continue;
+                    if (kVPadded && col_v >= BwdVColumns::call(p)) continue;
                     *reinterpret_cast<u32*>(dv + key * p.bwd.dv_row_stride + col_v) =
                         pack_float2<Element>(acc_dv[mi][nd][2 * h], acc_dv[mi][nd][2 * h + 1]);
                 }
