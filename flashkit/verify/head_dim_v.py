@@ -25,8 +25,8 @@ from .varlen import varlen_check
 MLA = (192, 128)   # (head_dim, head_dim_v): the pair every variant declaring head_dim_v runs on the full matrix
 # Other pairs, on the quick shapes: classes apart, V one class below, V of one 128 B panel under Q / K's two (the
 # second half-filled: the Hopper core's hd96), both padded, V far below Q / K (fa3_bwd's column split runs v of 64
-# under 256 on 128-column V tiles, zero-filled).
-OTHER_PAIRS = ((128, 64), (256, 192), (96, 64), (200, 136), (136, 72), (40, 8), (256, 64))
+# under 256 on 128-column V tiles, zero-filled), V whole under Q / K padded (dV's columns past q's head dim).
+OTHER_PAIRS = ((128, 64), (256, 192), (96, 64), (200, 136), (136, 72), (40, 8), (256, 64), (136, 128))
 MOD_CASE = "causal window(128,0)+softcap(3)+alibi"
 VARLEN_CASE = "cross"
 

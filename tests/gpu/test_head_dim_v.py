@@ -151,7 +151,7 @@ def test_columns_past_head_dim_v_are_neither_read_nor_written(d, dv, width, caus
 
 @pytest.mark.parametrize("variant", ["fa2_bwd", "fa3_bwd"])
 @pytest.mark.parametrize("d,dv,width", [(192, 128, 192), (200, 136, 200), (64, 40, 64), (128, 64, 96),
-                                        (256, 64, 128)])
+                                        (256, 64, 128), (136, 128, 136)])
 @pytest.mark.parametrize("causal", [False, True])
 def test_backward_reads_no_column_past_head_dim_v(variant, d, dv, width, causal):
     """v, out and dout are column slices of NaN-filled wider buffers: the backward must zero-fill (not load) their
