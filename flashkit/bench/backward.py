@@ -117,6 +117,7 @@ def main(argv=None):
           + (f"  head_dim_v={args.head_dim_v}" if args.head_dim_v else ""))
     rows = []
     fmt = lambda x: f"{x:7.1f}" if x else "    n/a"  # noqa: E731
+    ratio = lambda x: f"{x:.2f}" if x else " n/a"  # noqa: E731
     for hd in args.head_dims:
         for causal in (False, True):
             for s in args.seqlens:
@@ -130,7 +131,7 @@ def main(argv=None):
                     rows.append(r)
                     print(f"hd{hd:<4} {'causal' if causal else 'full  '} s{s:<6} {r['variant'] or 'flashkit':<9}"
                           f"{fmt(r['flashkit_tflops'])} flash {fmt(r['flash_tflops'])} cudnn {fmt(r['cudnn_tflops'])}"
-                          f" TFLOP/s   x flash {r['vs_flash'] or 0:.2f}  x cudnn {r['vs_cudnn'] or 0:.2f}"
+                          f" TFLOP/s   x flash {ratio(r['vs_flash'])}  x cudnn {ratio(r['vs_cudnn'])}"
                           + (f"  x padded v {r['vs_padded']:.3f}" if "vs_padded" in r else ""), flush=True)
     if args.json:
         with open(args.json, "w") as f:

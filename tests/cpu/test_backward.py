@@ -78,8 +78,8 @@ def test_fa2_bwd_manifest():
     assert spec.supports("backward") and spec.requires == {"backward": True}
     assert spec.grids == ("q_blocks", "kv_tiles", "q_blocks") and len(spec.entries) == 3
     assert spec.workspace == "dq_accum" and spec.supports("gqa") and spec.supports("causal")
-    # every multiple of 8 up to 256, compiled as 64, 128 or 256 (the columns past a call's head dim zero-filled)
-    assert spec.head_dims.classes == (64, 128, 256) and 8 in spec.head_dims and 256 in spec.head_dims
+    # every multiple of 8 up to 256, compiled as 64, 128, 192 or 256 (the columns past a call's head dim zero-filled)
+    assert spec.head_dims.classes == (64, 128, 192, 256) and 8 in spec.head_dims and 256 in spec.head_dims
     assert 264 not in spec.head_dims and 100 not in spec.head_dims
 
 
@@ -401,9 +401,9 @@ def test_varlen_compile_matrix_includes_the_backward_varlen_builds():
     from flashkit.verify.compile_matrix import spec_configs
     spec = discover_kernels().get("fa2_bwd")
     configs = spec_configs(spec, (8, 0))
-    varlen = [c for c in configs if "varlen" in c.mods]
+    varlen = [c for c in configs if "varlen" in c.mods and not c.head_dim_v]
     exact = [c for c in configs if not c.mods and not c.head_dim_padded and not c.block_sparse and not c.head_dim_v]
-    assert len(varlen) == len(exact) == len(spec.dtypes) * 3 * 2   # dtypes x hd64/128/256 x causal
+    assert len(varlen) == len(exact) == len(spec.dtypes) * len(spec.head_dims.classes) * 2   # dtypes x classes x causal
     # padded head dims (one below each class): the first dtype, dense (varlen ones compile on demand)
     assert {c.dtype for c in configs if c.head_dim_padded} == {spec.dtypes[0]}
 

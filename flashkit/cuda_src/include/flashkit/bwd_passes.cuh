@@ -133,6 +133,9 @@ __device__ __forceinline__ float row_dot(const Word* d, const Word* o, int words
     return acc;
 }
 
+// The largest power of two at most n (n >= 1).
+__host__ __device__ constexpr int floor_pow2(int n) { return n & (n - 1) ? floor_pow2(n & (n - 1)) : n; }
+
 __device__ __forceinline__ bool aligned16(const void* p, index_t row_stride_elems, int elem_bytes) {
     return (reinterpret_cast<unsigned long long>(p) % 16 == 0) && (row_stride_elems * elem_bytes) % 16 == 0;
 }
@@ -146,8 +149,10 @@ __device__ __forceinline__ void bwd_prepass_block(const Params& p, const BwdWork
     constexpr int kDv = Kt::kHeadDimV;   // of a dO and O row
     constexpr int kElem = static_cast<int>(sizeof(Element));
     constexpr int kChunkElems = 16 / kElem;                                  // elements of a 16-byte chunk
-    // The lanes of a row: one a chunk of v's class's row, at most a warp (a power of two for classes 64-256).
-    constexpr int kRowLanes = kDv / kChunkElems < kWarpSize ? kDv / kChunkElems : kWarpSize;
+    // The lanes of a row: one a chunk of v's class's row, at most a warp, rounded down to a power of two (192's 24
+    // chunks: 16 lanes, some taking two).
+    constexpr int kRowChunks = kDv / kChunkElems < kWarpSize ? kDv / kChunkElems : kWarpSize;
+    constexpr int kRowLanes = floor_pow2(kRowChunks);
     constexpr int kRowsPerWarp = kWarpSize / kRowLanes;
     static_assert((kRowLanes & (kRowLanes - 1)) == 0, "a power-of-two lane group per row");
     // 16-bit pairs (chunks) of a dO and O row that hold data: v's head dim when it is below the compiled class

@@ -77,4 +77,14 @@ struct DqFragments {
     }
 };
 
+// A main kernel's dq_accum layout: fragment order (unscaled sums) or rows (scaled).
+template <bool kFragments, int kRows>
+struct DqLayoutOf {
+    typedef DqRowMajor<true> type;
+};
+template <int kRows>
+struct DqLayoutOf<true, kRows> {
+    typedef DqFragments<kRows, false> type;
+};
+
 }  // namespace flashkit

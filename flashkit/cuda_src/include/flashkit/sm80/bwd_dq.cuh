@@ -44,30 +44,30 @@ __device__ __forceinline__ void BwdMainloop<Kt, Mask, Mod>::accumulate_dq(int he
         __syncthreads();
     }
     float* dq = ws.dq_accum + (ws.row0(p, batch, head) + m_block * kM) * kD;
-#if FLASHKIT_BWD_DQ_FRAGMENTS   // fragment order (Kt::DqLayout, bwd_traits.cuh): one 16-byte reduction a tile
-    // The warp's column tiles lie in one 64-column panel, so its tiles' addresses are one base plus compile-time
-    // offsets (formed one by one, they took about 80 integer instructions a visit at hd128).
-    static_assert(Kt::DqLayout::kTilesPerPanel % Kt::kDqDTiles == 0, "a warp's dQ columns stay in one panel");
-    float* frag = dq + Kt::DqLayout::fragment(d0 / kMmaN, wm * Kt::kDqMTiles, lane);
+    if constexpr (Kt::kDqFragments) {   // fragment order (Kt::DqLayout, bwd_traits.cuh): one 16-byte reduction a tile
+        // The warp's column tiles lie in one 64-column panel, so its tiles' addresses are one base plus compile-time
+        // offsets (formed one by one, they took about 80 integer instructions a visit at hd128).
+        static_assert(Kt::DqLayout::kTilesPerPanel % Kt::kDqDTiles == 0, "a warp's dQ columns stay in one panel");
+        float* frag = dq + Kt::DqLayout::fragment(d0 / kMmaN, wm * Kt::kDqMTiles, lane);
 #pragma unroll
-    for (int mt = 0; mt < Kt::kDqMTiles; ++mt)   // unscaled: bwd_convert_dq scales
+        for (int mt = 0; mt < Kt::kDqMTiles; ++mt)   // unscaled: bwd_convert_dq scales
 #pragma unroll
-        for (int nd = 0; nd < Kt::kDqDTiles; ++nd)
-            red_add_v4(frag + Kt::DqLayout::run_offset(nd, mt), acc[mt][nd][0], acc[mt][nd][1], acc[mt][nd][2],
-                       acc[mt][nd][3]);
-#else
-    const int g = lane / kQuadLanes;
-    const int c2 = kFragCols * (lane % kQuadLanes);
+            for (int nd = 0; nd < Kt::kDqDTiles; ++nd)
+                red_add_v4(frag + Kt::DqLayout::run_offset(nd, mt), acc[mt][nd][0], acc[mt][nd][1], acc[mt][nd][2],
+                           acc[mt][nd][3]);
+    } else {
+        const int g = lane / kQuadLanes;
+        const int c2 = kFragCols * (lane % kQuadLanes);
 #pragma unroll
-    for (int mt = 0; mt < Kt::kDqMTiles; ++mt) {
-        float* row = dq + ((wm * Kt::kDqMTiles + mt) * kMmaM + g) * kD + d0 + c2;
-        // rows (Kt::DqLayout); reduce.cuh: 16 bytes a reduction on sm_90
+        for (int mt = 0; mt < Kt::kDqMTiles; ++mt) {
+            float* row = dq + ((wm * Kt::kDqMTiles + mt) * kMmaM + g) * kD + d0 + c2;
+            // rows (Kt::DqLayout); reduce.cuh: 16 bytes a reduction on sm_90
 #pragma unroll
-        for (int nd = 0; nd < Kt::kDqDTiles; ++nd)
-            red_add_fragment(row + nd * kMmaN, kD, lane, acc[mt][nd][0], acc[mt][nd][1], acc[mt][nd][2],
-                             acc[mt][nd][3], p.softmax_scale);
+            for (int nd = 0; nd < Kt::kDqDTiles; ++nd)
+                red_add_fragment(row + nd * kMmaN, kD, lane, acc[mt][nd][0], acc[mt][nd][1], acc[mt][nd][2],
+                                 acc[mt][nd][3], p.softmax_scale);
+        }
     }
-#endif
     if (ordered) {
         __threadfence();
         __syncthreads();

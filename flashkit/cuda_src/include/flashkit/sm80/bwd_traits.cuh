@@ -52,12 +52,6 @@ struct BwdTraits {
     static constexpr int kElemBytes = sizeof(Element);
     static constexpr int kQStages = kQStages_;   // buffers of Q, dO, lse2 and dsum (see above)
 
-    // dq_accum (dq_layout.cuh; FLASHKIT_BWD_DQ_FRAGMENTS above)
-#if FLASHKIT_BWD_DQ_FRAGMENTS
-    typedef DqFragments<kBlockM, false> DqLayout;
-#else
-    typedef DqRowMajor<true> DqLayout;
-#endif
     // The warp grid of S^T, dP^T, dK and dV: kKeyWarps along the keys, kPartWarps along the queries (S^T, dP^T)
     // and the head dim (dK, dV).
     static constexpr int kWarpKeys = kHeadDim > 64 ? 32 : 16;   // keys (rows of S^T, dK, dV) per warp
@@ -79,6 +73,11 @@ struct BwdTraits {
     static constexpr int kDqWarpsD = kWarps / kDqWarpsM;
     static constexpr int kDqMTiles = kBlockM / kMmaM / kDqWarpsM;   // 16-row tiles per warp
     static constexpr int kDqDTiles = kHeadDim / kMmaN / kDqWarpsD;  // 8-wide column tiles per warp
+    // dq_accum (dq_layout.cuh; FLASHKIT_BWD_DQ_FRAGMENTS above) in fragment order where a warp's dQ columns stay in
+    // one 64-column panel (sm80/bwd_dq.cuh), else in rows (hd192's warp tiles of 48 columns).
+    static constexpr bool kDqFragments =
+        FLASHKIT_BWD_DQ_FRAGMENTS && DqFragments<kBlockM, false>::kTilesPerPanel % kDqDTiles == 0;
+    typedef typename DqLayoutOf<kDqFragments, kBlockM>::type DqLayout;
 
     static constexpr int kQElems = kBlockM * kHeadDim;
     static constexpr int kDoElems = kBlockM * kHeadDimV;
