@@ -1,6 +1,7 @@
 """transformers with attn_implementation="flashkit" on a GPU: a tiny Llama (GQA 4/2, head_dim 64, bf16) against
 sdpa, both judged against a float32 sdpa copy of the same weights: logits on unpadded, right-padded and
-left-padded batches (and a decode step on a KV cache), and one training step's gradients."""
+left-padded batches (and a decode step on a KV cache), and one training step's gradients; and one training step of a
+tiny DeepSeek-V3 (multi-head latent attention: v of 128 under q / k's 192)."""
 
 from __future__ import annotations
 
@@ -112,6 +113,57 @@ def test_training_on_left_padding_runs_the_varlen_backward(monkeypatch):
     fk(input_ids=ids, attention_mask=mask, labels=ids.masked_fill(mask == 0, -100)).loss.backward()
     assert seen and all(kw["check_indices"] is False for kw in seen)
     assert all(p.grad is not None and bool(p.grad.isfinite().all()) for p in fk.parameters() if p.requires_grad)
+
+
+# A tiny DeepSeek-V3: multi-head latent attention with q / k heads of 192 (128 + 64 rotary) and v heads of 128, dense
+# MLPs only (first_k_dense_replace = the layers: no expert routing, which precision could flip between the copies).
+MLA_CONFIG = dict(vocab_size=1000, hidden_size=256, intermediate_size=512, moe_intermediate_size=128,
+                  num_hidden_layers=2, first_k_dense_replace=2, num_attention_heads=4, num_key_value_heads=4,
+                  q_lora_rank=64, kv_lora_rank=64, qk_nope_head_dim=128, qk_rope_head_dim=64, v_head_dim=128,
+                  n_routed_experts=4, num_experts_per_tok=2, max_position_embeddings=256)
+
+
+def mla_models():
+    """(flashkit bf16, sdpa bf16, sdpa float32) copies of one random tiny DeepSeek-V3 on the GPU: transformers hands
+    flashkit v of 128 under q / k's 192, which it runs as they are (head_dim_v, forward and backward)."""
+    config_type = getattr(transformers, "DeepseekV3Config", None)
+    if config_type is None:
+        pytest.skip(f"transformers {transformers.__version__} has no DeepseekV3 (multi-head latent attention)")
+    from flashkit.integrations.transformers import register
+    register()
+    out = []
+    for name in ("flashkit", "sdpa"):
+        torch.manual_seed(0)
+        model = transformers.AutoModelForCausalLM.from_config(config_type(**MLA_CONFIG), attn_implementation=name)
+        if out:
+            model.load_state_dict(out[0].state_dict())
+        out.append(model.to(device="cuda", dtype=torch.bfloat16))
+    return out[0], out[1], copy.deepcopy(out[1]).float()
+
+
+def test_an_mla_model_trains_as_with_sdpa(monkeypatch):
+    """DeepSeek-V3's attention (v narrower than q and k): the loss and every gradient of one training step within the
+    rule against a float32 sdpa copy, with flashkit's backward called on v of 128."""
+    import flashkit.torch as fk_torch
+    seen = []
+    real = fk_torch._attention_backward
+
+    def spy(dout, q, k, v, *args, **kw):
+        seen.append((q.shape[-1], v.shape[-1], dout.shape[-1]))
+        return real(dout, q, k, v, *args, **kw)
+    monkeypatch.setattr(fk_torch, "_attention_backward", spy)
+    fk, sdpa, oracle = mla_models()
+    ids, _ = batch("none", seed=4)
+    losses = []
+    for m in (fk, sdpa, oracle):
+        m.train()
+        loss = m(input_ids=ids, labels=ids).loss
+        loss.backward()
+        losses.append(loss.detach().float())
+    assert seen and set(seen) == {(192, 128, 128)}, seen
+    close(losses[0], losses[1], losses[2], "MLA loss")
+    for (name, p_fk), p_sdpa, p_ref in zip(fk.named_parameters(), sdpa.parameters(), oracle.parameters()):
+        close(p_fk.grad, p_sdpa.grad, p_ref.grad, f"MLA grad {name}", slack=0.02)
 
 
 def bench(steps: int = 20, batch_size: int = 8, seqlen: int = 2048) -> None:
