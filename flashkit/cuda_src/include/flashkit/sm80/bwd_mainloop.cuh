@@ -42,12 +42,13 @@ template <class Kt, class Mask, class Mod>
 struct BwdMainloop {
     typedef typename Kt::Element Element;
     static constexpr int kD = Kt::kHeadDim;
-    static constexpr int kDv = Kt::kHeadDimV;   // V, dO, dV (v's class: MLA's 128 under 192's 256)
+    static constexpr int kDv = Kt::kHeadDimVTiles;   // V, dO, dV (v's class: MLA's 128 under 192)
     // The call's head dim is below the compiled class: loads zero-fill its columns past p.head_dim (so S, dP,
     // dK, dV and dQ see zeros there), and the stores leave them out.
     static constexpr bool kPadded = FLASHKIT_HEAD_DIM_PADDED != 0;
-    // V and dO of a narrower head_dim_v run at the same class, zero-filled past it (bwd_passes.cuh's BwdVColumns).
-    static constexpr bool kVPadded = BwdVColumns::kPadded;
+    // V and dO zero-filled past head_dim_v where it is below their tiles' class (bwd_passes.cuh's BwdVColumns; v's
+    // class raised to q's: bwd_traits.cuh's kVRaised).
+    static constexpr bool kVPadded = BwdVColumns::kPadded || Kt::kVRaised;
     static constexpr int kM = Kt::kBlockM;
     static constexpr int kN = Kt::kBlockN;
 

@@ -14,7 +14,7 @@
 // hd256 takes FlashAttention-2's 64-key blocks with the same 32-key warp grid (2 x 4 warps: 32 x 16 of S^T, 32 x 64
 // of dK and dV).
 // Shared memory (dynamic), 16-bit tiles in the swizzled layout of tile.cuh:
-//   [ Q: S x kBlockM x D | dO: S x kBlockM x Dv | K: kBlockN x D | V: kBlockN x Dv |   (Dv = kHeadDimV, v's)
+//   [ Q: S x kBlockM x D | dO: S x kBlockM x Dv | K: kBlockN x D | V: kBlockN x Dv |   (Dv = kHeadDimVTiles, v's)
 //     dS^T: kBlockN x kBlockM | P^T: kBlockN x kBlockM (not with register operands) | lse2: S x kBlockM (fp32) |
 //     dsum: S x kBlockM (fp32) ],  S = kQStages
 // With two stages Q, dO, lse2 and dsum are double-buffered: query block i + 1 streams in under block i. One stage
@@ -45,6 +45,10 @@ struct BwdTraits {
     typedef Element_ Element;
     static constexpr int kHeadDim = kHeadDim_;
     static constexpr int kHeadDimV = kHeadDimV_;   // V, dO, dV: v's class (below kHeadDim where v is narrower)
+    // The main loop's V, dO and dV tiles: v's class where it is 64 or 128, else q's (v of 192 under 256: dV's warp
+    // tiles of 48 columns made ptxas spill the walk's scalars, 60 B), zero-filled past head_dim_v as a padded V is.
+    static constexpr int kHeadDimVTiles = (kHeadDimV & (kHeadDimV - 1)) == 0 ? kHeadDimV : kHeadDim;
+    static constexpr bool kVRaised = kHeadDimVTiles != kHeadDimV;
     static constexpr int kBlockM = kBlockM_;   // query rows per visited block
     static constexpr int kBlockN = kBlockN_;   // keys per CTA
     static constexpr int kWarps = kWarps_;
@@ -60,7 +64,7 @@ struct BwdTraits {
     static constexpr bool kRegisterOperands = kPartWarps == 1;   // P^T, dS^T as register A fragments (dV, dK)
     static constexpr int kWarpQueries = kBlockM / kPartWarps;   // columns of S^T per warp
     static constexpr int kWarpCols = kHeadDim / kPartWarps;     // columns of dK per warp
-    static constexpr int kWarpColsV = kHeadDimV / kPartWarps;   // of dV
+    static constexpr int kWarpColsV = kHeadDimVTiles / kPartWarps;   // of dV
     static constexpr int kKeyTiles = kWarpKeys / kMmaM;         // 16-key row tiles of a warp
     static constexpr int kQueryTiles = kWarpQueries / kMmaN;    // 8-query column tiles of a warp's S^T
     static constexpr int kColTiles = kWarpCols / kMmaN;         // 8-wide column tiles of a warp's dK
@@ -80,9 +84,9 @@ struct BwdTraits {
     typedef typename DqLayoutOf<kDqFragments, kBlockM>::type DqLayout;
 
     static constexpr int kQElems = kBlockM * kHeadDim;
-    static constexpr int kDoElems = kBlockM * kHeadDimV;
+    static constexpr int kDoElems = kBlockM * kHeadDimVTiles;
     static constexpr int kKVElems = kBlockN * kHeadDim;   // K's
-    static constexpr int kVElems = kBlockN * kHeadDimV;
+    static constexpr int kVElems = kBlockN * kHeadDimVTiles;
     static constexpr int kDsElems = kBlockN * kBlockM;
     static constexpr int kTransposedTiles = kRegisterOperands ? 1 : 2;   // dS^T (dQ's operand), P^T
     static constexpr int kQTileBytes = kQElems * kElemBytes;     // one stage of Q
