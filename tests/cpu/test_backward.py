@@ -367,7 +367,7 @@ def test_a_chunked_backward_runs_fa2_bwd_at_every_head_dim_its_architecture_take
         sel = select_kernel(Request(dtype="bfloat16", head_dim=256, backward=True, cc=cc, window=True, chunk=True),
                             specs)
         assert sel.chosen.name == "fa2_bwd"
-    with pytest.raises(UnsupportedError, match="head_dim=256 not supported on sm_89: up to 128"):
+    with pytest.raises(UnsupportedError, match="head_dim=256 not supported on sm_89: up to 192"):
         select_kernel(Request(dtype="bfloat16", head_dim=256, backward=True, cc=(8, 9), window=True, chunk=True),
                       specs)
 

@@ -128,7 +128,7 @@ def test_explain_backward_names_the_kernel_its_tiles_and_the_architectures_limit
     assert "tiles on sm_80: block_m=64 block_n=64 q_stages=1 warps=8" in out   # Q and dO single-buffered
     assert "selected: fa3_bwd" in invoke("explain", "--backward", "--arch", "sm_90", "--head-dim", "200").stdout
     refused = invoke("explain", "--backward", "--arch", "sm_89", "--head-dim", "256", code=1).stdout
-    assert "fa2_bwd: head_dim=256 not supported on sm_89: up to 128 there (an SM's shared memory)" in refused
+    assert "fa2_bwd: head_dim=256 not supported on sm_89: up to 192 there (an SM's shared memory)" in refused
     forward = invoke("explain", "--arch", "sm_86", "--head-dim", "256").stdout   # the FA2 family's 99 KB tiles
     assert "selected: fa2" in forward and "tiles on sm_86: block_m=128 block_n=32 warps=8" in forward
 

@@ -58,7 +58,8 @@ struct BwdTraits {
 
     // The warp grid of S^T, dP^T, dK and dV: kKeyWarps along the keys, kPartWarps along the queries (S^T, dP^T)
     // and the head dim (dK, dV).
-    static constexpr int kWarpKeys = kHeadDim > 64 ? 32 : 16;   // keys (rows of S^T, dK, dV) per warp
+    // keys (rows of S^T, dK, dV) per warp: 16-key strips at hd64, and on 32-key blocks (sm_86's hd192: 2 x 4 warps)
+    static constexpr int kWarpKeys = kHeadDim > 64 && kBlockN > 32 ? 32 : 16;
     static constexpr int kKeyWarps = kBlockN / kWarpKeys;
     static constexpr int kPartWarps = kWarps / kKeyWarps;
     static constexpr bool kRegisterOperands = kPartWarps == 1;   // P^T, dS^T as register A fragments (dV, dK)
