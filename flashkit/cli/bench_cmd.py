@@ -5,6 +5,7 @@ from __future__ import annotations
 import click
 
 from .. import bench
+from ..errors import InputError
 from ..runtime.device import require_device
 from .common import one_line_errors
 
@@ -36,10 +37,14 @@ def _ints(values: tuple[str, ...]) -> list[int]:
 @click.option("--backward", is_flag=True, help="attention_backward against PyTorch SDPA's flash and cuDNN backward "
                                                "(flashkit.bench.backward; --seqlen, --head-dim, --variant).")
 @click.option("--deterministic", is_flag=True, help="With --backward: the deterministic backward.")
+@click.option("--head-dim-v", type=int, default=None,
+              help="With --backward: v's head dim, below each --head-dim (DeepSeek's MLA: 128 under 192).")
 @one_line_errors
 def command(variants, head_dims, seqlens, causal, density, dtype, compare, iters, warmup, as_json, json_out,
-            plot, functors, backward, deterministic) -> None:
+            plot, functors, backward, deterministic, head_dim_v) -> None:
     """Time kernels with CUDA events (median, L2-rotated inputs) and report TFLOP/s and ratios."""
+    if head_dim_v is not None and not backward:
+        raise InputError(f"--head-dim-v: times the backward only (add --backward), got {head_dim_v}")
     require_device()
     if backward:
         from ..bench import backward as backward_bench
@@ -47,6 +52,7 @@ def command(variants, head_dims, seqlens, causal, density, dtype, compare, iters
             ["--head-dims", *map(str, _ints(head_dims))] if head_dims else [])
         argv += (["--deterministic"] if deterministic else []) + (["--json", json_out] if json_out else [])
         argv += ["--variant", *variants] if variants else []
+        argv += ["--head-dim-v", str(head_dim_v)] if head_dim_v is not None else []
         backward_bench.main(argv)
         return
     if functors:

@@ -26,3 +26,19 @@ def test_backward_flops_count_v_s_products_over_head_dim_v():
 def test_bench_backward_needs_a_device_and_says_so():
     result = CliRunner().invoke(cli, ["bench", "--backward", "--seqlen", "2048"])
     assert result.exit_code == 1 and "no CUDA device found" in result.output
+
+
+def test_bench_head_dim_v_reaches_the_backward_bench(monkeypatch):
+    """`flashkit bench --backward --head-dim 192 --head-dim-v 128` hands v's head dim to flashkit.bench.backward; without
+    --backward it is a one-line error naming the option (before any device is asked)."""
+    import flashkit.bench.backward as backward_bench
+    import flashkit.cli.bench_cmd as bench_cmd
+    seen = []
+    monkeypatch.setattr(bench_cmd, "require_device", lambda: None)
+    monkeypatch.setattr(backward_bench, "main", seen.append)
+    result = CliRunner().invoke(cli, ["bench", "--backward", "--head-dim", "192", "--head-dim-v", "128"])
+    assert result.exit_code == 0, result.output
+    assert seen == [["--head-dims", "192", "--head-dim-v", "128"]]
+    result = CliRunner().invoke(cli, ["bench", "--head-dim-v", "128"])
+    assert result.exit_code == 1 and "--head-dim-v: times the backward only" in result.output
+
