@@ -12,7 +12,8 @@
 // through shared memory. hd64 keeps 16-key strips over all queries and columns (8 x 1 warps): a warp's own P^T
 // and dS^T are its dV and dK products' A operands in registers (the 32-key grid ran 0.88x there).
 // hd256 takes FlashAttention-2's 64-key blocks with the same 32-key warp grid (2 x 4 warps: 32 x 16 of S^T, 32 x 64
-// of dK and dV).
+// of dK and dV), and so does hd192 (32 x 48 of dK and dV); on 32-key blocks (sm_86's hd192) the warps take 16-key
+// strips, 2 x 4.
 // Shared memory (dynamic), 16-bit tiles in the swizzled layout of tile.cuh:
 //   [ Q: S x kBlockM x D | dO: S x kBlockM x Dv | K: kBlockN x D | V: kBlockN x Dv |   (Dv = kHeadDimVTiles, v's)
 //     dS^T: kBlockN x kBlockM | P^T: kBlockN x kBlockM (not with register operands) | lse2: S x kBlockM (fp32) |
