@@ -4,7 +4,7 @@ summary: FlashAttention-2 backward (K/V-outer, dK dV in registers, dQ by fp32 at
 entry: [flashkit_fa2_bwd_prepass, flashkit_fa2_bwd_main, flashkit_fa2_bwd_convert_dq]
 arch: {min: "8.0", targets: {"8.6": sm_86}}
 dtypes: [float16, bfloat16]
-head_dims: {min: 8, max: 256, multiple_of: 8, classes: [64, 128, 192, 256], max_by_arch: {"8.6": 192, "12.0": 192}}
+head_dims: {min: 8, max: 256, multiple_of: 8, classes: [64, 128, 192, 256]}
 features: {causal: true, block_sparse: true, fp8: false, backward: true, lse: false, gqa: true, varlen: true,
            window: true, chunk: true, softcap: true, alibi: true, score_mod: true, mask_mod: true, head_dim_v: true}
 requires: {backward: true}
@@ -14,11 +14,12 @@ launch: {grid: [q_blocks, kv_tiles, q_blocks], block_m: 64, block_n: 128, warps:
 # class serves MLA's q / k of 192 under v's 128 at 192 rather than 256). Q and dO are double-buffered where an SM's shared memory holds both
 # stages (q_stages, sm80/bwd_traits.cuh): sm_80 (163 KB a block) single-buffers hd256 (145 KB against 209 KB), sm_86
 # and sm_89 (99 KB) run hd128 on 64-key blocks (81 KB) and hd192 on 32-key blocks (81 KB, 16-key warp strips), and
-# hd256 fits their 99 KB in no form (max_by_arch; the "8.6" keys hold for sm_87 too, which could take sm_80's; sm_120
-# takes the same tables as sm_86).
+# hd256 on 32-key blocks with V's fragments held in registers (v_in_regs: V lands in Q's buffer once; 89 KB); the
+# "8.6" keys hold for sm_87 too, which could take sm_80's; sm_120 takes the same tables as sm_86.
 overrides: {"hd192": {block_n: 64}, "hd256": {block_n: 64}, "8.0": {}, "8.0/hd256": {q_stages: 1}, "8.6": {},
             "8.6/hd128": &hd128_99kb {block_n: 64, q_stages: 1}, "8.6/hd192": &hd192_99kb {block_n: 32, q_stages: 1},
-            "12.0": {}, "12.0/hd128": *hd128_99kb, "12.0/hd192": *hd192_99kb}
+            "8.6/hd256": &hd256_99kb {block_n: 32, q_stages: 1, v_in_regs: 1},
+            "12.0": {}, "12.0/hd128": *hd128_99kb, "12.0/hd192": *hd192_99kb, "12.0/hd256": *hd256_99kb}
 workspace: dq_accum
 ---*/
 // FlashAttention-2 backward (Dao, 2023), three stages in launch order:

@@ -154,16 +154,17 @@ def test_bad_max_by_arch_is_refused(tmp_path, limits):
 
 
 def test_fa2_bwd_head_dims_by_architecture():
-    """fa2_bwd: every multiple of 8 to 256 where an SM holds 163 KB or more a block (sm_80, sm_90); to 192 on sm_86 /
-    sm_89's 99 KB, whose hd128 runs 64-key blocks and hd192 32-key blocks, with Q and dO single-buffered."""
+    """fa2_bwd: every multiple of 8 to 256 on every architecture; on sm_86 / sm_89's 99 KB hd128 runs 64-key blocks,
+    hd192 32-key blocks, and hd256 32-key blocks with V's fragments held in registers, Q and dO single-buffered."""
     spec = discover_kernels().get("fa2_bwd")
-    assert spec.head_dims.classes == (64, 128, 192, 256)
-    assert all(spec.head_dims.on_arch(d, cc) for d in EVERY_HEAD_DIM for cc in ((8, 0), (9, 0)))
-    assert [d for d in EVERY_HEAD_DIM if spec.head_dims.on_arch(d, (8, 9))] == list(range(8, 193, 8))
+    assert spec.head_dims.classes == (64, 128, 192, 256) and not spec.head_dims.max_by_arch
+    assert all(spec.head_dims.on_arch(d, cc) for d in EVERY_HEAD_DIM for cc in ((8, 0), (8, 9), (9, 0), (12, 0)))
     assert "sm_86" in spec.declared_archs()   # the compile tier holds its 99 KB configurations to the limit
     config = lambda cc, hd: spec.launch_config(cc, hd)   # noqa: E731
     # sm_86 / sm_89 / sm_120's hd192: 32-key blocks, Q and dO single-buffered
     assert all((config(cc, 192)["block_n"], config(cc, 192)["q_stages"]) == (32, 1) for cc in ((8, 6), (12, 0)))
+    assert all(config(cc, 256) == {"block_m": 64, "block_n": 32, "warps": 8, "q_stages": 1, "v_in_regs": 1}
+               for cc in ((8, 6), (8, 9), (12, 0)))
     assert (config((9, 0), 256)["block_n"], config((9, 0), 256).get("q_stages", 2)) == (64, 2)
     # hd192: 64-key blocks, double-buffered on sm_80 too (its 163 KB hold them)
     assert [(config(cc, 192)["block_n"], config(cc, 192).get("q_stages", 2)) for cc in ((8, 0), (9, 0))] == [(64, 2)] * 2

@@ -69,6 +69,8 @@ struct BwdMainloop {
     // dK, dV of this warp's keys (rows key_row0() + 16 mi + g, + 8) x columns col0() + 8 nd + 2t, + 1: mma C layout
     float acc_dk[Kt::kKeyTiles][Kt::kColTiles][4];
     float acc_dv[Kt::kKeyTiles][Kt::kColTilesV][4];
+    // V's A fragments of this warp's keys (Kt::kVInRegs: hold_v), k-step kk of key tile mi
+    u32 v_frag[Kt::kVInRegs ? Kt::kKeyTiles : 1][Kt::kVInRegs ? Kt::kDvSteps : 1][4];
 
     // call: the call's parameter block (the workspace's layout); p_: the sequence's view, or call itself.
     __device__ __forceinline__ BwdMainloop(const Params& p_, const Params& call, unsigned char* smem, int n_block,
@@ -82,6 +84,10 @@ struct BwdMainloop {
         sK = sdO + Kt::kQStages * Kt::kDoTileBytes;
         sV = sK + Kt::kKVElems * Kt::kElemBytes;
         sdS = sV + Kt::kVElems * Kt::kElemBytes;
+        if constexpr (Kt::kVInRegs) {   // V lands in Q's buffer (hold_v), and dS^T follows K
+            sdS = sV;
+            sV = sQ;
+        }
         sP = sdS + Kt::kDsElems * Kt::kElemBytes;   // (no such tile with register operands)
         s_lse2 = reinterpret_cast<float*>(smem + Kt::kTileBytes);
         s_dsum = s_lse2 + Kt::kQStages * kM;
@@ -110,7 +116,17 @@ struct BwdMainloop {
     __device__ __forceinline__ u32 q_buf(int buf) const { return sQ + buf * Kt::kQTileBytes; }
     __device__ __forceinline__ u32 do_buf(int buf) const { return sdO + buf * Kt::kDoTileBytes; }
 
-    // K_j, V_j: one commit group with the first query block's loads.
+    // V's A fragments of this warp's keys from the landed V tile (in Q's buffer) into v_frag, held over the walk
+    // (Kt::kVInRegs; bwd_walk.cuh orders it between V's landing and the first visit's loads).
+    __device__ __forceinline__ void hold_v() {
+        const LdsmLane<kDv> la = ldsm_rows16<kDv>(lane);
+#pragma unroll
+        for (int mi = 0; mi < Kt::kKeyTiles; ++mi)
+#pragma unroll
+            for (int kk = 0; kk < Kt::kDvSteps; ++kk) ldsm_x4(v_frag[mi][kk], la.addr(sV, key_row0() + mi * kMmaM, kk));
+    }
+
+    // K_j, V_j: one commit group with the first query block's loads (V alone first where it is held in registers).
     __device__ __forceinline__ void load_kv_async() const {
         const Element* k = static_cast<const Element*>(p.k) + t_batch * p.k_batch_stride +
                            kv_head * p.k_head_stride + (k_row0 + n0) * p.k_row_stride;
@@ -162,6 +178,9 @@ struct BwdMainloop {
     template <int kCols>
     __device__ __forceinline__ void gemm_keys_by_queries(float (&c)[Kt::kKeyTiles][Kt::kQueryTiles][4], u32 sA,
                                                          u32 sB) const;
+    // dP^T = V dO^T with V's fragments held in registers (Kt::kVInRegs);
+    __device__ __forceinline__ void gemm_held_v_by_queries(float (&c)[Kt::kKeyTiles][Kt::kQueryTiles][4],
+                                                           u32 sB) const;
     struct FragmentA {
         u32 r[4];
     };
@@ -291,7 +310,10 @@ struct BwdMainloop {
         }
 
         float dpt[Kt::kKeyTiles][Kt::kQueryTiles][4];   // dP^T
-        gemm_keys_by_queries<kDv>(dpt, sV, do_buf(buf));
+        if constexpr (Kt::kVInRegs)
+            gemm_held_v_by_queries(dpt, do_buf(buf));
+        else
+            gemm_keys_by_queries<kDv>(dpt, sV, do_buf(buf));
         // dS^T = P^T (dP^T - dsum) (times d mod / ds), 16 bits, to shared memory for dQ = dS K (and for
         // dK += dS^T Q, unless it takes its A fragments from registers), 16 queries at a time.
 #pragma unroll

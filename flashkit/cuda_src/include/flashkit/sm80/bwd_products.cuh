@@ -7,16 +7,17 @@
 
 namespace flashkit {
 
-// c[mi][2 np + j] += A_mi B_(2 np + j) over kSteps k-steps of 16: each A tile an ldmatrix x4 at a_addr(mi, kk), each
-// pair of B tiles (b0, b1 of tile 2 np, then of 2 np + 1) by load_b(b, np, kk). Both warp products below.
-template <int kSteps, class Element, int kATiles, int kBTiles, class AAddr, class LoadB>
-__device__ __forceinline__ void mma_tile_pairs(float (&c)[kATiles][kBTiles][4], const AAddr& a_addr,
+// c[mi][2 np + j] += A_mi B_(2 np + j) over kSteps k-steps of 16: each A tile by load_a(a, mi, kk) (an ldmatrix x4, or
+// registers held over the walk), each pair of B tiles (b0, b1 of tile 2 np, then of 2 np + 1) by load_b(b, np, kk).
+// Every warp product below.
+template <int kSteps, class Element, int kATiles, int kBTiles, class LoadA, class LoadB>
+__device__ __forceinline__ void mma_tile_pairs(float (&c)[kATiles][kBTiles][4], const LoadA& load_a,
                                                const LoadB& load_b) {
 #pragma unroll
     for (int kk = 0; kk < kSteps; ++kk) {
         u32 a[kATiles][4];
 #pragma unroll
-        for (int mi = 0; mi < kATiles; ++mi) ldsm_x4(a[mi], a_addr(mi, kk));
+        for (int mi = 0; mi < kATiles; ++mi) load_a(a[mi], mi, kk);
 #pragma unroll
         for (int np = 0; np < kBTiles / 2; ++np) {
             u32 b[4];
@@ -42,7 +43,23 @@ __device__ __forceinline__ void BwdMainloop<Kt, Mask, Mod>::gemm_keys_by_queries
     const int r0 = key_row0(), q0 = query_col0();
     zero_fragments(c);
     mma_tile_pairs<kCols / kMmaK, Element>(
-        c, [&](int mi, int kk) { return la.addr(sA, r0 + mi * kMmaM, kk); },
+        c, [&](u32(&a)[4], int mi, int kk) { ldsm_x4(a, la.addr(sA, r0 + mi * kMmaM, kk)); },
+        [&](u32(&b)[4], int np, int kk) { ldsm_x4(b, lb.addr(sB, q0 + np * 2 * kMmaN, kk)); });
+}
+
+// dP^T = V dO^T over v's head dim with V's A fragments held in registers (Kt::kVInRegs: hold_v), B as above.
+template <class Kt, class Mask, class Mod>
+__device__ __forceinline__ void BwdMainloop<Kt, Mask, Mod>::gemm_held_v_by_queries(
+    float (&c)[Kt::kKeyTiles][Kt::kQueryTiles][4], u32 sB) const {
+    const LdsmLane<kDv> lb = ldsm_rows8x2<kDv>(lane);
+    const int q0 = query_col0();
+    zero_fragments(c);
+    mma_tile_pairs<Kt::kDvSteps, Element>(
+        c,
+        [&](u32(&a)[4], int mi, int kk) {
+#pragma unroll
+            for (int r = 0; r < 4; ++r) a[r] = v_frag[mi][kk][r];
+        },
         [&](u32(&b)[4], int np, int kk) { ldsm_x4(b, lb.addr(sB, q0 + np * 2 * kMmaN, kk)); });
 }
 
@@ -76,7 +93,7 @@ __device__ __forceinline__ void BwdMainloop<Kt, Mask, Mod>::mma_keys_by_cols(flo
     const LdsmLane<kCols> lb = ldsm_rows16<kCols>(lane);
     const int r0 = key_row0(), s0 = cols0<kCols>() / kMmaK;
     mma_tile_pairs<Kt::kMSteps, Element>(
-        acc, [&](int mi, int kk) { return la.addr(sX, r0 + mi * kMmaM, kk); },
+        acc, [&](u32(&a)[4], int mi, int kk) { ldsm_x4(a, la.addr(sX, r0 + mi * kMmaM, kk)); },
         [&](u32(&b)[4], int dp, int kk) { ldsm_x4_trans(b, lb.addr(sB, kk * kMmaK, s0 + dp)); });
 }
 

@@ -41,7 +41,7 @@
 namespace flashkit {
 
 template <int kHeadDim_, int kBlockM_, int kBlockN_, int kWarps_, typename Element_, int kQStages_ = 2,
-          int kHeadDimV_ = kHeadDim_>
+          int kHeadDimV_ = kHeadDim_, bool kVInRegs_ = false>
 struct BwdTraits {
     typedef Element_ Element;
     static constexpr int kHeadDim = kHeadDim_;
@@ -56,6 +56,9 @@ struct BwdTraits {
     static constexpr int kThreads = kWarps * kWarpSize;
     static constexpr int kElemBytes = sizeof(Element);
     static constexpr int kQStages = kQStages_;   // buffers of Q, dO, lse2 and dsum (see above)
+    // V's A fragments held in registers over the walk (FlashAttention-2's "V in regs" for 99 KB GPUs at hd256): V
+    // lands in Q's buffer once, each warp loads its keys' fragments, and the walk's Q and dO take the buffer over.
+    static constexpr bool kVInRegs = kVInRegs_;
 
     // The warp grid of S^T, dP^T, dK and dV: kKeyWarps along the keys, kPartWarps along the queries (S^T, dP^T)
     // and the head dim (dK, dV).
@@ -71,6 +74,7 @@ struct BwdTraits {
     static constexpr int kQueryTiles = kWarpQueries / kMmaN;    // 8-query column tiles of a warp's S^T
     static constexpr int kColTiles = kWarpCols / kMmaN;         // 8-wide column tiles of a warp's dK
     static constexpr int kColTilesV = kWarpColsV / kMmaN;       // of its dV
+    static constexpr int kDvSteps = kHeadDimVTiles / kMmaK;     // k-steps over v's head dim (dP^T)
     static constexpr int kMSteps = kBlockM / kMmaK;             // k-steps over a block's queries (dV, dK)
     static constexpr int kNSteps = kBlockN / kMmaK;             // k-steps over the keys (dQ)
 
@@ -94,7 +98,7 @@ struct BwdTraits {
     static constexpr int kQTileBytes = kQElems * kElemBytes;     // one stage of Q
     static constexpr int kDoTileBytes = kDoElems * kElemBytes;   // of dO
     static constexpr int kTileBytes = kQStages * (kQTileBytes + kDoTileBytes) +
-                                      (kKVElems + kVElems + kTransposedTiles * kDsElems) * kElemBytes;
+                                      (kKVElems + (kVInRegs ? 0 : kVElems) + kTransposedTiles * kDsElems) * kElemBytes;
     static constexpr int kSmemBytes = kTileBytes + 2 * kQStages * kBlockM * static_cast<int>(sizeof(float));
 
     static_assert(kElemBytes == 2, "tensor-core path: 16-bit elements only");
@@ -104,6 +108,7 @@ struct BwdTraits {
     static_assert(kBlockM % 64 == 0, "the dS^T tile's rows span the 8 chunks of the swizzle");
     static_assert(kHeadDim % 64 == 0 && kHeadDimV % 64 == 0, "head dims: multiples of 64 (swizzle spans 8 chunks)");
     static_assert(kHeadDimV <= kHeadDim, "v's head dim at most q's");
+    static_assert(!kVInRegs || kQStages * kQTileBytes >= kVElems * kElemBytes, "V lands in Q's buffer"); 
     static_assert(kWarps % kDqWarpsM == 0 && kDqDTiles % 2 == 0 && kDqDTiles * kDqWarpsD * kMmaN == kHeadDim,
                   "dQ tile splits evenly");
     static_assert(kBlockM * 4 / kChunkBytes <= kWarpSize, "one warp loads lse2 and dsum");
@@ -115,8 +120,11 @@ struct BwdTraits {
 #ifndef FLASHKIT_Q_STAGES
 #define FLASHKIT_Q_STAGES 2   // the manifest's launch key q_stages
 #endif
+#ifndef FLASHKIT_V_IN_REGS
+#define FLASHKIT_V_IN_REGS 0   // the manifest's launch key v_in_regs
+#endif
 typedef BwdTraits<FLASHKIT_HEAD_DIM, FLASHKIT_BLOCK_M, FLASHKIT_BLOCK_N, FLASHKIT_WARPS, Element, FLASHKIT_Q_STAGES,
-                  FLASHKIT_HEAD_DIM_V>
+                  FLASHKIT_HEAD_DIM_V, FLASHKIT_V_IN_REGS != 0>
     BwdKernelTraits;
 #endif
 

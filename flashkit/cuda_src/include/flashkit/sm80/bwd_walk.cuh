@@ -5,7 +5,8 @@
 // read them). With one stage the next visit's loads wait until every warp is done with Q_i and dO_i (after dV and
 // dK: a third barrier, unless they are added from registers in the step) and stream in under dQ_i only.
 // The query blocks that see a key of the block come from the mask (causal, a window or chunk; varlen: the
-// sequence's); a key block that no query sees stores dK = dV = 0.
+// sequence's); a key block that no query sees stores dK = dV = 0. Where V is held in registers (Kt::kVInRegs), V lands
+// in Q's buffer first and each warp takes its fragments before the first visit's loads.
 #pragma once
 
 #include "flashkit/bwd_visits.cuh"
@@ -28,6 +29,13 @@ __device__ __forceinline__ void bwd_block_seq(const Params& p, const Params& cal
     const BwdVisits<Kt::kBlockM, Kt::kBlockN, Mask> visits(p, n_block, kv_head, batch);
     const int total = visits.total;
     loop.load_kv_async();
+    if constexpr (Kt::kVInRegs) {   // V through Q's buffer into registers, before the first visit's loads take it over
+        cp_async_commit();
+        cp_async_wait<0>();
+        __syncthreads();
+        loop.hold_v();
+        __syncthreads();
+    }
     if (total > 0) {
         const BwdVisit first = visits.at(0);
         loop.load_q_async(first.head, first.m_block, 0);
