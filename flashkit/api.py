@@ -15,7 +15,7 @@ from .features.mods import mods_of
 from .registry import Request, Selection, discover_kernels, select_kernel
 from .registry.select import check_head_dim_v
 from .registry.manifest import KernelSpec
-from .runtime.build import build_module, launch_table, make_config, v_class_of
+from .runtime.build import build_module, launch_table, make_config
 from .runtime.device import cupy_module, device_count, device_info
 from .runtime.call_cache import (CALLS, UNKEYED, CachedLaunch, arrays_signature, context_signature,
                                  window_signature)
@@ -264,7 +264,7 @@ def explain(*, dtype: str = "bfloat16", head_dim: int = 128, seqlen_q: int = 102
         sel.notes.append(f"head_dim={head_dim} runs as head-dim class {compiled} (columns {head_dim}..{compiled - 1} "
                          "zero-filled, not stored)")
     if req.split_head_dim:
-        compiled_v = v_class_of(sel.chosen, head_dim, head_dim_v)
+        compiled_v = sel.chosen.head_dims.class_of(head_dim_v)
         tensors = "v, dout and dv" if backward else "v and the output"
         sel.notes.append(f"head_dim_v={head_dim_v}: {tensors} run as head-dim class {compiled_v} under "
                          f"q / k's {compiled}" + (f" (columns {head_dim_v}..{compiled_v - 1} zero-filled, not stored)"

@@ -84,20 +84,14 @@ def make_config(spec: KernelSpec, dtype: str, head_dim: int, causal: bool, cc: t
                 block_sparse: bool = False, out_dtype: str | None = None, mods: tuple[str, ...] = (),
                 functor: str | None = None, head_dim_v: int | None = None, seqlen_q: int | None = None) -> BuildConfig:
     """The specialization of a call of head dim `head_dim`: compiled for its class, padded when below it; with a
-    head_dim_v other than head_dim (v and o narrower than q and k), V and O compiled for v_class_of's class; its
+    head_dim_v other than head_dim (v and o narrower than q and k), V and O compiled for head_dim_v's class; its
     tiles those of a call of seqlen_q query rows (None: of the longest calls; KernelSpec.launch_config)."""
     launch = launch_table(spec, cc, head_dim, mods, causal, block_sparse, seqlen_q)
     compiled = spec.head_dims.class_of(head_dim)
-    v_class = None if head_dim_v in (None, head_dim) else v_class_of(spec, head_dim, head_dim_v)
+    v_class = None if head_dim_v in (None, head_dim) else spec.head_dims.class_of(head_dim_v)
     return BuildConfig(dtype, compiled, causal, tuple(sorted(launch.items())), out_dtype, block_sparse, tuple(mods),
                        functor, head_dim_padded=compiled != head_dim, head_dim_v=v_class,
                        head_dim_v_padded=v_class is not None and v_class != head_dim_v)
-
-
-def v_class_of(spec: KernelSpec, head_dim: int, head_dim_v: int) -> int:
-    """The compiled head-dim class of v (and o, dout, dv) under q / k's head_dim: head_dim_v's own class (a kernel may
-    run V's tiles wider, zero-filled: fa3_bwd's column split, hopper/bwd_traits.cuh)."""
-    return spec.head_dims.class_of(head_dim_v)
 
 
 @lru_cache(maxsize=None)
