@@ -64,10 +64,11 @@ def judge_each(variant: str, label: str, grads, refs, plains, dtype: str, reduct
     return CheckResult(variant, label, worst[0], worst[1], None, None, passed, "; ".join(notes))
 
 
-def random_dout(out, seed: int):
-    """A fresh N(0, 1) upstream gradient of the forward output's shape and dtype."""
+def random_dout(q, v, seed: int):
+    """A fresh N(0, 1) upstream gradient of the forward output's shape (q's, with v's head dim last), q's dtype."""
     xp = cupy_module()
-    return xp.random.default_rng(seed).standard_normal(out.shape, dtype=xp.float32).astype(out.dtype)
+    shape = q.shape[:-1] + v.shape[-1:]
+    return xp.random.default_rng(seed).standard_normal(shape, dtype=xp.float32).astype(q.dtype)
 
 
 def backward_check(spec: KernelSpec, shape: Shape, head_dim: int, dtype: str, causal: bool,
@@ -81,7 +82,7 @@ def backward_check(spec: KernelSpec, shape: Shape, head_dim: int, dtype: str, ca
         from ..api import attention
         from ..backward import attention_backward
         q, k, v = random_qkv(shape, head_dim, dtype, seed, head_dim_v)
-        dout = random_dout(q[..., :v.shape[-1]], seed + 1)
+        dout = random_dout(q, v, seed + 1)
         out, lse = attention(q, k, v, causal=causal, return_lse=True)
         poison_pool((q, k, v))
         grads = attention_backward(dout, q, k, v, out, lse, causal=causal, variant=spec.name)
@@ -181,7 +182,7 @@ def masked_backward_check(spec: KernelSpec, shape: Shape, head_dim: int, dtype: 
         from ..backward import attention_backward
         xp = cupy_module()
         q, k, v = random_qkv(shape, head_dim, dtype, seed)
-        dout = random_dout(q, seed + 1)
+        dout = random_dout(q, v, seed + 1)
         kw, emask, score_fn, score_grad_fn = masked_call(kind, name, shape, seed, xp)
         out, lse = attention(q, k, v, causal=causal, return_lse=True, **kw)
         poison_pool((q, k, v))

@@ -113,7 +113,7 @@ def backward_mod_check(spec: KernelSpec, shape: Shape, head_dim: int, dtype: str
         from .reference_backward import plain_backward, reference_backward
         xp = cupy_module()
         q, k, v = random_qkv(shape, head_dim, dtype, seed, head_dim_v)
-        dout = random_dout(q[..., :v.shape[-1]], seed + 2)
+        dout = random_dout(q, v, seed + 2)
         slopes = alibi_slopes(case, shape, seed, xp) if case.alibi else None
         mods = dict(window_size=case.window, softcap=case.softcap, alibi_slopes=slopes, attention_chunk=case.chunk)
         out, lse = attention(q, k, v, causal=case.causal, return_lse=True, **mods)

@@ -32,6 +32,12 @@ struct BwdVColumns {
     __device__ __forceinline__ static int call(const Params& p) {
         return FLASHKIT_OWN_HEAD_DIM_V ? p.head_dim_v : p.head_dim;
     }
+    // Whether dV's column col lies past the call's head_dim_v (whole 8-column tiles: head_dim_v is a multiple of 8),
+    // so that it holds zeros and is not stored; kClip: the build's V tiles may reach past head_dim_v.
+    template <bool kClip>
+    __device__ __forceinline__ static bool past(const Params& p, int col) {
+        return kClip && col >= call(p);
+    }
 };
 
 // The geometry the passes need, for a main kernel whose own traits carry more (or other) constraints.

@@ -361,7 +361,7 @@ struct BwdConsumerBase {
                         acc_dk[nd][2 * h] * p.softmax_scale, acc_dk[nd][2 * h + 1] * p.softmax_scale);
                 if (nd >= Kt::kDTilesV) continue;
                 const int col_v = own_col0_v() + nd * kMmaN + col2;
-                if ((BwdVColumns::kPadded || BwdVColumns::kNarrower) && own_col0_v() + nd * kMmaN >= BwdVColumns::call(p))
+                if (BwdVColumns::past<BwdVColumns::kPadded || BwdVColumns::kNarrower>(p, own_col0_v() + nd * kMmaN))
                     continue;
                 *reinterpret_cast<u32*>(dv + key * p.bwd.dv_row_stride + col_v) =
                     pack_float2<Element>(acc_dv[nd][2 * h], acc_dv[nd][2 * h + 1]);

@@ -25,6 +25,8 @@
 // parameter block is the sequence's view (its lengths; causal bottom-right aligned per sequence), and every
 // tensor row is offset by the sequence's origin (q_row0 / k_row0, ints) in the tensors' batch t_batch;
 // `batch` (the sequence) indexes the workspace.
+// The step and the element masks are here; the other members by concern: the tile loads (sm80/bwd_loads.cuh), the
+// warp products (sm80/bwd_products.cuh), dQ (sm80/bwd_dq.cuh) and the dK, dV epilogue (sm80/bwd_epilogue.cuh).
 #pragma once
 
 #include "flashkit/sm80/bwd_traits.cuh"
@@ -53,7 +55,7 @@ struct BwdMainloop {
     static constexpr int kN = Kt::kBlockN;
 
     static constexpr bool kCausal = Mask::kCausal;
-    // Whether load_q_async may keep its addresses' loop invariants in registers (see there).
+    // Whether load_q_async may keep its addresses' loop invariants in registers (see sm80/bwd_loads.cuh).
     static constexpr bool kHeld = Kt::kRegisterOperands && !kPadded && !kVPadded;
 
     const Params& p;               // the sequence's view (varlen) or the call's parameter block
@@ -82,12 +84,9 @@ struct BwdMainloop {
         sQ = smem_u32(smem);
         sdO = sQ + Kt::kQStages * Kt::kQTileBytes;
         sK = sdO + Kt::kQStages * Kt::kDoTileBytes;
-        sV = sK + Kt::kKVElems * Kt::kElemBytes;
-        sdS = sV + Kt::kVElems * Kt::kElemBytes;
-        if constexpr (Kt::kVInRegs) {   // V lands in Q's buffer (hold_v), and dS^T follows K
-            sdS = sV;
-            sV = sQ;
-        }
+        // V in its own tile, or landing in Q's buffer where its fragments are held in registers (hold_v)
+        sV = Kt::kVInRegs ? sQ : sK + Kt::kKVElems * Kt::kElemBytes;
+        sdS = sK + (Kt::kKVElems + (Kt::kVInRegs ? 0 : Kt::kVElems)) * Kt::kElemBytes;
         sP = sdS + Kt::kDsElems * Kt::kElemBytes;   // (no such tile with register operands)
         s_lse2 = reinterpret_cast<float*>(smem + Kt::kTileBytes);
         s_dsum = s_lse2 + Kt::kQStages * kM;
@@ -116,65 +115,21 @@ struct BwdMainloop {
     __device__ __forceinline__ u32 q_buf(int buf) const { return sQ + buf * Kt::kQTileBytes; }
     __device__ __forceinline__ u32 do_buf(int buf) const { return sdO + buf * Kt::kDoTileBytes; }
 
-    // V's A fragments of this warp's keys from the landed V tile (in Q's buffer) into v_frag, held over the walk
-    // (Kt::kVInRegs; bwd_walk.cuh orders it between V's landing and the first visit's loads).
-    __device__ __forceinline__ void hold_v() {
-        const LdsmLane<kDv> la = ldsm_rows16<kDv>(lane);
-#pragma unroll
-        for (int mi = 0; mi < Kt::kKeyTiles; ++mi)
-#pragma unroll
-            for (int kk = 0; kk < Kt::kDvSteps; ++kk) ldsm_x4(v_frag[mi][kk], la.addr(sV, key_row0() + mi * kMmaM, kk));
-    }
-
-    // K_j, V_j: one commit group with the first query block's loads (V alone first where it is held in registers).
-    __device__ __forceinline__ void load_kv_async() const {
-        const Element* k = static_cast<const Element*>(p.k) + t_batch * p.k_batch_stride +
-                           kv_head * p.k_head_stride + (k_row0 + n0) * p.k_row_stride;
-        const Element* v = static_cast<const Element*>(p.v) + t_batch * p.v_batch_stride +
-                           kv_head * p.v_head_stride + (k_row0 + n0) * p.v_row_stride;
-        load_tile_async<kN, kD, Kt::kThreads, Element, kPadded>(sK, k, p.k_row_stride, p.seqlen_k - n0, threadIdx.x,
-                                                                p.head_dim);
-        load_tile_async<kN, kDv, Kt::kThreads, Element, kVPadded>(sV, v, p.v_row_stride, p.seqlen_k - n0, threadIdx.x,
-                                                                  BwdVColumns::call(p));
-    }
-
+    // The tile loads (defined in sm80/bwd_loads.cuh): V's A fragments of this warp's keys into v_frag, held over the
+    // walk (Kt::kVInRegs: V lands in Q's buffer; bwd_walk.cuh orders it between V's landing and the first visit's loads);
+    __device__ __forceinline__ void hold_v();
+    // K_j, V_j: one commit group with the first query block's loads (V alone first where it is held in registers);
+    __device__ __forceinline__ void load_kv_async() const;
     // Q_i, dO_i, lse2_i, dsum_i of (head, m_block) into buffer buf, as one commit group.
-    __device__ __forceinline__ void load_q_async(int head, int m_block, int buf) const {
-        const int m0 = m_block * kM;
-        int q_row = q_row0, seqlen_q = p.seqlen_q;
-        if constexpr (FLASHKIT_VARLEN != 0) reload_range(p.varlen.cu_seqlens_q, batch, q_row, seqlen_q);
-        const int tb = kHeld ? t_batch : fresh_value(t_batch);   // (see the thread index below)
-        const Element* q = static_cast<const Element*>(p.q) + tb * p.q_batch_stride + head * p.q_head_stride +
-                           (q_row + m0) * p.q_row_stride;
-        const Element* dout = static_cast<const Element*>(p.bwd.dout) + tb * p.bwd.do_batch_stride +
-                              head * p.bwd.do_head_stride + (q_row + m0) * p.bwd.do_row_stride;
-        // The batch, the thread index and a padded call's head dim (where the loads clip) go through volatile
-        // moves where registers are short (the 32-key warp grid, a padded call), so that the tiles' addresses and the
-        // clip are formed here rather than hoisted out of the walk and held across it: at the register limit ptxas
-        // spilled them (4 B in the sm_80 float16 causal build of the 128 class; 20-56 B at hd128 with the 32-key
-        // grid). Where they fit (hd64's 16-key grid) they stay held, as before the 32-key grid.
-        const int tid = kHeld ? static_cast<int>(threadIdx.x) : fresh_value(threadIdx.x);
-        int cols = kD, v_cols = kDv;
-        if constexpr (kPadded) cols = fresh_value(p.head_dim);
-        if constexpr (kVPadded) v_cols = FLASHKIT_OWN_HEAD_DIM_V ? fresh_value(p.head_dim_v) : cols;
-        load_tile_async<kM, kD, Kt::kThreads, Element, kPadded>(q_buf(buf), q, p.q_row_stride, seqlen_q - m0, tid,
-                                                                cols);
-        load_tile_async<kM, kDv, Kt::kThreads, Element, kVPadded>(do_buf(buf), dout, p.bwd.do_row_stride,
-                                                                  seqlen_q - m0, tid, v_cols);
-        // lse2 and dsum are padded to whole blocks: 2 x kM floats, 16 B a lane of the first warp.
-        constexpr int kChunks = kM * 4 / kChunkBytes;
-        const int t = threadIdx.x;
-        if (t < 2 * kChunks) {
-            const float* src = (t < kChunks ? ws.lse2 : ws.dsum) + ws.row0(p, batch, head) + m0 + (t % kChunks) * 4;
-            float* dst = (t < kChunks ? s_lse2 : s_dsum) + buf * kM + (t % kChunks) * 4;
-            cp_async_16(smem_u32(dst), src, true);
-        }
-        cp_async_commit();
-    }
+    __device__ __forceinline__ void load_q_async(int head, int m_block, int buf) const;
 
     // The warp's products (defined in sm80/bwd_products.cuh):
-    // S^T = K Q^T over the head dim kCols = kD and dP^T = V dO^T over v's, kDv (c: keys key_row0() + 16 mi + (g,
-    // g + 8) x queries query_col0() + 8 ni + (2t, 2t + 1));
+    // C = A B^T over kCols columns, A's fragments by load_a (c: keys key_row0() + 16 mi + (g, g + 8) x queries
+    // query_col0() + 8 ni + (2t, 2t + 1)), as
+    template <int kCols, class LoadA>
+    __device__ __forceinline__ void gemm_by_queries(float (&c)[Kt::kKeyTiles][Kt::kQueryTiles][4], const LoadA& load_a,
+                                                    u32 sB) const;
+    // S^T = K Q^T over the head dim kCols = kD and dP^T = V dO^T over v's, kDv;
     template <int kCols>
     __device__ __forceinline__ void gemm_keys_by_queries(float (&c)[Kt::kKeyTiles][Kt::kQueryTiles][4], u32 sA,
                                                          u32 sB) const;
@@ -384,38 +339,8 @@ struct BwdMainloop {
         return pair;
     }
 
-    // dK = scale dK, dV: this warp's keys and columns, rows past seqlen_k and columns past head_dim (dV's: past
-    // head_dim_v) not written.
-    __device__ __forceinline__ void store_dk_dv() const {
-        const int g = lane / kQuadLanes;
-        const int c2 = kFragCols * (lane % kQuadLanes);
-        int k_row = k_row0, seqlen_k = p.seqlen_k;
-        if constexpr (FLASHKIT_VARLEN != 0) reload_range(p.varlen.cu_seqlens_k, batch, k_row, seqlen_k);   // not live
-        Element* dk = static_cast<Element*>(p.bwd.dk) + t_batch * p.bwd.dk_batch_stride +
-                      kv_head * p.bwd.dk_head_stride + static_cast<index_t>(k_row) * p.bwd.dk_row_stride;
-        Element* dv = static_cast<Element*>(p.bwd.dv) + t_batch * p.bwd.dv_batch_stride +
-                      kv_head * p.bwd.dv_head_stride + static_cast<index_t>(k_row) * p.bwd.dv_row_stride;
-#pragma unroll
-        for (int mi = 0; mi < Kt::kKeyTiles; ++mi)
-#pragma unroll
-            for (int h = 0; h < 2; ++h) {
-                const int key = n0 + key_row0() + mi * kMmaM + g + h * kFragRowHalf;
-                if (key >= seqlen_k) continue;
-#pragma unroll
-                for (int nd = 0; nd < Kt::kColTiles; ++nd) {
-                    const int col = col0() + nd * kMmaN + c2;
-                    if (!kPadded || col < p.head_dim)   // zero columns past a padded call's head dim: not stored
-                        *reinterpret_cast<u32*>(dk + key * p.bwd.dk_row_stride + col) = pack_float2<Element>(
-                            acc_dk[mi][nd][2 * h] * p.softmax_scale, acc_dk[mi][nd][2 * h + 1] * p.softmax_scale);
-                    if (nd >= Kt::kColTilesV) continue;
-                    // dV's column (dK's where v's class is q's), likewise up to head_dim_v
-                    const int col_v = kDv == kD ? col : cols0<kDv>() + nd * kMmaN + c2;
-                    if (kVPadded && col_v >= BwdVColumns::call(p)) continue;
-                    *reinterpret_cast<u32*>(dv + key * p.bwd.dv_row_stride + col_v) =
-                        pack_float2<Element>(acc_dv[mi][nd][2 * h], acc_dv[mi][nd][2 * h + 1]);
-                }
-            }
-    }
+    // dK = scale dK, dV: this warp's keys and columns (defined in sm80/bwd_epilogue.cuh).
+    __device__ __forceinline__ void store_dk_dv() const;
 };
 
 }  // namespace flashkit

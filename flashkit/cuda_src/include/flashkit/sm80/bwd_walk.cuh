@@ -11,6 +11,8 @@
 
 #include "flashkit/bwd_visits.cuh"
 #include "flashkit/sm80/bwd_dq.cuh"
+#include "flashkit/sm80/bwd_epilogue.cuh"
+#include "flashkit/sm80/bwd_loads.cuh"
 #include "flashkit/sm80/bwd_mainloop.cuh"
 #include "flashkit/sm80/bwd_products.cuh"
 
