@@ -27,7 +27,7 @@ workspace: dq_accum
 //              dq_accum and the semaphores zeroed (bwd_passes.cuh)
 //   main       grid (ceil(seqlen_k / block_n), kv_heads, batch): one CTA per key block holds dK, dV in
 //              registers while it walks the query blocks of its group's heads, recomputing P from the
-//              LSE; dQ through fp32 atomics (bwd_walk.cuh, bwd_mainloop.cuh, bwd_dq.cuh)
+//              LSE; dQ through fp32 atomics (sm80/: bwd_walk.cuh, bwd_mainloop.cuh and its members by concern)
 //   convert_dq grid (ceil(seqlen_q / block_m), heads, batch): dQ = dq_accum in the input dtype
 // A block mask (FLASHKIT_BLOCK_SPARSE) or a mask_mod functor (FLASHKIT_MASK_MOD) visits the query blocks its lists
 // name (bwd_lists.cuh, built on the GPU at these tiles by flashkit/features/bwd_lists.py: a block mask's from its
