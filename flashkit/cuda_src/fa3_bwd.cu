@@ -4,7 +4,7 @@ summary: FlashAttention-3 backward on Hopper (sm_90a) - TMA producer, two or thr
 entry: [flashkit_fa3_bwd_prepass, flashkit_fa3_bwd_main, flashkit_fa3_bwd_convert_dq]
 arch: {min: "9.0", max: "9.0", targets: {"9.0": sm_90a}}
 dtypes: [float16, bfloat16]
-head_dims: {min: 8, max: 256, multiple_of: 8, classes: [64, 128, 256]}
+head_dims: {min: 8, max: 256, multiple_of: 8, classes: [64, 128, 192, 256]}
 features: {causal: true, block_sparse: true, fp8: false, backward: true, lse: false, gqa: true,
            window: true, softcap: true, alibi: true, mask_mod: true, score_mod: true, head_dim_v: true}
 requires: {backward: true}
@@ -13,7 +13,9 @@ requires: {backward: true}
 priority: 60
 launch: {grid: [q_blocks, kv_tiles, q_blocks], block_m: 64, block_n: 128, warps: 12, stages: 2, heaviest_first: 1}   # 1 producer + 2 consumers
 # hd64: key blocks of 192, three consumers of 64 keys (measured 15-23% faster than two at 8k, BENCHMARKS.md);
-# hd256: key blocks of 64, the consumers split dK, dV and dQ by head-dim columns (bwd_traits.cuh).
+# hd192 and hd256: key blocks of 64, the consumers split dK, dV and dQ by head-dim columns (bwd_traits.cuh; hd192's
+# three panels unevenly, dQ 2 + dK 1 and dQ 1 + dK 2). hd136-192 ran at the 256 class before (75% of its products' work
+# useful at 192).
 # Causal: key blocks heaviest first in groups of (batch, kv head) pairs the host sizes per call by simulating the
 # schedule (hopper/bwd_launch_order.cuh, runtime/bwd_order.py): hd128 GQA b8 s2048 h8/2 0.655x -> 1.00x cuDNN.
 # A modification at hd64 needs the 240 registers of two consumers where it adds per-element indices (ALiBi beside
@@ -28,7 +30,8 @@ launch: {grid: [q_blocks, kv_tiles, q_blocks], block_m: 64, block_n: 128, warps:
 # hd128 has its element mask evaluated by the producer warpgroup's other warps (mask_warps, hopper/bwd_keep.cuh):
 # evaluated by the consumers it spilled 32-48 B there (it ran the column split of 64-key blocks, 1.45-1.57x slower);
 # elsewhere the consumers evaluate it, faster where most visits are partial (a document mask: 1.3-2x).
-overrides: {"hd64": {block_n: 192, warps: 16}, "hd256": {block_n: 64}, "hd64/softcap+alibi": {block_n: 128, warps: 12},
+overrides: {"hd64": {block_n: 192, warps: 16}, "hd192": {block_n: 64}, "hd256": {block_n: 64},
+            "hd64/softcap+alibi": {block_n: 128, warps: 12},
             "hd64/window+alibi": {block_n: 128, warps: 12},
             "hd64/block_sparse": {block_n: 128, warps: 12},
             "hd64/mask_mod": {block_n: 128, warps: 12}, "hd128/mask_mod": {mask_warps: 1},
@@ -43,9 +46,9 @@ workspace: dq_accum
 //   main       grid (ceil(seqlen_k / block_n), kv_heads, batch): one CTA per key block; a producer thread
 //              streams Q and dO by TMA, the consumer warpgroups keep dK, dV in registers over every query
 //              head of the group and every visible query block (64 keys each: three at hd64, two at hd128;
-//              at hd256 two, the block's 64 keys, half the head-dim columns each), dQ added to dq_accum in fragment
-//              order (dq_layout.cuh) by one bulk reduction a visit, issued by a writer warp a consumer at hd128
-//              (hd256: 16-byte reductions)
+//              at hd192 / hd256 two, the block's 64 keys, a share of the head-dim columns each), dQ added to
+//              dq_accum in fragment order (dq_layout.cuh) by one bulk reduction a visit, issued by a writer warp
+//              a consumer at hd128 (hd192 / hd256: 16-byte reductions)
 //              (hopper/ws_backward.cuh)
 //   convert_dq grid (ceil(seqlen_q / block_m), heads, batch): dQ = scale dq_accum in the input dtype
 // Causal (FLASHKIT_CAUSAL) skips the query blocks above the diagonal and masks the tiles crossing it; a window

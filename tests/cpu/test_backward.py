@@ -90,16 +90,17 @@ def test_fa3_bwd_manifest():
     assert spec.arch_min == spec.arch_max == (9, 0) and spec.target((9, 0)) == "sm_90a"
     assert spec.entries == ("flashkit_fa3_bwd_prepass", "flashkit_fa3_bwd_main", "flashkit_fa3_bwd_convert_dq")
     assert spec.grids == ("q_blocks", "kv_tiles", "q_blocks") and spec.workspace == "dq_accum"
-    assert spec.supports("gqa") and spec.supports("causal") and spec.head_dims.classes == (64, 128, 256)
+    assert spec.supports("gqa") and spec.supports("causal") and spec.head_dims.classes == (64, 128, 192, 256)
     assert all(d in spec.head_dims for d in range(8, 257, 8)) and 100 not in spec.head_dims
     # consumers split by keys, 64 each: hd128 key blocks of 128 (1 producer + 2 consumers), hd64 of 192 (+ 3)
     for hd, keys, warps in ((128, 128, 12), (64, 192, 16)):
         launch = spec.launch_config((9, 0), hd, ())
         assert launch["block_m"] == 64 and launch["block_n"] == keys and launch["warps"] == warps
         assert spec.tensor_map_rows(launch) == {"q": 64, "k": keys, "v": keys, "dout": 64}
-    launch = spec.launch_config((9, 0), 256, ())   # consumers split by head-dim columns: key blocks of 64
-    assert launch["block_m"] == 64 and launch["block_n"] == 64 and launch["warps"] == 12
-    assert spec.tensor_map_rows(launch) == {"q": 64, "k": 64, "v": 64, "dout": 64}
+    for hd in (192, 256):   # consumers split by head-dim columns: key blocks of 64
+        launch = spec.launch_config((9, 0), hd, ())
+        assert launch["block_m"] == 64 and launch["block_n"] == 64 and launch["warps"] == 12
+        assert spec.tensor_map_rows(launch) == {"q": 64, "k": 64, "v": 64, "dout": 64}
     # Measured faster than fa2_bwd at both head dims (BENCHMARKS.md): it outranks fa2_bwd where both fit.
     assert spec.priority > specs["fa2_bwd"].priority
 

@@ -237,9 +237,9 @@ def test_attention_backward_wants_dout_and_out_of_v_s_head_dim(monkeypatch, name
 
 
 @pytest.mark.parametrize("device,chosen,d,dv,compiled,compiled_v,v_padded", [
-    (H100, "fa3_bwd", 192, 128, 256, 128, False), (A100, "fa2_bwd", 192, 128, 192, 128, False),
+    (H100, "fa3_bwd", 192, 128, 192, 128, False), (A100, "fa2_bwd", 192, 128, 192, 128, False),
     (A100, "fa2_bwd", 128, 64, 128, 64, False), (H100, "fa3_bwd", 64, 40, 64, 64, True),
-    (H100, "fa3_bwd", 200, 136, 256, 256, True)])
+    (H100, "fa3_bwd", 200, 136, 256, 192, True)])
 def test_attention_backward_compiles_v_at_its_own_class(monkeypatch, device, chosen, d, dv, compiled, compiled_v,
                                                         v_padded):
     """The backward kernels compile V, dO and dV at head_dim_v's own class (FLASHKIT_HEAD_DIM_V), padded below it as
@@ -280,7 +280,7 @@ class _FakeCupy:
 def test_explain_backward_names_v_s_class():
     sel = flashkit.explain(head_dim=192, head_dim_v=128, cc=(9, 0), backward=True)
     assert sel.chosen.name == "fa3_bwd"
-    assert any("head_dim_v=128: v, dout and dv run as head-dim class 128 under q / k's 256" in n
+    assert any("head_dim_v=128: v, dout and dv run as head-dim class 128 under q / k's 192" in n
                for n in sel.notes), sel.notes
 
 
@@ -310,7 +310,7 @@ def test_params_carry_head_dim_v():
 def test_compile_matrix_plans_the_pairs():
     geometry = {(96, 64), (128, 64), (256, 192), (256, 64)}   # V / O of fewer panels than Q / K, unmodified
     backward_pairs = {"fa2_bwd": {(192, 128), (256, 192), (128, 64), (256, 64)},   # (class, v's class)
-                      "fa3_bwd": {(256, 128), (256, 256), (128, 64), (256, 64)}}   # (no 192 class: 256 / 128)
+                      "fa3_bwd": {(192, 128), (256, 192), (128, 64), (256, 64)}}
     for name, cc in (("fa2_bwd", (8, 0)), ("fa3_bwd", (9, 0))):   # the backward's pairs, mods too
         configs = [c for c in spec_configs(discover_kernels().get(name), cc) if c.head_dim_v]
         assert {(c.head_dim, c.head_dim_v) for c in configs} == backward_pairs[name], name

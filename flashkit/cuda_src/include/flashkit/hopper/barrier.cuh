@@ -50,12 +50,22 @@ __device__ __forceinline__ void mbarrier_wait(u32 bar, u32 parity) {
 
 // Named barriers (ids 1..15; 0 is __syncthreads): `threads` arrivals complete one use. bar.sync
 // waits for completion, bar.arrive only counts (the producer half of an ordering handshake).
+// kAligned = false: warps that wait on it at different instructions (each consumer's own copy of the code where the
+// consumers' shares differ, bwd_traits.cuh's kUnevenColumns), which .aligned (bar.sync's) does not allow.
 constexpr int kNamedBarriers = 16;
+template <bool kAligned = true>
 __device__ __forceinline__ void named_sync(int id, int threads) {
-    asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+    if constexpr (kAligned)
+        asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+    else
+        asm volatile("barrier.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
 }
+template <bool kAligned = true>
 __device__ __forceinline__ void named_arrive(int id, int threads) {
-    asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+    if constexpr (kAligned)
+        asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+    else
+        asm volatile("barrier.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
 }
 
 // setmaxnreg: a warpgroup gives registers back (producer) or takes them (consumers). Takes effect

@@ -1,7 +1,8 @@
-// One consumer warpgroup of the warp-specialized Hopper backward split by head-dim columns (hd256, key blocks
-// of 64: bwd_traits.cuh): both consumers own the block's 64 keys; consumer c keeps dK, dV of its kOwnCols
-// columns (c kOwnCols ..) in fp32 registers and computes half the query block's S^T and dP^T, queries
-// q0 = kSQueries c .. q0 + kSQueries. Per visit (query block of 64 queries, Q and dO in ring stage i):
+// One consumer warpgroup of the warp-specialized Hopper backward split by head-dim columns (hd192, hd256, key
+// blocks of 64: bwd_traits.cuh): both consumers own the block's 64 keys; consumer c keeps dK, dV of its share of
+// the columns (cols_c: BwdShare<Kt, kC>; halves at hd256, hd192's panels unevenly, where kC is the consumer) in fp32
+// registers and computes half the query block's S^T and dP^T, queries q0 = kSQueries c .. q0 + kSQueries. Per
+// visit (query block of 64 queries, Q and dO in ring stage i):
 //   S^T[:, q0..]  = K Q[q0.., :]^T           wgmma m64n32k16 ss, K (every key) and Q's rows q0.. K-major
 //   dP^T[:, q0..] = V dO[q0.., :]^T          the same, V and dO
 //   P^T = exp2(S^T scale log2(e) - lse2)     0 above the causal diagonal (bottom-right aligned), rounded to
@@ -21,9 +22,10 @@
 namespace flashkit {
 namespace hopper {
 
-template <class Kt, class Mask, class Mod>
-struct BwdColumnConsumer : BwdConsumerBase<Kt, Mask> {
-    typedef BwdConsumerBase<Kt, Mask> Base;
+template <class Kt, class Mask, class Mod, int kC = kAnyConsumer>
+struct BwdColumnConsumer : BwdConsumerBase<Kt, Mask, BwdShare<Kt, kC> > {
+    typedef BwdConsumerBase<Kt, Mask, BwdShare<Kt, kC> > Base;
+    typedef typename Base::Share Share;
     typedef typename Kt::Element Element;
     typedef typename Kt::QTile QTile;
     typedef typename Kt::KTile KTile;
@@ -40,7 +42,7 @@ struct BwdColumnConsumer : BwdConsumerBase<Kt, Mask> {
 
     __device__ __forceinline__ BwdColumnConsumer(const Params& p_, int consumer_, int n_block_, int kv_head_,
                                                  int batch_)
-        : Base(p_, consumer_, n_block_, kv_head_, batch_) {}
+        : Base(p_, kC == kAnyConsumer ? consumer_ : kC, n_block_, kv_head_, batch_) {}
 
     // A 16-bit pair of (key row warp_row + 8 h, this thread's queries of column tile ni) to a shared [key][query]
     // tile, at the consumer's query columns.
@@ -108,17 +110,19 @@ struct BwdColumnConsumer : BwdConsumerBase<Kt, Mask> {
                                          kHeld ? slope[kHeld ? ni : 0][h] : 0u));
         }
         gmma::fence_proxy_async();   // the P^T, dS^T stores (generic proxy), before wgmma (async proxy) reads them
-        named_sync(kBwdDsReadyBarrier, Kt::kConsumerThreads);   // both halves of P^T and dS^T in the tiles
+        this->dq_panel_free();
+        // both halves of P^T and dS^T in the tiles (each consumer at its own copy of it where the shares differ)
+        named_sync<Base::kAlignedBarriers>(kBwdDsReadyBarrier, Kt::kConsumerThreads);
 
         // dQ first, so that its adds run under dV and dK.
-        float dq[Kt::kDqPanels][Kt::kDqTiles / Kt::kDqPanels][4];   // dQ: rows 16 warp + g (+ 8), columns
+        float dq[Share::kDqPanels][Share::kDqTiles / Share::kDqPanels][4];   // dQ: rows 16 warp + g (+ 8), columns
                                                                   // dq_col0 + 64 panel + 8 i + 2 t
         const int dq_panel0 = this->dq_col0() / Kt::kPanelElems;
         gmma::fence();
 #pragma unroll
         for (int kk = 0; kk < Kt::kDqKeySteps; ++kk)   // dQ = dS K (keys are k; both read MN-major)
 #pragma unroll
-            for (int pn = 0; pn < Kt::kDqPanels; ++pn)
+            for (int pn = 0; pn < Share::kDqPanels; ++pn)
                 gmma::MmaTT<Element, Kt::kPanelElems>::ss(
                     dq[pn], DsTile::desc_mn_major(ds_tile, kk * Kt::kStepElems),
                     KTile::desc_mn_major(k_tile + (dq_panel0 + pn) * KTile::kPanelSize, kk * Kt::kStepElems), kk > 0);
@@ -127,18 +131,19 @@ struct BwdColumnConsumer : BwdConsumerBase<Kt, Mask> {
         const int own_panels_v = this->own_col0_v() / Kt::kPanelElems * Kt::DoTile::kPanelSize;   // in dO
 #pragma unroll
         for (int kk = 0; kk < Kt::kQSteps; ++kk)   // dV += P^T dO (queries 16 kk.. are k, dO read MN-major)
-            gmma::MmaBT<Element, Kt::kOwnColsV>::ss(
+            gmma::MmaBT<Element, Share::kDvCols>::ss(
                 acc_dv, DsTile::desc(pt_tile, 0, kk * gmma::kKBytes),
                 Kt::DoTile::desc_mn_major(do_tile + own_panels_v, kk * Kt::kStepElems), 1);
 #pragma unroll
         for (int kk = 0; kk < Kt::kQSteps; ++kk)   // dK += dS^T Q (Q read MN-major)
-            gmma::MmaBT<Element, Kt::kOwnCols>::ss(acc_dk, DsTile::desc(ds_tile, 0, kk * gmma::kKBytes),
+            gmma::MmaBT<Element, Share::kDkCols>::ss(acc_dk, DsTile::desc(ds_tile, 0, kk * gmma::kKBytes),
                                                     QTile::desc_mn_major(q_tile + own_panels, kk * Kt::kStepElems), 1);
         gmma::commit();
 
-        float(&dq_tiles)[Kt::kDqTiles][4] = reinterpret_cast<float(&)[Kt::kDqTiles][4]>(dq);
+        float(&dq_tiles)[Share::kDqTiles][4] = reinterpret_cast<float(&)[Share::kDqTiles][4]>(dq);
         gmma::wait<1>();   // dQ landed; dV, dK still running
         gmma::fence_accumulators(dq_tiles);
+        this->stage_dq(cta, dq_tiles, slot);   // staged (Kt::kDqBulk: hd192), or added from the registers (hd256)
         this->publish_dq(cta, dq_tiles, head, m_block, ws_row);
         gmma::wait<0>();   // dV, dK done: Q_i and dO_i are free, both buffers read
         gmma::fence_accumulators(acc_dv);

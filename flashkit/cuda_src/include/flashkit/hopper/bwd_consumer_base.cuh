@@ -1,6 +1,7 @@
 // What both consumers of the warp-specialized Hopper backward share (split by keys: bwd_consumer.cuh; by
 // head-dim columns: bwd_column_consumer.cuh): the thread's place in the wgmma layouts, dK and dV of the
-// consumer's 64 keys x kOwnCols columns in fp32 registers over every visit, the dQ adds into dq_accum, and
+// consumer's 64 keys x its columns (Share: bwd_traits.cuh's BwdShare) in fp32 registers over every visit, the dQ
+// adds into dq_accum, and
 // the final dK, dV store; the score modification (softcap / ALiBi) and the window's element mask (Mask:
 // bwd_mask.cuh) of the recomputed scores, and softcap's slope on dS.
 #pragma once
@@ -15,12 +16,17 @@
 namespace flashkit {
 namespace hopper {
 
-template <class Kt, class Mask>
+template <class Kt, class Mask, class Share_ = BwdShare<Kt> >
 struct BwdConsumerBase {
+    typedef Share_ Share;
     typedef typename Kt::Element Element;
     typedef typename Kt::QTile QTile;
     typedef typename Kt::KTile KTile;
     static constexpr int kD = Kt::kHeadDim;
+    // Each consumer at its own copy of the visit (Kt::kUnevenColumns: the shares differ), its named barriers reached
+    // at other instructions than the other consumer's or inside the branch between the copies: the non-aligned forms
+    // (barrier.cuh; aligned ones there made ptxas serialize every wgmma, C7520).
+    static constexpr bool kAlignedBarriers = !Kt::kUnevenColumns;
     static constexpr int kNoMaskShift = 1 << 30;   // a causal shift that masks no key
 
     const Params& p;
@@ -33,8 +39,8 @@ struct BwdConsumerBase {
     int warp_row;   // 16 warp + g: this thread's first row (key) within the consumer's 64, the other + 8
     int col2;       // 2 t: this thread's first column within an 8-wide column tile
 
-    float acc_dk[Kt::kDTiles][4];   // dK of the consumer's keys and columns, wgmma accumulator layout
-    float acc_dv[Kt::kDTilesV][4];  // dV of its keys and v's columns
+    float acc_dk[Share::kDkTiles][4];   // dK of the consumer's keys and columns, wgmma accumulator layout
+    float acc_dv[Share::kDvTiles][4];   // dV of its keys and v's columns
 
     __device__ __forceinline__ BwdConsumerBase(const Params& p_, int consumer_, int n_block_, int kv_head_, int batch_)
         : p(p_), ws(p_), mask(p_), batch(batch_), kv_head(kv_head_), n_block(n_block_),
@@ -44,13 +50,12 @@ struct BwdConsumerBase {
         const ConsumerPlace at(tid);
         warp_row = at.row;
         col2 = at.col2;
-        static_assert(Kt::kDTilesV <= Kt::kDTiles, "dV's columns at most dK's");
 #pragma unroll
-        for (int nd = 0; nd < Kt::kDTiles; ++nd)
+        for (int nd = 0; nd < Share::kAccTiles; ++nd)
 #pragma unroll
             for (int e = 0; e < 4; ++e) {
-                if (nd < Kt::kDTilesV) acc_dv[nd][e] = 0.f;
-                acc_dk[nd][e] = 0.f;
+                if (nd < Share::kDvTiles) acc_dv[nd][e] = 0.f;
+                if (nd < Share::kDkTiles) acc_dk[nd][e] = 0.f;
             }
     }
 
@@ -92,6 +97,9 @@ struct BwdConsumerBase {
                                                    QTile::desc(cta.q_tile(slot), q0, kk * gmma::kKBytes), kk > 0);
         gmma::commit();
         cta.do_ring.wait_full(slot);
+        // Each consumer at its own copy (kUnevenColumns): a fence after dO's wait loop, else ptxas inserted one there for
+        // dP^T's accumulators itself (C7519), and beside the staged dQ's handshake serialized every wgmma (C7520).
+        if constexpr (!kAlignedBarriers) gmma::fence();
 #pragma unroll
         for (int kk = 0; kk < Kt::kDvSteps; ++kk)   // dP^T = V dO^T
             gmma::Mma<Element, Kt::kSQueries>::ss(dp, Kt::VTile::desc(v_tile, k_row0, kk * gmma::kKBytes),
@@ -233,9 +241,9 @@ struct BwdConsumerBase {
     }
 
     // This consumer's first dK, dV column, and its first dQ column.
-    __device__ __forceinline__ int own_col0() const { return Kt::kSplitColumns ? consumer * Kt::kOwnCols : 0; }
-    __device__ __forceinline__ int own_col0_v() const { return Kt::kSplitColumns ? consumer * Kt::kOwnColsV : 0; }
-    __device__ __forceinline__ int dq_col0() const { return Kt::dq_col0(consumer); }
+    __device__ __forceinline__ int own_col0() const { return Share::dk_col0(consumer); }
+    __device__ __forceinline__ int own_col0_v() const { return Share::dv_col0(consumer); }
+    __device__ __forceinline__ int dq_col0() const { return Share::dq_col0(consumer); }
 
     // The thread's index in its warpgroup (fresh_warpgroup_thread) and its consumer index, from a volatile read of
     // %tid.x where the dQ staging uses them. ptxas otherwise kept `consumer` (for the panel's address) over the whole
@@ -260,33 +268,35 @@ struct BwdConsumerBase {
     }
 
     // dq_accum of the visit += dQ (this consumer's columns, or at hd64 every column in its turn; unscaled), in two
-    // steps so that a kernel may issue work between them: stage_dq, then publish_dq. Split by keys (kDqBulk): the
-    // partial goes to the consumer's shared panel in dq_accum's own order, and the whole panel is added by one bulk
-    // reduction, issued by the dQ writer warp (Kt::kDqWriter: bwd_dq_writer.cuh; the consumer only arrives) or by the
-    // consumer's thread 0; split by columns: one 16-byte reduction a tile a thread, straight from the registers.
+    // steps so that a kernel may issue work between them: stage_dq, then publish_dq. Staged (kDqBulk: split by keys,
+    // or by columns at hd192): the partial goes to the consumer's shared panel (split by columns: its columns' panels
+    // of the staged block) in dq_accum's own order, and the whole of it is added by one bulk reduction, issued by
+    // the dQ writer warp (Kt::kDqWriter: bwd_dq_writer.cuh; the consumer only arrives) or by the consumer's thread
+    // 0; else (hd256): one 16-byte reduction a tile a thread, straight from the registers.
     // Deterministic (p.bwd.deterministic), without the writer: in key-block order. Key block j waits until the
     // semaphore of (batch, head, m_block) reads the key blocks before j that visit m_block (Mask::dq_turn), adds,
     // waits for its adds to complete, and increments it (at hd64 the turn's consumer alone: one panel a visit).
-    __device__ __forceinline__ void stage_dq(const BwdCta<Kt>& cta, const float (&dq)[Kt::kDqTiles][4],
+    __device__ __forceinline__ void stage_dq(const BwdCta<Kt>& cta, const float (&dq)[Share::kDqTiles][4],
                                              int slot) const {
         if constexpr (Kt::kDqBulk) {
             const int thread = fresh_warpgroup_thread(), me = fresh_consumer();
-            const u32 panel = cta.dq_panel(me);
+            const u32 panel = cta.dq_staging(me, Share::dq_col0(me));
             // the writer's reduction of the consumer's previous panel has read it (see bwd_dq_writer.cuh)
-            if (Kt::kDqWriter && slot >= Kt::kDqTurnStride) named_sync(kBwdDqEmptyBarrier + me, Kt::kDqHandshake);
+            if (Kt::kDqWriter && (Kt::kSplitColumns || slot >= Kt::kDqTurnStride))
+                named_sync<kAlignedBarriers>(kBwdDqEmptyBarrier + me, Kt::kDqHandshake);
 #pragma unroll
-            for (int i = 0; i < Kt::kDqTiles; ++i)
+            for (int i = 0; i < Share::kDqTiles; ++i)
                 st_shared_v4(panel + dq_fragment(i, thread) * sizeof(float), dq[i]);
         } else {
             (void)cta, (void)dq, (void)slot;
         }
     }
-    __device__ __forceinline__ void publish_dq(const BwdCta<Kt>& cta, const float (&dq)[Kt::kDqTiles][4], int head,
+    __device__ __forceinline__ void publish_dq(const BwdCta<Kt>& cta, const float (&dq)[Share::kDqTiles][4], int head,
                                                int m_block, index_t ws_row) const {
         const bool ordered = p.bwd.deterministic != 0;
         if constexpr (Kt::kDqWriter) {   // to the consumer's writer warp (bwd_dq_writer.cuh)
             gmma::fence_proxy_async();   // the panel's stores (generic proxy), before the bulk reduction reads it
-            named_arrive(kBwdDqFullBarrier + fresh_consumer(), Kt::kDqHandshake);
+            named_arrive<kAlignedBarriers>(kBwdDqFullBarrier + fresh_consumer(), Kt::kDqHandshake);
             (void)cta, (void)dq, (void)head, (void)m_block, (void)ws_row;
             return;
         }
@@ -298,7 +308,7 @@ struct BwdConsumerBase {
                 int* sema = ws.semaphore(p, batch, head, m_block);
                 if (ordered)
                     await_dq_turn(sema, dq_turn<Kt::kBlockM, Kt::kBlockN>(mask, m_block, n_block, head, batch));
-                reduce_panel<Kt>(dq_block<Kt>(ws, ws_row, me), cta.dq_panel(me), ordered);
+                reduce_panel<Kt>(dq_block<Kt>(ws, ws_row, Kt::dq_col0(me)), cta.dq_panel(me), ordered);
                 if (ordered) atomicAdd(sema, 1);
             }
             (void)dq;
@@ -309,25 +319,26 @@ struct BwdConsumerBase {
             if (leader)
                 await_dq_turn(ws.semaphore(p, batch, head, m_block),
                               dq_turn<Kt::kBlockM, Kt::kBlockN>(mask, m_block, n_block, head, batch));
-            named_sync(kBwdDqOrderBarrier, Kt::kConsumerThreads);
+            named_sync<kAlignedBarriers>(kBwdDqOrderBarrier, Kt::kConsumerThreads);
         }
         if constexpr (Kt::kDqBulk) {
             const int thread = fresh_warpgroup_thread(), me = fresh_consumer();
-            const u32 panel = cta.dq_panel(me);
+            const u32 panel = cta.dq_staging(me, Share::dq_col0(me));
             gmma::fence_proxy_async();   // the panel's stores (generic proxy), before the bulk reduction reads it
-            named_sync(kBwdConsumerBarrier + me, gmma::kWarpgroupThreads);
-            if (thread == 0) reduce_panel<Kt>(dq_block<Kt>(ws, ws_row, me), panel, ordered);
+            named_sync<kAlignedBarriers>(kBwdConsumerBarrier + me, gmma::kWarpgroupThreads);
+            if (thread == 0)
+                reduce_panel<Kt>(dq_block<Kt>(ws, ws_row, Share::dq_col0(me)), panel, ordered, Share::kDqPanels);
         } else {
-            float* block = dq_block<Kt>(ws, ws_row, consumer);
+            float* block = dq_block<Kt>(ws, ws_row, dq_col0());
 #pragma unroll
-            for (int i = 0; i < Kt::kDqTiles; ++i) {
+            for (int i = 0; i < Share::kDqTiles; ++i) {
                 float* at = block + dq_fragment(i, tid);
                 red_add_v4(at, dq[i][0], dq[i][1], dq[i][2], dq[i][3]);
             }
             if (ordered) __threadfence();
         }
         if (ordered) {
-            named_sync(kBwdDqOrderBarrier, Kt::kConsumerThreads);
+            named_sync<kAlignedBarriers>(kBwdDqOrderBarrier, Kt::kConsumerThreads);
             if (leader) atomicAdd(ws.semaphore(p, batch, head, m_block), 1);
         }
     }
@@ -352,14 +363,14 @@ struct BwdConsumerBase {
             const int key = key0 + warp_row + h * kFragRowHalf;
             if (key >= p.seqlen_k) continue;
 #pragma unroll
-            for (int nd = 0; nd < Kt::kDTiles; ++nd) {
+            for (int nd = 0; nd < Share::kAccTiles; ++nd) {
                 const int col = own_col0() + nd * kMmaN + col2;
                 // a padded call: the tiles past its head dim (a multiple of 8) hold zeros and are not stored; nor are
                 // dV's past head_dim_v (v's own columns where v is narrower)
-                if (!FLASHKIT_HEAD_DIM_PADDED || own_col0() + nd * kMmaN < p.head_dim)
+                if (nd < Share::kDkTiles && (!FLASHKIT_HEAD_DIM_PADDED || own_col0() + nd * kMmaN < p.head_dim))
                     *reinterpret_cast<u32*>(dk + key * p.bwd.dk_row_stride + col) = pack_float2<Element>(
                         acc_dk[nd][2 * h] * p.softmax_scale, acc_dk[nd][2 * h + 1] * p.softmax_scale);
-                if (nd >= Kt::kDTilesV) continue;
+                if (nd >= Share::kDvTiles) continue;
                 const int col_v = own_col0_v() + nd * kMmaN + col2;
                 if (BwdVColumns::past<BwdVColumns::kPadded || BwdVColumns::kNarrower>(p, own_col0_v() + nd * kMmaN))
                     continue;

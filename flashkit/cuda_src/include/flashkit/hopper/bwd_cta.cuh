@@ -21,11 +21,11 @@ struct BackwardMaps {
     const TensorMap& dout;
 };
 
-// The visit's query block of dq_accum (Kt::DqLayout) at consumer c's first dQ column (every column's first where
-// the consumers take dQ by turns).
+// The visit's query block of dq_accum (Kt::DqLayout) at a consumer's first dQ column col0 (BwdShare's dq_col0; 0
+// where the consumers take dQ by turns).
 template <class Kt>
-__device__ __forceinline__ float* dq_block(const BwdWorkspace<Kt::kBlockM, Kt::kHeadDim>& ws, index_t ws_row, int c) {
-    return ws.dq_accum + ws_row * Kt::kHeadDim + Kt::DqLayout::template offset<Kt::kHeadDim>(0, Kt::dq_col0(c));
+__device__ __forceinline__ float* dq_block(const BwdWorkspace<Kt::kBlockM, Kt::kHeadDim>& ws, index_t ws_row, int col0) {
+    return ws.dq_accum + ws_row * Kt::kHeadDim + Kt::DqLayout::template offset<Kt::kHeadDim>(0, col0);
 }
 
 // The deterministic dQ order, for the thread about to add a panel: wait until the semaphore reads `turn` (the panels
@@ -35,11 +35,11 @@ __device__ __forceinline__ void await_dq_turn(const int* sema, int turn) {
     fence_proxy_async_global();
 }
 
-// One thread: dq_accum block += a staged dQ panel, by one bulk reduction; `complete`: wait until the adds are done
+// One thread: dq_accum block += `panels` staged dQ panels, by one bulk reduction; `complete`: wait until the adds are done
 // and visible to the next panel in the deterministic order, else only commit them.
 template <class Kt>
-__device__ __forceinline__ void reduce_panel(float* block, u32 panel, bool complete) {
-    bulk_reduce_add(block, panel, Kt::DqLayout::kPanelBytes);
+__device__ __forceinline__ void reduce_panel(float* block, u32 panel, bool complete, int panels = 1) {
+    bulk_reduce_add(block, panel, panels * Kt::DqLayout::kPanelBytes);
     bulk_commit();
     if (complete) {
         bulk_wait();
@@ -104,9 +104,19 @@ struct BwdCta : WsRoles {   // smem: the layout in bwd_traits.cuh
     __device__ __forceinline__ u32 ds_tile(int visit) const {   // dS^T, by visit parity
         return smem + Kt::kDsOffset + (visit % Kt::kDsBuffers) * Kt::kDsBufferBytes;
     }
-    __device__ __forceinline__ u32 dq_panel(int consumer) const {   // a consumer's staged dQ (split by keys)
-        static_assert(Kt::kDqBulk, "dQ is staged only when the consumers split the keys");
+    // A consumer's staged dQ: split by keys, its own panel; split by columns, the panels of its columns from col0
+    // (BwdShare's dq_col0) in the staged block.
+    __device__ __forceinline__ u32 dq_panel(int consumer) const {
+        static_assert(Kt::kDqBulk && !Kt::kSplitColumns, "split by keys, dQ staged");
         return smem + Kt::kDqOffset + consumer * Kt::kDqBufferBytes;
+    }
+    __device__ __forceinline__ u32 dq_columns(int col0) const {
+        static_assert(Kt::kDqBulk && Kt::kSplitColumns, "split by columns, dQ staged");
+        return smem + Kt::kDqOffset + col0 / Kt::kPanelElems * Kt::kDqBufferBytes;
+    }
+    __device__ __forceinline__ u32 dq_staging(int consumer, int col0) const {
+        if constexpr (Kt::kSplitColumns) return dq_columns(col0);
+        else return dq_panel(consumer);
     }
     __device__ __forceinline__ u32 pt_tile(int visit) const {   // P^T (split by columns), by visit parity
         static_assert(Kt::kPtBuffers == Kt::kDsBuffers, "P^T is shared only when the consumers split columns");

@@ -36,6 +36,8 @@ __device__ __forceinline__ void bwd_write_dq(const Params& p, const BwdCta<Kt>& 
     // consumer c's visits: every one, or by turns c, c + kConsumers, ...
     const int first = Kt::kDqTurns ? c : 0;
     BwdVisit visit = visits.at(first);
+    if constexpr (Kt::kSplitColumns)   // its first panel is free: consumer c waits before each (see stage_dq)
+        if (visits.total > 0) named_arrive(kBwdDqEmptyBarrier + c, Kt::kDqHandshake);
     // Counted down (one register for the loop, at the producer warpgroup's 24: with a count up to visits.total, the
     // causal window builds spilled the walk's bound)
 #pragma unroll 1
@@ -47,7 +49,12 @@ __device__ __forceinline__ void bwd_write_dq(const Params& p, const BwdCta<Kt>& 
                 await_dq_turn(ws.semaphore(ws_row), dq_turn<Kt::kBlockM, Kt::kBlockN>(Mask(p), visit.m_block, n_block,
                                                                                     visit.head, batch) *
                                                             Kt::kDqVisitPanels + (Kt::kDqTurns ? 0 : c));
-            reduce_panel<Kt>(dq_block<Kt>(ws, ws_row, c), cta.dq_panel(c), ordered);
+            // consumer c's columns: its panels (hd192: two or one), from c formed again where the shares differ (held
+            // over the loop, its sums took the writer a register over its 24 beside a window: 4 B spilled)
+            const int me = Kt::kUnevenColumns ? fresh_thread_index() / kWarpSize - Kt::kDqWriterWarp0 : c;
+            const int col0 = BwdDqShares<Kt>::col0(me);
+            reduce_panel<Kt>(dq_block<Kt>(ws, ws_row, col0), cta.dq_staging(me, col0), ordered,
+                             BwdDqShares<Kt>::panels(me));
             if (ordered) atomicAdd(ws.semaphore(ws_row), 1);   // the next panel's turn
             else bulk_wait_read();                              // the panel may be written again
         }

@@ -8,9 +8,10 @@
 //     dV accumulators, every head-dim column. Per visited query block of kBlockM queries, dQ = dS K needs
 //     every key of the block: at hd128 the consumers exchange dS^T through a shared tile and split dQ's
 //     head-dim columns; at hd64 the consumers take the whole dQ of a visit by turns (kDqTurns).
-//   by head-dim columns (kBlockN = 64, two consumers; hd256, where one warpgroup's dK and dV of every column
-//     would take all of its registers; bwd_column_consumer.cuh): both consumers own the 64 keys, consumer c the columns
-//     [kOwnCols c, kOwnCols (c + 1)) of dK, dV and dQ; it computes S^T and dP^T for queries
+//   by head-dim columns (kBlockN = 64, two consumers; hd192 and hd256, where one warpgroup's dK and dV of every
+//     column would take all of its registers; bwd_column_consumer.cuh): both consumers own the 64 keys, each its
+//     share of the columns of dK, dV and dQ (BwdShare, below: halves at hd256; at hd192's three panels dQ 2 + dK 1
+//     panels for consumer 0, dQ 1 + dK 2 for consumer 1); consumer c computes S^T and dP^T for queries
 //     [kSQueries c, kSQueries (c + 1)) only, and the two halves of P^T and dS^T meet in shared tiles.
 // Warp w of a consumer owns keys [16 w, 16 w + 16) of its 64 (the m16n8 fragment conventions of
 // fragment.cuh apply).
@@ -18,7 +19,8 @@
 // rows of v's head dim kHeadDimV, the others of kHeadDim):
 //   [ K: kBlockN rows | V: kBlockN rows | Q: kStages x kBlockM rows | dO: kStages x kBlockM rows |
 //     dS^T: 2 x (kBlockN rows of kBlockM 16-bit queries) | P^T: the same, split by columns only |
-//     dQ: one fp32 panel (64 x 64, DqLayout's order) a consumer, split by keys only |
+//     dQ: one fp32 panel (64 x 64, DqLayout's order) a consumer split by keys; split by columns, the block's
+//       kPanels panels where they fit (hd192; not at hd256) |
 //     lse2: kStages x kBlockM floats (bulk copies beside the Q tiles), two consumers split by keys only |
 //     mbarriers: kv_full, the Q ring, the dO ring | a mask_mod's keep bits: kStages x a word a consumer thread |
 //     softcap's slopes on dS on three consumers: 16 B a consumer thread a k-step of queries (stashes_slopes) ]
@@ -73,14 +75,18 @@ struct BwdWsTraits {
     static constexpr bool kSplitColumns = kBlockN == gmma::kWarpgroupRows;
     static constexpr int kConsumerKeys = gmma::kWarpgroupRows;   // keys (wgmma rows) of a consumer's dK, dV
     static constexpr int kConsumers = kSplitColumns ? 2 : kBlockN / kConsumerKeys;
-    static constexpr int kOwnCols = kSplitColumns ? kHeadDim / kConsumers : kHeadDim;   // its dK columns
+    static constexpr int kOwnCols = kSplitColumns ? kHeadDim / kConsumers : kHeadDim;   // its dK columns (even shares)
     // V, dO and dV: v's head-dim class (kHeadDimV_, below kHeadDim where v is narrower: MLA's 128 under 192's 256),
     // raised to whole 128 B panels a consumer (a column split of 64 columns each needs 128: v of 64 runs at 128,
     // zero-filled past head_dim_v as a padded V is).
     static constexpr int kPanelElems = kTmaPanelBytes / kElemBytes;   // a TMA box's head-dim extent; N of a dQ product
     static constexpr int kMinHeadDimV = (kSplitColumns ? kConsumers : 1) * kPanelElems;
     static constexpr int kHeadDimV = kHeadDimV_ > kMinHeadDimV ? kHeadDimV_ : kMinHeadDimV;
-    static constexpr int kOwnColsV = kSplitColumns ? kHeadDimV / kConsumers : kHeadDimV;   // its dV columns
+    static constexpr int kOwnColsV = kSplitColumns ? kHeadDimV / kConsumers : kHeadDimV;   // its dV columns (even)
+    static constexpr int kPanels = kHeadDim / kPanelElems;     // q / k's 128 B panels
+    static constexpr int kPanelsV = kHeadDimV / kPanelElems;   // v's
+    // Split by columns, the panels do not halve (hd192's three): each consumer's share is its own (BwdShare<Kt, c>).
+    static constexpr bool kUnevenColumns = kSplitColumns && (kPanels % kConsumers != 0 || kPanelsV % kConsumers != 0);
     static constexpr int kSQueries = kSplitColumns ? kBlockM / kConsumers : kBlockM;    // its S^T, dP^T columns
     static constexpr int kConsumerThreads = kConsumers * gmma::kWarpgroupThreads;
     static constexpr int kThreads = kConsumerThreads + gmma::kWarpgroupThreads;   // + the producer warpgroup
@@ -109,15 +115,13 @@ struct BwdWsTraits {
     static constexpr int kDvSteps = kRowBytesV / gmma::kKBytes;     // over v's (dP^T)
     static constexpr int kQSteps = kBlockM / kStepElems;            // k-steps over queries (dV, dK)
     static constexpr int kQTiles = kSQueries / kMmaN;               // 8-query column tiles of S^T
-    static constexpr int kDTiles = kOwnCols / kMmaN;                // 8-wide column tiles of dK
-    static constexpr int kDTilesV = kOwnColsV / kMmaN;              // of dV
     // dQ = dS K over every key of the block (k): at hd128 the consumers split the head-dim columns (N = 64 each, one
     // 128 B panel of the K tile); at hd64 half the columns would be N = 32 starting inside a swizzle atom, so they
     // take the visit's whole dQ by turns (kDqTurns): in visit `slot` consumer slot % kConsumers alone computes it
     // (N = 64) and adds it by one bulk reduction. (Each consumer adding the dQ of its own 64 keys staged, read and
     // added in L2 kConsumers 64 x 64 fp32 partials a visit: 1.10-1.18x slower non-causal, 1.73x deterministic.)
-    // Split by columns (hd256): the consumer's own kOwnCols columns, one N = 64 product a 128 B panel, k = the 64
-    // keys.
+    // Split by columns (hd192, hd256): the consumer's own dQ columns (BwdShare), one N = 64 product a 128 B panel,
+    // k = the 64 keys.
     static constexpr bool kDqTurns = !kSplitColumns && kHeadDim / kConsumers * kElemBytes < kTmaPanelBytes;
     static constexpr int kDqCols = kDqTurns ? kHeadDim : kHeadDim / kConsumers;   // dQ columns a consumer
     static constexpr int kDqTiles = kDqCols / kMmaN;
@@ -149,12 +153,12 @@ struct BwdWsTraits {
     __host__ __device__ static constexpr bool takes_slopes() {   // held or stashed: dS takes them (ds_pair)
         return holds_slopes<Mod>() || stashes_slopes<Mod>();
     }
-    static constexpr int kDqPanels = kDqCols / kPanelElems;           // dQ products a k-step
     // How dQ reaches dq_accum (DqLayout's order): split by keys, a consumer's 64 x 64 fp32 dQ (its columns at hd128,
     // the whole visit's in its turn at hd64) goes through its own shared panel and one bulk reduction
-    // (cp.reduce.async.bulk); split by columns
-    // (hd256, no shared memory left for 2 x 32 KB) by 16-byte reductions from the registers.
-    static constexpr bool kDqBulk = !kSplitColumns;
+    // (cp.reduce.async.bulk); split by columns, the whole 64 x kHeadDim block goes through shared panels (hd192: 48 KB
+    // beside 176 KB of tiles), each consumer's panels by one bulk reduction, or at hd256 (no shared memory left for
+    // 64 KB) by 16-byte reductions from the registers.
+    static constexpr bool kDqBulk = !kSplitColumns || kPanels < 4;
     // The staged panels' reductions issued by warps of the producer warpgroup, one a consumer (bwd_dq_writer.cuh): the
     // consumers arrive on a barrier rather than synchronize their warpgroup and wait for their thread 0's issue.
     // Measured (BENCHMARKS.md) 4-11% faster at hd128 (two consumers, dQ split by columns), 2-4% at hd64 by turns (1.45x
@@ -202,7 +206,7 @@ struct BwdWsTraits {
     static constexpr int kDoOffset = kQOffset + kStages * kQStageBytes;
     static constexpr int kDsOffset = kDoOffset + kStages * kDoStageBytes;
     static constexpr int kPtOffset = kDsOffset + kDsBuffers * kDsBufferBytes;
-    static constexpr int kDqBuffers = kDqBulk ? kConsumers : 0;
+    static constexpr int kDqBuffers = kDqBulk ? (kSplitColumns ? kPanels : kConsumers) : 0;   // 64 x 64 fp32 panels
     static constexpr int kDqBufferBytes = DqLayout::kPanelBytes;
     static constexpr int kDqOffset = kPtOffset + kPtBuffers * kDsBufferBytes;
     // A visit's lse2 row (kBlockM floats), loaded with Q into its stage's row where two consumers split the keys
@@ -241,12 +245,10 @@ struct BwdWsTraits {
     static_assert(kConsumers == 2 || kDqTurns, "more than two consumers take dQ by turns");
     static_assert(kRowBytes % kTmaPanelBytes == 0, "head dims of whole 128 B panels (64, 128, 256)");
     static_assert(kRowBytesV % kTmaPanelBytes == 0 && kHeadDimV <= kHeadDim, "v's: whole panels, at most q's");
-    static_assert(!kSplitColumns || kOwnColsV % kPanelElems == 0, "a consumer's dV columns: whole 128 B panels");
     static_assert(kBlockM * kElemBytes == kTmaPanelBytes, "a dS^T row is one 128 B swizzle panel");
-    static_assert(kDqCols % kPanelElems == 0, "dQ's N: whole 128 B panels of the K tile (MmaTT<T, 64>)");
-    static_assert(!kSplitColumns || kOwnCols % kPanelElems == 0, "a consumer's columns: whole 128 B panels");
+    static_assert(kUnevenColumns || kDqCols % kPanelElems == 0, "dQ's N: whole 128 B panels of the K tile");
     static_assert(kStages >= 2, "Q and dO of the next visit load under this one");
-    static_assert(!kDqBulk || kDqCols == DqLayout::kPanelCols, "a staged dQ partial is one panel");
+    static_assert(!kDqBulk || kSplitColumns || kDqCols == DqLayout::kPanelCols, "split by keys: a staged dQ is a panel");
     // setmaxnreg moves registers within what the launch gave the CTA (__launch_bounds__(kThreads, 1): the file's
     // share of a thread, in granules of 8, for each thread); a budget over it makes the consumers' setmaxnreg.inc wait
     // forever (32 + 2 x 240 hung at hd128, where the launch gives 384 x 168).
@@ -258,6 +260,73 @@ struct BwdWsTraits {
     static_assert(kSmemBytes <= 227 * 1024, "shared memory of one CTA");
     static_assert(kSlopeBytes == 0 || (kSlopeStepBytes == 2 * 2 * sizeof(u32) && kQTiles == 2 * kQSteps),
                   "a slope stash step: the f16 pairs (two a column tile) of a k-step's two column tiles");
+};
+
+// The head-dim columns of dK, dV and dQ a consumer owns (its share; every consumer's the same size where kC is
+// kAnyConsumer, at columns formed from its runtime index):
+//   split by keys (hd64, hd128): every column of dK and dV; dQ's kDqCols from Kt::dq_col0;
+//   split by columns, even (hd256): half of each, consumer c's from c kOwnCols;
+//   split by columns, uneven (Kt::kUnevenColumns: hd192's three 128 B panels): consumer kC's own, a compile-time
+//     constant: dQ's first ceil(P / 2) panels to consumer 0 and dK's last ceil(P / 2) to consumer 1, so that each
+//     issues the same number of panels' products a visit (hd192: dQ 2 + dK 1, dQ 1 + dK 2) and holds the same number
+//     of accumulator panels where dV's first ceil(PV / 2) panels go to consumer 0 (192 / 128: dK 1 + dV 1 against
+//     dK 2 + dV 1; 192: dK 1 + dV 2 against dK 2 + dV 1). The 96-column halves would start dQ's and dK's products
+//     inside a 128 B swizzle panel of K and Q.
+constexpr int kAnyConsumer = -1;
+
+template <class Kt, int kC = kAnyConsumer>
+struct BwdShare {
+    static constexpr bool kByIndex = kC == kAnyConsumer;
+    static constexpr int kPe = Kt::kPanelElems;
+    static constexpr int kDqPanels0 = (Kt::kPanels + 1) / 2;    // consumer 0's dQ panels (uneven)
+    static constexpr int kDkPanels0 = Kt::kPanels / 2;          // its dK panels
+    static constexpr int kDvPanels0 = (Kt::kPanelsV + 1) / 2;   // its dV panels
+    static constexpr int kDkCols = kByIndex ? Kt::kOwnCols : (kC == 0 ? kDkPanels0 : Kt::kPanels - kDkPanels0) * kPe;
+    static constexpr int kDvCols = kByIndex ? Kt::kOwnColsV : (kC == 0 ? kDvPanels0 : Kt::kPanelsV - kDvPanels0) * kPe;
+    static constexpr int kDqCols = kByIndex ? Kt::kDqCols : (kC == 0 ? kDqPanels0 : Kt::kPanels - kDqPanels0) * kPe;
+    static constexpr int kDkTiles = kDkCols / kMmaN;   // 8-wide column tiles of dK
+    static constexpr int kDvTiles = kDvCols / kMmaN;   // of dV
+    static constexpr int kDqTiles = kDqCols / kMmaN;   // of dQ
+    static constexpr int kDqPanels = kDqCols / kPe;    // dQ products a k-step (split by columns)
+    static constexpr int kAccTiles = kDkTiles > kDvTiles ? kDkTiles : kDvTiles;
+
+    // Consumer `consumer`'s first dK, dV and dQ column.
+    __host__ __device__ static constexpr int dk_col0(int consumer) {
+        if constexpr (kByIndex) return Kt::kSplitColumns ? consumer * Kt::kOwnCols : 0;
+        return kC == 0 ? 0 : kDkPanels0 * kPe;
+    }
+    __host__ __device__ static constexpr int dv_col0(int consumer) {
+        if constexpr (kByIndex) return Kt::kSplitColumns ? consumer * Kt::kOwnColsV : 0;
+        return kC == 0 ? 0 : kDvPanels0 * kPe;
+    }
+    __host__ __device__ static constexpr int dq_col0(int consumer) {
+        if constexpr (kByIndex) return Kt::dq_col0(consumer);
+        return kC == 0 ? 0 : kDqPanels0 * kPe;
+    }
+
+    static_assert(kByIndex ? !Kt::kUnevenColumns : Kt::kUnevenColumns && kC >= 0 && kC < Kt::kConsumers,
+                  "a consumer's own share only where the shares differ");
+    static_assert(!Kt::kSplitColumns || (kDkCols % kPe == 0 && kDvCols % kPe == 0 && kDqCols % kPe == 0),
+                  "split by columns: whole 128 B panels a consumer");
+    static_assert(kDkTiles > 0 && kDvTiles > 0 && kDqTiles > 0, "every consumer owns columns of each");
+};
+
+// Consumer c's dQ share from its runtime index (the dQ writer's view, bwd_dq_writer.cuh): its first column and its
+// 64 x 64 fp32 panels; where the shares differ, as sums linear in c (a select of the two consumers' constants took the
+// writer warp, at 24 registers, a register over them beside a window: 4 B spilled).
+template <class Kt>
+struct BwdDqShares {
+    typedef BwdShare<Kt, Kt::kUnevenColumns ? 0 : kAnyConsumer> First;
+    typedef BwdShare<Kt, Kt::kUnevenColumns ? 1 : kAnyConsumer> Second;
+    __device__ __forceinline__ static int col0(int c) {
+        if constexpr (Kt::kUnevenColumns) return c * Second::dq_col0(1);
+        else return First::dq_col0(c);
+    }
+    __device__ __forceinline__ static int panels(int c) {
+        if constexpr (Kt::kUnevenColumns) return First::kDqPanels + c * (Second::kDqPanels - First::kDqPanels);
+        else return First::kDqPanels;
+    }
+    static_assert(!Kt::kUnevenColumns || (First::dq_col0(0) == 0 && Kt::kConsumers == 2), "two consumers, c = 0, 1");
 };
 
 }  // namespace hopper

@@ -52,8 +52,16 @@ __device__ __forceinline__ void ws_backward(const Params& p, const BackwardMaps&
     }
     claim_registers<Kt::kConsumerRegs>();
     const Visits visits(p, n_block, kv_head, batch);
-    if constexpr (Kt::kSplitColumns) bwd_consume<BwdColumnConsumer<Kt, Mask, Mod> >(p, cta, visits, n_block, kv_head, batch);
-    else bwd_consume<BwdConsumer<Kt, Mask, Mod> >(p, cta, visits, n_block, kv_head, batch);
+    if constexpr (Kt::kUnevenColumns) {   // each consumer's share its own (hd192): a copy of the visit each
+        if (cta.consumer() == 0)
+            bwd_consume<BwdColumnConsumer<Kt, Mask, Mod, 0> >(p, cta, visits, n_block, kv_head, batch);
+        else
+            bwd_consume<BwdColumnConsumer<Kt, Mask, Mod, 1> >(p, cta, visits, n_block, kv_head, batch);
+    } else if constexpr (Kt::kSplitColumns) {
+        bwd_consume<BwdColumnConsumer<Kt, Mask, Mod> >(p, cta, visits, n_block, kv_head, batch);
+    } else {
+        bwd_consume<BwdConsumer<Kt, Mask, Mod> >(p, cta, visits, n_block, kv_head, batch);
+    }
 }
 
 }  // namespace hopper
