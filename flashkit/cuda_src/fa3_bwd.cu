@@ -48,7 +48,7 @@ workspace: dq_accum
 //              head of the group and every visible query block (64 keys each: three at hd64, two at hd128;
 //              at hd192 / hd256 two, the block's 64 keys, a share of the head-dim columns each), dQ added to
 //              dq_accum in fragment order (dq_layout.cuh) by one bulk reduction a visit, issued by a writer warp
-//              a consumer at hd128 (hd192 / hd256: 16-byte reductions)
+//              a consumer at hd128 and hd192 (hd192: a consumer's two or one panels; hd256: 16-byte reductions)
 //              (hopper/ws_backward.cuh)
 //   convert_dq grid (ceil(seqlen_q / block_m), heads, batch): dQ = scale dq_accum in the input dtype
 // Causal (FLASHKIT_CAUSAL) skips the query blocks above the diagonal and masks the tiles crossing it; a window
