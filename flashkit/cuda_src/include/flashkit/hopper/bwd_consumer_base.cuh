@@ -1,8 +1,7 @@
 // What both consumers of the warp-specialized Hopper backward share (split by keys: bwd_consumer.cuh; by
 // head-dim columns: bwd_column_consumer.cuh): the thread's place in the wgmma layouts, dK and dV of the
 // consumer's 64 keys x its columns (Share: bwd_traits.cuh's BwdShare) in fp32 registers over every visit, the dQ
-// adds into dq_accum, and
-// the final dK, dV store; the score modification (softcap / ALiBi) and the window's element mask (Mask:
+// adds into dq_accum, and the final dK, dV store; the score modification (softcap / ALiBi) and the window's element mask (Mask:
 // bwd_mask.cuh) of the recomputed scores, and softcap's slope on dS.
 #pragma once
 
@@ -97,8 +96,8 @@ struct BwdConsumerBase {
                                                    QTile::desc(cta.q_tile(slot), q0, kk * gmma::kKBytes), kk > 0);
         gmma::commit();
         cta.do_ring.wait_full(slot);
-        // Each consumer at its own copy (kUnevenColumns): a fence after dO's wait loop, else ptxas inserted one there for
-        // dP^T's accumulators itself (C7519), and beside the staged dQ's handshake serialized every wgmma (C7520).
+        // Each consumer at its own copy (kUnevenColumns): a fence after dO's wait loop, else ptxas inserted one there
+        // for dP^T's accumulators itself (C7519), and beside the staged dQ's handshake serialized every wgmma (C7520).
         if constexpr (!kAlignedBarriers) gmma::fence();
 #pragma unroll
         for (int kk = 0; kk < Kt::kDvSteps; ++kk)   // dP^T = V dO^T

@@ -24,7 +24,8 @@ struct BackwardMaps {
 // The visit's query block of dq_accum (Kt::DqLayout) at a consumer's first dQ column col0 (BwdShare's dq_col0; 0
 // where the consumers take dQ by turns).
 template <class Kt>
-__device__ __forceinline__ float* dq_block(const BwdWorkspace<Kt::kBlockM, Kt::kHeadDim>& ws, index_t ws_row, int col0) {
+__device__ __forceinline__ float* dq_block(const BwdWorkspace<Kt::kBlockM, Kt::kHeadDim>& ws, index_t ws_row,
+                                          int col0) {
     return ws.dq_accum + ws_row * Kt::kHeadDim + Kt::DqLayout::template offset<Kt::kHeadDim>(0, col0);
 }
 
@@ -35,8 +36,8 @@ __device__ __forceinline__ void await_dq_turn(const int* sema, int turn) {
     fence_proxy_async_global();
 }
 
-// One thread: dq_accum block += `panels` staged dQ panels, by one bulk reduction; `complete`: wait until the adds are done
-// and visible to the next panel in the deterministic order, else only commit them.
+// One thread: dq_accum block += `panels` staged dQ panels, by one bulk reduction; `complete`: wait until the adds are
+// done and visible to the next panel in the deterministic order, else only commit them.
 template <class Kt>
 __device__ __forceinline__ void reduce_panel(float* block, u32 panel, bool complete, int panels = 1) {
     bulk_reduce_add(block, panel, panels * Kt::DqLayout::kPanelBytes);

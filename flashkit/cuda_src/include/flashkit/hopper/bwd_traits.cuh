@@ -248,7 +248,8 @@ struct BwdWsTraits {
     static_assert(kBlockM * kElemBytes == kTmaPanelBytes, "a dS^T row is one 128 B swizzle panel");
     static_assert(kUnevenColumns || kDqCols % kPanelElems == 0, "dQ's N: whole 128 B panels of the K tile");
     static_assert(kStages >= 2, "Q and dO of the next visit load under this one");
-    static_assert(!kDqBulk || kSplitColumns || kDqCols == DqLayout::kPanelCols, "split by keys: a staged dQ is a panel");
+    static_assert(!kDqBulk || kSplitColumns || kDqCols == DqLayout::kPanelCols,
+                  "split by keys: a staged dQ is one panel");
     // setmaxnreg moves registers within what the launch gave the CTA (__launch_bounds__(kThreads, 1): the file's
     // share of a thread, in granules of 8, for each thread); a budget over it makes the consumers' setmaxnreg.inc wait
     // forever (32 + 2 x 240 hung at hd128, where the launch gives 384 x 168).
