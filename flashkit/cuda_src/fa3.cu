@@ -4,7 +4,11 @@ summary: FlashAttention-3 forward on Hopper (sm_90a) - TMA producer warp, ping-p
 entry: flashkit_fa3_fwd
 arch: {min: "9.0", max: "9.0", targets: {"9.0": sm_90a}}
 dtypes: [float16, bfloat16]
-head_dims: [64, 96, 128, 192, 256]
+head_dims: {min: 8, max: 256, multiple_of: 8, classes: [64, 96, 128, 192, 256]}
+# A head dim below its class (80 at 96, 200 at 256) needs nothing of the kernel: the tensor maps describe the arrays'
+# own last dims, so TMA's out-of-bounds fill zeroes the class's extra columns and its O store clips them (a packed
+# sequence's last rows, stored by the threads, stop at params.head_dim_v: tma_epilogue.cuh). 1.5-2.6x fa2 at hd40-200
+# on the H200 (BENCHMARKS.md); at hd32 0.98-1.08x.
 features: {causal: true, block_sparse: false, fp8: false, backward: false, lse: true, gqa: true,
            window: true, chunk: true, softcap: true, alibi: true, varlen: true,
            score_mod: true, mask_mod: true, head_dim_v: true}

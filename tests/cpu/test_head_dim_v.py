@@ -34,7 +34,7 @@ A100 = DeviceInfo(0, "Fake A100", (8, 0), 108, 163 * 1024, 12000, 12000)
 B, SQ, SK, H, HK = 2, 17, 33, 8, 2
 TAKERS = {"fa2", "causal", "fa3"}
 BACKWARD_TAKERS = {"fa2_bwd", "fa3_bwd"}
-FA3_V_DIMS = "64, 96, 128, 192, 256"   # fa3 takes head_dim_v <= head_dim among its head dims
+FA3_V_DIMS = "multiples of 8 from 8 to 256 (compiled as 64, 96, 128, 192, 256)"   # fa3's head_dim_v <= head_dim
 
 
 def mla(d=192, dv=128, typestr="<f2", kv_heads=HK):
@@ -142,16 +142,21 @@ def test_fa3_takes_every_smaller_head_dim_of_its_own(monkeypatch, d, dv):
     assert sel.chosen.name == "fa3"
 
 
-@pytest.mark.parametrize("d,dv", [(192, 120), (200, 136), (136, 72), (128, 192), (96, 40)])
-def test_fa3_refuses_other_pairs_and_the_fa2_family_runs_them(d, dv):
-    """fa3 compiles exact head dims only: a pair outside its list goes to the FA2 family (or nowhere), never to fa3."""
-    req = Request("bfloat16", d, head_dim_v=dv, cc=(9, 0))
-    sel = flashkit.explain(dtype="bfloat16", head_dim=d, head_dim_v=dv, cc=(9, 0)) if dv <= d else None
-    if sel is not None:
-        assert sel.chosen.name == "fa2"
+@pytest.mark.parametrize("d,dv", [(192, 120), (200, 136), (136, 72), (96, 40), (80, 8)])
+def test_fa3_takes_other_pairs_at_its_classes(d, dv):
+    """fa3 compiles head-dim classes: any pair runs at q's and v's classes, the columns past the call's zero-filled by
+    TMA's out-of-bounds fill and left unstored by its clipped O store."""
+    sel = flashkit.explain(dtype="bfloat16", head_dim=d, head_dim_v=dv, cc=(9, 0))
+    assert sel.chosen.name == "fa3"
+    spec = discover_kernels().get("fa3")
+    config = make_config(spec, "bfloat16", d, False, (9, 0), head_dim_v=dv)
+    assert (config.head_dim, config.head_dim_v) == (spec.head_dims.class_of(d), spec.head_dims.class_of(dv))
+
+
+def test_fa3_refuses_a_wider_v():
     with pytest.raises(UnsupportedError) as e:
-        select_kernel(req, discover_kernels().specs, variant="fa3")
-    assert "head_dim_v" in str(e.value) or f"head_dim={d}" in str(e.value)
+        select_kernel(Request("bfloat16", 128, head_dim_v=192, cc=(9, 0)), discover_kernels().specs, variant="fa3")
+    assert "head_dim_v=192 not supported with head_dim=128" in str(e.value)
 
 
 def test_equal_head_dims_select_as_before(monkeypatch):
@@ -185,9 +190,9 @@ def test_reasons_give_exact_bounds():
     assert e.value.reasons["fa2"] == [("head_dim_v=192 not supported with head_dim=128: supported head_dim_v <= "
                                        "head_dim, multiples of 8 from 8 to 256 (compiled as 32, 64, 96, 128, 160, "
                                        "192, 256)")]
-    on_h100 = Request("bfloat16", 192, head_dim_v=120, cc=(9, 0))
+    on_h100 = Request("bfloat16", 192, head_dim_v=200, cc=(9, 0))
     assert reasons(discover_kernels().get("fa3"), on_h100) == [
-        f"head_dim_v=120 not supported with head_dim=192: supported head_dim_v <= head_dim, {FA3_V_DIMS}"]
+        f"head_dim_v=200 not supported with head_dim=192: supported head_dim_v <= head_dim, {FA3_V_DIMS}"]
 
 
 def test_request_spells_equal_head_dims_one_way():
@@ -208,7 +213,8 @@ def test_explain_api_and_cli():
     res = CliRunner().invoke(cli, ["explain", "--arch", "sm_90", "--head-dim", "192", "--head-dim-v", "120",
                                    "--causal"])
     assert res.exit_code == 0, res.output
-    assert "selected: causal" in res.output and "head_dim_v=120 not supported with head_dim=192" in res.output
+    assert "selected: fa3" in res.output and ("head_dim_v=120: v and the output run as head-dim class 128 under q / "
+                                              "k's 192 (columns 120..127 zero-filled, not stored)") in res.output
     padded = flashkit.explain(head_dim=200, head_dim_v=136, cc=(8, 0))
     assert any("class 160 under q / k's 256 (columns 136..159 zero-filled, not stored)" in n for n in padded.notes)
 
@@ -319,11 +325,11 @@ def test_compile_matrix_plans_the_pairs():
         spec = discover_kernels().get(name)
         cc = (9, 0) if name == "fa3" else (8, 0)
         configs = [c for c in spec_configs(spec, cc) if c.head_dim_v]
-        mla_pairs = {(192, 128)} if name == "fa3" else {(192, 128), (256, 160)}   # fa3: no padded head dims
+        mla_pairs = {(192, 128), (256, 192)} if name == "fa3" else {(192, 128), (256, 160)}   # 200 / 136's classes
         assert {(c.head_dim, c.head_dim_v) for c in configs} == mla_pairs | geometry
         assert {c.causal for c in configs} == ({True} if name == "causal" else {False, True})
         assert any("varlen" in c.mods for c in configs) and any("window" in c.mods for c in configs)
-        assert not [c for c in configs if c.mods and (c.head_dim, c.head_dim_v) in geometry]
+        assert not [c for c in configs if c.mods and (c.head_dim, c.head_dim_v) in geometry - mla_pairs]
     fa3 = discover_kernels().get("fa3")
     equal = make_config(fa3, "bfloat16", 192, False, (9, 0), head_dim_v=192)
     assert equal == make_config(fa3, "bfloat16", 192, False, (9, 0)) and not any("HEAD_DIM_V" in f
@@ -394,7 +400,7 @@ def test_verify_checks_mla_on_the_takers_only():
     assert any(lbl.endswith("d192/v128 bfloat16 causal") for lbl in fa3) and any("d128/v64" in lbl for lbl in fa3)
     assert any(lbl.startswith("varlen ") and "d192/v128" in lbl for lbl in fa3)
     assert any("window" in lbl and "d192/v128" in lbl for lbl in fa3)
-    assert not any("d200/v136" in lbl or "d40/v8" in lbl for lbl in fa3)   # pairs outside fa3's head dims
+    assert any("d200/v136" in lbl for lbl in fa3) and any("d136/v72" in lbl for lbl in fa3)   # at fa3's classes
     for name in ("standard", "block_sparse", "decode"):
         assert not [c for c in checks_for(specs[name]) if "/v" in c.label], name
     assert not [c for c in checks_for(specs["fa2"], head_dims=[64]) if "/v" in c.label]

@@ -141,6 +141,36 @@ def test_persistent_varlen_on_few_ctas(fa3, few_sms):
             assert cp.array_equal(out[s].view(cp.uint16), want.view(cp.uint16)), f"sequence {b} causal={causal}"
 
 
+@pytest.mark.parametrize("d,dv", [(80, 80), (200, 136), (40, 8), (160, 160)])
+def test_padded_head_dims_store_only_their_columns(fa3, d, dv):
+    """fa3 below its head-dim class (80 runs at 96, 200 / 136 at 256 / 192, ...): TMA's out-of-bounds fill gives the
+    class's extra columns and its clipped store leaves them unwritten. out is a column slice of a NaN-filled wider
+    buffer, through attention_varlen, whose sequences end inside a tile (those rows stored by the threads, not TMA):
+    the columns past head_dim_v stay NaN, and each sequence matches fa3 on it alone."""
+    from itertools import accumulate
+
+    import cupy as cp
+    import ml_dtypes
+    from flashkit import attention, attention_varlen
+    lengths = [1, 300, 129, 17, 70]
+    cu = cp.asarray([0, *accumulate(lengths)], dtype=cp.int32)
+    total = int(cu[-1])
+    rng = cp.random.default_rng(d + dv)
+    draw = lambda *shape: rng.standard_normal(shape, dtype=cp.float32).astype(ml_dtypes.bfloat16)  # noqa: E731
+    q, k, v = draw(total, 4, d), draw(total, 2, d), draw(total, 2, dv)
+    width = dv + 24
+    for causal in (False, True):
+        out_buf = cp.full((total, 4, width), cp.nan, dtype=cp.float32).astype(ml_dtypes.bfloat16)
+        out = attention_varlen(q, k, v, cu, cu, max(lengths), max(lengths), causal=causal, variant="fa3",
+                               out=out_buf[..., :dv])
+        assert bool(cp.isnan(out_buf[..., dv:].astype(cp.float32)).all()), f"columns past {dv} written"
+        for b, n in enumerate(lengths):
+            s = slice(int(cu[b]), int(cu[b + 1]))
+            want = attention(q[None, s], k[None, s], v[None, s], causal=causal, variant="fa3")[0]
+            err = float(cp.abs(out[s].astype(cp.float32) - want.astype(cp.float32)).max())
+            assert err < 2e-2, f"sequence {b} causal={causal}: {err}"
+
+
 def test_strided_views_read_in_place(fa3):
     """q, k, v sliced out of one packed (batch, seqlen, 3, heads, D) tensor: TMA reads them as they are."""
     import cupy as cp

@@ -135,7 +135,7 @@ struct Params {
     // (batch, heads, seqlen_q) dense, (heads, total_q) varlen.
     index_t lse_batch_stride, lse_head_stride;
     // The head dim of v and o (MLA: 128 under q / k's 192); head_dim where they are the same. Read by
-    // the FA2 family (traits.cuh's kHeadDimV; fa3 compiles exact head dims and needs it not), appended last so
+    // the FA2 family (traits.cuh's kHeadDimV; fa3 reads it only for a packed sequence's last rows), appended last so
     // every earlier offset is unchanged.
     int head_dim_v;
     BwdListParams bwd_lists;     // the backward's visit lists (zero elsewhere), after every earlier field

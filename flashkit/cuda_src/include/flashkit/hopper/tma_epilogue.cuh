@@ -5,7 +5,9 @@
 // rows with TMA, which clips rows past seqlen_q (and columns past head_dim_v). The LSE goes straight from
 // registers.
 // A packed varlen sequence (varlen.cuh) ends inside the tensor TMA sees, so the 64-row group holding its
-// last row is stored by the warpgroup's threads instead, 16 B chunks of the rows < seqlen_q only.
+// last row is stored by the warpgroup's threads instead, 16 B chunks of the rows < seqlen_q only (and of the
+// columns < head_dim_v only: a call below its head-dim class, FLASHKIT_HEAD_DIM_V_PADDED, whose last class columns
+// would reach into the next head's row).
 // With a tile of its own (kOwnOTile) the store is left to drain under the next tile: the next epilogue
 // (and the kernel's end, drain_output_stores) waits for it to have read the rows. Else, when
 // store_output_tma returns to the warpgroup's thread 0, nothing reads the staged rows any more: the
@@ -13,6 +15,7 @@
 #pragma once
 
 #include "flashkit/hopper/ws_traits.cuh"
+#include "flashkit/traits.cuh"   // FLASHKIT_HEAD_DIM_V_PADDED
 #include "flashkit/varlen.cuh"
 
 namespace flashkit {
@@ -25,12 +28,13 @@ __device__ __forceinline__ void store_rows(u32 tile, int group_row0, int rows, c
                                            const SeqOrigin& origin, int tid_in_group) {
     typedef typename Kt::OutT OutT;
     constexpr int kChunkElems = kChunkBytes / sizeof(OutT);
-    constexpr int kRowChunks = Kt::kHeadDimV / kChunkElems;   // an O row
+    constexpr int kRowChunks = Kt::kHeadDimV / kChunkElems;   // an O row of the class
+    const int row_chunks = FLASHKIT_HEAD_DIM_V_PADDED ? p.head_dim_v / kChunkElems : kRowChunks;   // of the call
     OutT* o = static_cast<OutT*>(p.o) + origin.batch * p.o_batch_stride + q_at.head * p.o_head_stride +
               static_cast<index_t>(origin.q_row + q_at.row + group_row0) * p.o_row_stride;
-    for (int c = tid_in_group; c < rows * kRowChunks; c += gmma::kWarpgroupThreads) {
-        const int r = c / kRowChunks;
-        const int chunk = c % kRowChunks;
+    for (int c = tid_in_group; c < rows * row_chunks; c += gmma::kWarpgroupThreads) {
+        const int r = c / row_chunks;
+        const int chunk = c % row_chunks;
         uint4 v;
         asm volatile("ld.shared.v4.b32 {%0, %1, %2, %3}, [%4];\n"
                      : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
