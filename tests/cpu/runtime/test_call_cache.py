@@ -382,16 +382,22 @@ def test_one_signature_from_many_threads_launches_each_call_its_own_pointers(fak
     (entry,) = call_cache.CALLS._entries.values()
     entry.prepared.grids = [(ThreadRecorder(fn.name), grid, smem) for fn, grid, smem in entry.prepared.grids]
     mine: dict[int, bytes] = {}
+    n_threads = 4
+    # Every thread alive from the first launch to the last: a thread ident is reused once its thread has ended, and
+    # a loaded machine could end one before the next starts (two threads' pointers under one ident).
+    started, finished = threading.Barrier(n_threads), threading.Barrier(n_threads)
 
     def work():
         q = fake(q0.shape)
         mine[threading.get_ident()] = int(q.data.ptr).to_bytes(8, "little")
+        started.wait()
         for _ in range(200):
             flashkit.attention(q, k, v)
+        finished.wait()
     interval = sys.getswitchinterval()
     sys.setswitchinterval(1e-6)
     try:
-        threads = [threading.Thread(target=work) for _ in range(4)]
+        threads = [threading.Thread(target=work) for _ in range(n_threads)]
         for t in threads:
             t.start()
         for t in threads:
