@@ -11,8 +11,8 @@ requires: {backward: true}
 priority: 50
 launch: {grid: [q_blocks, kv_tiles, q_blocks], block_m: 64, block_n: 128, warps: 8}
 # hd192 and hd256: FlashAttention-2's 64-key blocks (hd192 double-buffered on sm_80 too: 161 KB of its 163 KB; its
-# class serves MLA's q / k of 192 under v's 128 at 192 rather than 256). Q and dO are double-buffered where an SM's shared memory holds both
-# stages (q_stages, sm80/bwd_traits.cuh): sm_80 (163 KB a block) single-buffers hd256 (145 KB against 209 KB), sm_86
+# class serves MLA's q / k of 192 under v's 128 at 192 rather than 256). Q and dO are double-buffered where an SM's
+# shared memory holds both stages (q_stages, sm80/bwd_traits.cuh): sm_80 (163 KB a block) single-buffers hd256 (145 KB against 209 KB), sm_86
 # and sm_89 (99 KB) run hd128 on 64-key blocks (81 KB) and hd192 on 32-key blocks (81 KB, 16-key warp strips), and
 # hd256 on 32-key blocks with V's fragments held in registers (v_in_regs: V lands in Q's buffer once; 89 KB); the
 # "8.6" keys hold for sm_87 too, which could take sm_80's; sm_120 takes the same tables as sm_86.

@@ -33,7 +33,7 @@ VARLEN_CASE = "cross"
 
 def pairs_for(spec: KernelSpec, head_dims) -> list[tuple[int, int]]:
     """The (head_dim, head_dim_v) pairs to check: those whose head_dim was asked for and the variant takes; for a
-    backward variant, which runs a pair at q / k's class (V too), those whose head_dim's class was asked for."""
+    backward variant, which verifies by class, those whose head_dim's class was asked for."""
     def asked(d: int) -> bool:
         return d in head_dims or (spec.supports("backward") and spec.head_dims.class_of(d) in head_dims)
     return [(d, dv) for d, dv in (MLA,) + OTHER_PAIRS if d in spec.head_dims and dv in spec.head_dims and asked(d)]

@@ -275,11 +275,15 @@ struct BwdConsumerBase {
     // Deterministic (p.bwd.deterministic), without the writer: in key-block order. Key block j waits until the
     // semaphore of (batch, head, m_block) reads the key blocks before j that visit m_block (Mask::dq_turn), adds,
     // waits for its adds to complete, and increments it (at hd64 the turn's consumer alone: one panel a visit).
+    // Consumer me's staged dQ in shared memory: its panel (split by keys) or its columns' panels (by columns).
+    __device__ __forceinline__ static u32 staged_dq(const BwdCta<Kt>& cta, int me) {
+        return cta.dq_staging(me, Share::dq_col0(me));
+    }
     __device__ __forceinline__ void stage_dq(const BwdCta<Kt>& cta, const float (&dq)[Share::kDqTiles][4],
                                              int slot) const {
         if constexpr (Kt::kDqBulk) {
             const int thread = fresh_warpgroup_thread(), me = fresh_consumer();
-            const u32 panel = cta.dq_staging(me, Share::dq_col0(me));
+            const u32 panel = staged_dq(cta, me);
             // the writer's reduction of the consumer's previous panel has read it (see bwd_dq_writer.cuh)
             if (Kt::kDqWriter && (Kt::kSplitColumns || slot >= Kt::kDqTurnStride))
                 named_sync<kAlignedBarriers>(kBwdDqEmptyBarrier + me, Kt::kDqHandshake);
@@ -322,7 +326,7 @@ struct BwdConsumerBase {
         }
         if constexpr (Kt::kDqBulk) {
             const int thread = fresh_warpgroup_thread(), me = fresh_consumer();
-            const u32 panel = cta.dq_staging(me, Share::dq_col0(me));
+            const u32 panel = staged_dq(cta, me);
             gmma::fence_proxy_async();   // the panel's stores (generic proxy), before the bulk reduction reads it
             named_sync<kAlignedBarriers>(kBwdConsumerBarrier + me, gmma::kWarpgroupThreads);
             if (thread == 0)

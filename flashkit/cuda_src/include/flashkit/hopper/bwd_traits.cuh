@@ -327,7 +327,7 @@ struct BwdDqShares {
         if constexpr (Kt::kUnevenColumns) return First::kDqPanels + c * (Second::kDqPanels - First::kDqPanels);
         else return First::kDqPanels;
     }
-    static_assert(!Kt::kUnevenColumns || (First::dq_col0(0) == 0 && Kt::kConsumers == 2), "two consumers, c = 0, 1");
+    static_assert(!Kt::kUnevenColumns || Kt::kConsumers == 2, "two consumers, c = 0, 1");
 };
 
 }  // namespace hopper

@@ -108,7 +108,7 @@ struct BwdTraits {
     static_assert(kBlockM % 64 == 0, "the dS^T tile's rows span the 8 chunks of the swizzle");
     static_assert(kHeadDim % 64 == 0 && kHeadDimV % 64 == 0, "head dims: multiples of 64 (swizzle spans 8 chunks)");
     static_assert(kHeadDimV <= kHeadDim, "v's head dim at most q's");
-    static_assert(!kVInRegs || kQStages * kQTileBytes >= kVElems * kElemBytes, "V lands in Q's buffer"); 
+    static_assert(!kVInRegs || kQStages * kQTileBytes >= kVElems * kElemBytes, "V lands in Q's buffer");
     static_assert(kWarps % kDqWarpsM == 0 && kDqDTiles % 2 == 0 && kDqDTiles * kDqWarpsD * kMmaN == kHeadDim,
                   "dQ tile splits evenly");
     static_assert(kBlockM * 4 / kChunkBytes <= kWarpSize, "one warp loads lse2 and dsum");
