@@ -25,14 +25,24 @@ def format_result(r: harness.CheckResult) -> str:
 @click.option("--quick", is_flag=True, help="A smaller shape matrix.")
 @click.option("--mod", "mod", default=None, help="A drop-in functor: check it fused into each variant that builds "
                                                 "functors (or the --variant ones) against its Python reference.")
+@click.option("--fuzz", "fuzz", type=click.IntRange(min=1), default=None,
+              help="N random calls through the public API (any head dim, layout, mask and modification, "
+                   "backward, varlen; the kernel the API picks), drawn from --seed.")
 @click.option("--json", "as_json", is_flag=True)
 @one_line_errors
-def command(variants, all_variants, dtypes, head_dims, causal, seed, quick, mod, as_json) -> None:
+def command(variants, all_variants, dtypes, head_dims, causal, seed, quick, mod, fuzz, as_json) -> None:
     """Check variants against the float64 reference (DESIGN.md's rule); exits 1 on any failure."""
-    if not variants and not all_variants and not mod:
-        raise click.UsageError("name a --variant, a --mod, or pass --all")
+    if not variants and not all_variants and not mod and not fuzz:
+        raise click.UsageError("name a --variant, a --mod, or pass --all or --fuzz N")
+    if fuzz and (variants or all_variants or mod or dtypes or head_dims or causal is not None or quick):
+        raise click.UsageError("--fuzz draws its own calls: it takes only --seed and --json")
     causal_opts = None if causal is None else (causal,)
-    if mod:
+    skipped = {}
+    if fuzz:
+        from ..verify.fuzz import fuzz_checks
+        require_device()
+        checks = fuzz_checks(fuzz, seed)
+    elif mod:
         from ..registry import discover_kernels
         from ..verify.functors import functor_checks, load_reference
         mod_spec = discover_kernels().get_mod(mod)

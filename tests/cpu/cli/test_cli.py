@@ -230,7 +230,8 @@ def test_compile_without_arch_or_gpu():
 
 
 @needs_no_gpu
-@pytest.mark.parametrize("args", [["verify", "--all"], ["verify", "--variant", "standard", "--quick"]])
+@pytest.mark.parametrize("args", [["verify", "--all"], ["verify", "--variant", "standard", "--quick"],
+                                  ["verify", "--fuzz", "3"]])
 def test_verify_without_gpu(args):
     line = one_line_failure(invoke(*args, code=None))
     assert line == "Error: no CUDA device found: this command needs an NVIDIA GPU (use --arch to compile without one)"
@@ -238,7 +239,19 @@ def test_verify_without_gpu(args):
 
 def test_verify_needs_a_variant():
     result = invoke("verify", code=2)
-    assert "name a --variant, a --mod, or pass --all" in result.output
+    assert "name a --variant, a --mod, or pass --all or --fuzz N" in result.output
+
+
+@pytest.mark.parametrize("args", [["--fuzz", "3", "--variant", "fa2"], ["--fuzz", "3", "--quick"],
+                                  ["--fuzz", "2", "--head-dim", "64"]])
+def test_verify_fuzz_draws_its_own_calls(args):
+    result = invoke("verify", *args, code=2)
+    assert "--fuzz draws its own calls" in result.output
+
+
+def test_verify_fuzz_needs_a_positive_count():
+    result = invoke("verify", "--fuzz", "0", code=2)
+    assert "--fuzz" in result.output and "0" in result.output
 
 
 @needs_no_gpu
