@@ -308,7 +308,8 @@ def _output(out: Any, problem: Problem, dtype: str, cupy, shape: tuple[int, ...]
     arr = to_cupy(out, "out")
     if tuple(arr.shape) != shape or arr.dtype != storage:
         raise InputError(f"out: expected shape {shape} and dtype {dtype}, got {tuple(arr.shape)} {arr.dtype}")
-    if arr.strides[-1] != arr.itemsize or arr.data.ptr % ALIGN_BYTES or any(s % ALIGN_BYTES for s in arr.strides[:-1]):
+    if arr.size and (arr.strides[-1] != arr.itemsize or arr.data.ptr % ALIGN_BYTES or
+                     any(s % ALIGN_BYTES for s in arr.strides[:-1])):   # (an empty array's strides may read 0)
         raise InputError("out: expected a 16-byte aligned array with a contiguous last dimension")
     return arr
 

@@ -7,7 +7,8 @@ Semantics (flash-attn's and FlashAttention-3's), with off = seqlen_k - seqlen_q:
   attention_chunk=c          and floor((i + off) / c) == floor(j / c)
   softcap=c                  scaled scores s become c tanh(s / c)
   alibi_slopes               then s - slope[b, h] |i + off - j|
-causal=True sets right = 0 (flash-attn's rule), so window_size=(left, r) with causal is (left, 0).
+causal=True sets right = 0 (flash-attn's rule), so window_size=(left, r) with causal is (left, 0), and (-1, r) is
+causal alone.
 """
 
 from __future__ import annotations
@@ -125,8 +126,8 @@ def check_mods(problem: Problem, causal: bool, *, window_size: Any = None, softc
     cap = check_softcap(softcap)
     chunk = check_chunk(attention_chunk)
     alibi = check_alibi(alibi_slopes, problem, device)
-    if causal and (left >= 0 or chunk > 0):
-        right = 0
+    if causal:   # flash-attn's rule: the right side is 0; with no left side or chunk, the window is causal's own
+        right = 0 if left >= 0 or chunk > 0 else UNBOUNDED
     return Mods(left, right, chunk, cap, alibi)
 
 

@@ -66,6 +66,11 @@ class Check:
     run: Callable[[int], CheckResult]
 
 
+def max_abs(x) -> float:
+    """max |x| as a float; 0 for an empty array (a call with no rows has nothing to get wrong)."""
+    return float(abs(x).max()) if x.size else 0.0
+
+
 def judge(variant: str, label: str, out, ref, plain, atol: float, lse=None, lse_ref=None, lse_plain=None,
           note: str = "", head_dim: int = 1) -> CheckResult:
     """Apply the rule: max|out-ref| <= 2 max|plain-ref| + atol, no NaN/Inf (every element written).
@@ -75,18 +80,18 @@ def judge(variant: str, label: str, out, ref, plain, atol: float, lse=None, lse_
     xp = cupy_module()
     out64 = out.astype(xp.float64)
     finite = bool(xp.isfinite(out64).all())
-    err = float(xp.abs(out64 - ref).max()) if finite else float("nan")
-    bound = ERROR_FACTOR * float(xp.abs(plain.astype(xp.float64) - ref).max()) + atol
+    err = max_abs(out64 - ref) if finite else float("nan")
+    bound = ERROR_FACTOR * max_abs(plain.astype(xp.float64) - ref) + atol
     passed = finite and err <= bound
     lse_err = lse_bound = None
     if lse is not None:
         lse64 = lse.astype(xp.float64)
         same_inf = bool(((lse64 == -xp.inf) == (lse_ref == -xp.inf)).all()) and not bool(xp.isnan(lse64).any())
         fin = xp.isfinite(lse_ref)
-        lse_err = float(xp.abs(xp.where(fin, lse64 - lse_ref, 0)).max()) if same_inf else float("nan")
-        lse_atol = 4 * BY_NAME["float32"].eps * max(1.0, float(xp.abs(xp.where(fin, lse_ref, 0)).max()))
+        lse_err = max_abs(xp.where(fin, lse64 - lse_ref, 0)) if same_inf else float("nan")
+        lse_atol = 4 * BY_NAME["float32"].eps * max(1.0, max_abs(xp.where(fin, lse_ref, 0)))
         lse_atol += accumulation_atol(lse_ref, head_dim)
-        lse_bound = ERROR_FACTOR * float(xp.abs(xp.where(fin, lse_plain - lse_ref, 0)).max()) + lse_atol
+        lse_bound = ERROR_FACTOR * max_abs(xp.where(fin, lse_plain - lse_ref, 0)) + lse_atol
         passed = passed and same_inf and lse_err <= lse_bound
         if not same_inf:
             note = (note + " lse NaN or -inf mismatch").strip()

@@ -82,6 +82,15 @@ def test_causal_sets_the_right_side_to_zero():
     assert check_mods(PROBLEM, True, softcap=5.0).window() == (-1, -1)   # causal alone stays CausalMask
 
 
+@pytest.mark.parametrize("window", [(-1, 4), (-1, 0), (-1, 10**6), [-1, 7]])
+def test_causal_with_no_left_side_is_causal_alone(window):
+    """(-1, r) under causal is (-1, 0): no window at all (verify --fuzz found the kernels seeing r keys past the
+    diagonal when r stayed)."""
+    m = check_mods(PROBLEM, True, window_size=window)
+    assert m.window() == (-1, -1) and not m.local and m.features == ()
+    assert check_mods(PROBLEM, False, window_size=window).window() == tuple(window)   # not causal: kept
+
+
 def test_kernel_fields_close_open_sides_and_scale_to_raw_units():
     span = PROBLEM.seqlen_q + PROBLEM.seqlen_k
     fields = kernel_fields(Mods(10**9, -1, 8, 4.0), PROBLEM)["mods"]
