@@ -26,6 +26,21 @@ class ArrayMeta:
     device: int | None = None
     fp8: bool = False          # a float8_e4m3 tensor (carried as uint8 bit patterns)
 
+    def __post_init__(self) -> None:
+        # An empty array's strides mean nothing (NumPy and CuPy report 0s for an empty slice of a strided view):
+        # it is described as contiguous, so that its layout checks pass; no kernel reads it.
+        if 0 in self.shape:
+            object.__setattr__(self, "strides", contiguous_strides(self.shape))
+
+
+def contiguous_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
+    """Row-major strides (in elements) of `shape`."""
+    strides, step = [], 1
+    for n in reversed(shape):
+        strides.append(step)
+        step *= max(n, 1)
+    return tuple(reversed(strides))
+
 
 def array_module(x: Any):
     """numpy or cupy, whichever x belongs to."""
