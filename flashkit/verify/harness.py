@@ -170,13 +170,18 @@ def runnable_variants(names: Iterable[str] | None = None) -> tuple[list[KernelSp
     return chosen, skipped
 
 
+def check_seed(seed: int, i: int) -> int:
+    """The seed run_checks gives check i of a run seeded `seed` (a test that reruns one check gets its data)."""
+    return seed * 100003 + i
+
+
 def run_checks(checks: list[Check], seed: int = 0, progress: Callable[[CheckResult], None] | None = None,
                ) -> list[CheckResult]:
     """Run each check with its own fresh seed; a crash is a failed check, not a crashed harness."""
     results = []
     for i, check in enumerate(checks):
         try:
-            res = check.run(seed * 100003 + i)
+            res = check.run(check_seed(seed, i))
         except FlashkitError as e:
             res = CheckResult(check.variant, check.label, float("nan"), float("nan"), None, None, False,
                               f"{type(e).__name__}: {e}")
