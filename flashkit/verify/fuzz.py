@@ -28,7 +28,9 @@ import numpy as np
 from ..call.dtypes import BY_NAME
 from ..runtime.device import cupy_module
 from .harness import Check, CheckResult, judge
+from .mods import alibi_base
 from .reference import local_mask, output_atol, plain_attention, reference_attention
+from .varlen import offsets
 
 LAYOUTS = ("contiguous", "bhsd", "packed", "padded")
 MAX_SCORES = 1 << 22     # batch x heads x seqlen_q x seqlen_k of a case: the float64 reference's budget
@@ -171,20 +173,21 @@ def place_qkv(q, k, v, layout: str, xp):
     return q, buf[..., :hk, :], buf[..., hk:, :]
 
 
+def output_layout(layout: str) -> str:
+    """The layout of a case's out and dout: its inputs', but contiguous where they are heads of one qkv buffer."""
+    return "contiguous" if layout == "packed" else layout
+
+
 def poisoned(shape, dtype, layout: str, xp):
-    """A NaN-filled output buffer in `layout` (packed outputs are contiguous)."""
-    return place(xp.full(shape, xp.nan, dtype=dtype), "contiguous" if layout == "packed" else layout, xp)
-
-
-def _offsets(lens, xp):
-    return xp.asarray(np.concatenate(([0], np.cumsum(lens))).astype(np.int32))
+    """A NaN-filled output buffer in the output layout of `layout`."""
+    return place(xp.full(shape, xp.nan, dtype=dtype), output_layout(layout), xp)
 
 
 def _slopes(case: FuzzCase, rng, xp):
-    """ALiBi's geometric slopes 2^(-8 (h + 1) / heads), jittered; (heads,) or (batch, heads) float32."""
+    """ALiBi's geometric slopes (verify/mods.py's alibi_base), jittered; (heads,) or (batch, heads) float32."""
     if case.alibi is None:
         return None
-    base = 2.0 ** (-8.0 * (np.arange(case.heads) + 1) / case.heads)
+    base = alibi_base(case.heads, np)
     rows = 1 if case.alibi == "heads" else case.batch
     slopes = (base[None] * (0.5 + rng.random((rows, case.heads)))).astype(np.float32)
     return xp.asarray(slopes[0] if case.alibi == "heads" else slopes)
@@ -196,8 +199,7 @@ class _Sequences:
     def __init__(self, case: FuzzCase, xp):
         self.case, self.xp = case, xp
         if case.varlen:
-            self.cq = np.concatenate(([0], np.cumsum(case.lens_q)))
-            self.ck = np.concatenate(([0], np.cumsum(case.lens_k)))
+            self.cq, self.ck = offsets(case.lens_q, np), offsets(case.lens_k, np)
 
     def mods(self, slopes, b: int | None, seqlen_q: int, seqlen_k: int) -> dict:
         c = self.case
@@ -215,9 +217,9 @@ class _Sequences:
             yield arrays, self.mods(slopes, None, c.seqlen_q, c.seqlen_k)
             return
         for b, (nq, nk) in enumerate(zip(c.lens_q, c.lens_k)):
-            rows = [(self.cq[b], self.cq[b + 1])] * 1 + [(self.ck[b], self.ck[b + 1])] * 2 + \
-                [(self.cq[b], self.cq[b + 1])] * (len(arrays) - 3)   # q, k, v, then dout-like (query rows)
-            yield tuple(a[lo:hi][None] for a, (lo, hi) in zip(arrays, rows)), self.mods(slopes, b, nq, nk)
+            queries, keys = slice(self.cq[b], self.cq[b + 1]), slice(self.ck[b], self.ck[b + 1])
+            rows = (queries, keys, keys) + (queries,) * (len(arrays) - 3)   # q, k, v, then dout (query rows)
+            yield tuple(a[r][None] for a, r in zip(arrays, rows)), self.mods(slopes, b, nq, nk)
 
 
 def _forward_refs(seqs: _Sequences, q, k, v, slopes, dtype):
@@ -297,7 +299,7 @@ def fuzz_check(case: FuzzCase) -> Check:
                     attention_chunk=case.chunk)
         try:
             if case.varlen:
-                cu_q, cu_k = _offsets(case.lens_q, xp), _offsets(case.lens_k, xp)
+                cu_q, cu_k = offsets(case.lens_q, xp), offsets(case.lens_k, xp)
                 sizes = (cu_q, cu_k, case.seqlen_q, case.seqlen_k)
                 got, lse = attention_varlen(q, k, v, *sizes, causal=case.causal, return_lse=True, out=out, **mods)
             else:
@@ -310,7 +312,7 @@ def fuzz_check(case: FuzzCase) -> Check:
         result = judge(variant, label, got, ref, plain, atol, lse, lse_ref, lse_plain, head_dim=case.head_dim)
         if not result.passed or not case.backward:
             return result
-        dout = place(normal(out_shape), "contiguous" if case.layout == "packed" else case.layout, xp)
+        dout = place(normal(out_shape), output_layout(case.layout), xp)
         poison_pool((q, k, v))
         try:
             if case.varlen:

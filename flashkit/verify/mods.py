@@ -54,10 +54,15 @@ QUICK_SHAPES = (Shape(2, 127, 1000, 4, 4), Shape(2, 1000, 127, 8, 8), Shape(3, 1
 CASE_BY_NAME = {c.name: c for c in CASES}
 
 
+def alibi_base(heads: int, xp):
+    """The ALiBi paper's geometric slopes 2^(-8 (h + 1) / heads), h = 0 .. heads - 1 (float64)."""
+    return 2.0 ** (-ALIBI_BASE * (xp.arange(heads) + 1) / heads)
+
+
 def alibi_slopes(case: ModCase, shape: Shape, seed: int, xp):
     """The ALiBi paper's geometric slopes, jittered per (batch, head) by the seed; float32."""
     rng = xp.random.default_rng(seed + 1)
-    base = 2.0 ** (-ALIBI_BASE * (xp.arange(shape.heads) + 1) / shape.heads)
+    base = alibi_base(shape.heads, xp)
     rows = 1 if case.alibi == "heads" else shape.batch
     slopes = (base[None] * (0.5 + rng.random((rows, shape.heads)))).astype(xp.float32)
     return slopes[0] if case.alibi == "heads" else slopes

@@ -48,7 +48,8 @@ CASES = (
 QUICK_CASES = tuple(c for c in CASES if c.name in ("edges", "cross", "mods"))
 
 
-def _offsets(lens, xp):
+def offsets(lens, xp):
+    """cu_seqlens of `lens`: (len(lens) + 1,) int32, from 0 (xp: numpy or cupy)."""
     return xp.asarray([0] + list(itertools.accumulate(lens)), dtype=xp.int32)
 
 
@@ -59,7 +60,7 @@ def packed_qkv(case, rng, xp, storage, head_dim: int, head_dim_v: int | None = N
     q = rng.standard_normal((tq, case.heads, head_dim), dtype=xp.float32).astype(storage)
     k, v = (rng.standard_normal((tk, case.kv_heads, d), dtype=xp.float32).astype(storage)
             for d in (head_dim, head_dim_v or head_dim))
-    return q, k, v, _offsets(case.lens_q, xp), _offsets(case.keys, xp)
+    return q, k, v, offsets(case.lens_q, xp), offsets(case.keys, xp)
 
 
 def varlen_check(spec: KernelSpec, case: VarlenCase, head_dim: int, dtype: str, causal: bool,
