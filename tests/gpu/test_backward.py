@@ -111,6 +111,32 @@ def test_fa3_bwd_pipeline_shapes(shape, hd, causal):
     assert ok, report
 
 
+# Keys past seqlen_k carry no element mask: their zero K rows score 0, and P = exp2(0 - lse2) overflowed float16
+# where every score of a row, so its LSE, lay below -11; dS = inf then met K's zero rows in dQ = dS K (NaN).
+# Q's entries positive and K's negative make every score about -46 (recomputed_prob's clamp).
+@pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.parametrize("hd", [64, 128])
+@pytest.mark.parametrize("seqlen_k", [3, 70])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_keys_past_seqlen_k_with_negative_lse(variant, hd, seqlen_k, causal):
+    require(variant)
+    import cupy as cp
+    import flashkit
+    from flashkit.verify.backward import poison_pool
+    rs = cp.random.RandomState(seqlen_k + hd + causal)
+    magnitude = lambda s: cp.abs(rs.standard_normal(s, dtype=cp.float32)) * 3   # noqa: E731
+    q = magnitude((2, 100, 4, hd)).astype(cp.float16)
+    k = (-magnitude((2, seqlen_k, 2, hd))).astype(cp.float16)
+    v = rs.standard_normal((2, seqlen_k, 2, hd), dtype=cp.float32).astype(cp.float16)
+    dout = rs.standard_normal((2, 100, 4, hd), dtype=cp.float32).astype(cp.float16)
+    out, lse = flashkit.attention(q, k, v, causal=causal, return_lse=True, variant="fa2")
+    assert float(cp.nan_to_num(lse, posinf=-1e9).max()) < -11, "the case needs every row's LSE below -11"
+    poison_pool((q, k, v))
+    grads = flashkit.attention_backward(dout, q, k, v, out, lse, causal=causal, variant=variant)
+    ok, report = judge((q, k, v, dout), grads, hd, causal, "float16", variant)
+    assert ok, report
+
+
 # fa2_bwd's tiles for the architectures whose SMs hold less shared memory, run on this GPU (the same code;
 # verify/arch_tiles.py): sm_80's hd256 with Q and dO single-buffered, sm_86 / sm_89's hd128 on 64-key blocks
 # single-buffered. The shapes walk many query blocks a CTA (the one buffer refilled under dQ) and end ragged.

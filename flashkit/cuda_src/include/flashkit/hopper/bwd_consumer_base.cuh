@@ -190,7 +190,7 @@ struct BwdConsumerBase {
     // the manifest leaves chunks to fa2_bwd), where key - query leaves the window's uniform limits. No branch:
     // one copy of the step serves masked and unmasked visits.
     __device__ __forceinline__ float visible_prob(float s, float lse2, int over, int diff, int at) const {
-        const float x = fast_exp2(fmaf(s, p.softmax_scale_log2, -lse2));
+        const float x = recomputed_prob(s, p.softmax_scale_log2, lse2);
         if constexpr (Mask::kCausal) return over + at > 0 ? 0.f : x;
         if constexpr (Mask::kLocal)
             return diff + at < mask.key_minus_query_min() || diff + at > mask.key_minus_query_max() ? 0.f : x;
