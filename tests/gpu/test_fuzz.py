@@ -42,7 +42,7 @@ def test_fuzz_case(case):
 REGRESSIONS = [
     (300, 1, 245, None),   # causal with window (-1, 4) saw 4 keys past the diagonal (features/mods.py's check_mods)
     (150, 4, 81, None),   # keys past seqlen_k, float16: P = exp2(0 - lse2) of their zero K rows overflowed where
-    (150, 7, 54, None),   # a row's LSE was below -11, and dS = inf met K's zero rows in dQ: NaN (recomputed_prob)
+    (150, 7, 54, None),   # a row's LSE was below -11, and dS = inf met K's zero rows in dQ: NaN (SaturateFinite)
 ]
 
 

@@ -7,7 +7,7 @@
 //                      off = seqlen_k - seqlen_q, query i sees key j iff j - off - right <= i <= j - off + left
 //                      and, with a chunk c, floor((i + off) / c) == floor(j / c) (causal arrives as right = 0)
 // Rows past seqlen_q need no mask (their lse2 is +inf: P = 0), nor keys past seqlen_k (zero K and V rows,
-// their dK and dV never stored, their dQ terms dS * 0 with P clamped to 1: bwd_passes.cuh's recomputed_prob).
+// their dK and dV never stored, their dQ terms dS * 0 with P and dS packed saturated: numeric.cuh's SaturateFinite).
 // Selection at compile time: BwdMaskOf<FLASHKIT_WINDOW, FLASHKIT_CAUSAL[, takes a chunk]>::type.
 #pragma once
 

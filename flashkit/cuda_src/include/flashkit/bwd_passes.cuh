@@ -115,15 +115,6 @@ __device__ __forceinline__ void wait_semaphore(const int* sema, int want) {
 // +inf as a float bit pattern: exp2(s - (+inf)) = 0 for every finite or -inf s.
 #define FLASHKIT_POS_INF (__int_as_float(0x7f800000))
 
-// P = exp2(s c - lse2) of the backward's recompute (c = softmax_scale log2(e), lse2 = LSE log2(e)), clamped to 1:
-// a score of a key the row saw is at most its LSE, so the clamp only moves rounding-level excess there. It bounds
-// the keys past seqlen_k, which carry no element mask: their zero K rows score s = 0, and P = exp2(-lse2) overflowed
-// where a row's LSE lay below about -11 (f16's range; -88 for f32) and made dS = P (dP - dsum) infinite, and
-// dQ = dS K(= 0) NaN. Clamped, their dS is finite and their dQ terms are exact zeros. (lse2 = +inf still gives 0.)
-__device__ __forceinline__ float recomputed_prob(float s, float c, float lse2) {
-    return fast_exp2(fminf(fmaf(s, c, -lse2), 0.f));
-}
-
 // rowsum(dO * O) over a row's first `words` loads of Word (uint4: 8 elements, u32: a pair), by the kLanes lanes of
 // a row group (lane_in_row of them): each lane's words, then a butterfly over the group (every lane ends with the
 // sum).

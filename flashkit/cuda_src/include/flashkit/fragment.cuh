@@ -31,12 +31,13 @@ __device__ __forceinline__ void ldsm_x4_trans(u32 (&r)[4], u32 addr) {
 // P in the C layout (p[ni]: 8-key column tile ni, fp32) -> the 16-bit A fragment of k-step kk
 // (keys 16 kk .. 16 kk + 15 = column tiles 2 kk and 2 kk + 1): a0 = P[g][2t, 2t+1], a1 = row g + 8,
 // a2 / a3 = the same 8 keys later. The C layout of S is the A layout of P: no shuffle.
-template <typename T, int kNTiles>
+// Overflow: numeric.cuh's pack_float2 policy.
+template <typename T, typename Overflow = RoundNearest, int kNTiles>
 __device__ __forceinline__ void pack_a_fragment(u32 (&a)[4], const float (&p)[kNTiles][4], int kk) {
-    a[0] = pack_float2<T>(p[2 * kk][0], p[2 * kk][1]);
-    a[1] = pack_float2<T>(p[2 * kk][2], p[2 * kk][3]);
-    a[2] = pack_float2<T>(p[2 * kk + 1][0], p[2 * kk + 1][1]);
-    a[3] = pack_float2<T>(p[2 * kk + 1][2], p[2 * kk + 1][3]);
+    a[0] = pack_float2<T, Overflow>(p[2 * kk][0], p[2 * kk][1]);
+    a[1] = pack_float2<T, Overflow>(p[2 * kk][2], p[2 * kk][3]);
+    a[2] = pack_float2<T, Overflow>(p[2 * kk + 1][0], p[2 * kk + 1][1]);
+    a[3] = pack_float2<T, Overflow>(p[2 * kk + 1][2], p[2 * kk + 1][3]);
 }
 
 // Every element of a set of mma accumulator fragments (c[i][j]: one 16x8 fp32 C fragment, 4 a thread) set to 0.

@@ -9,6 +9,7 @@
 //   from_float<T>(f)                                  float -> element T (round to nearest even)
 //   pack_float2<T>(lo, hi)                            two floats -> one 32-bit register of 2 x T
 //                                                     (lo in bits 0..15, hi in bits 16..31)
+//   pack_float2<T, SaturateFinite>(lo, hi)            the same, values past T's range to its largest finite
 //   unpack_float2<T>(u, lo, hi)                       inverse of pack_float2 (16-bit T)
 //   pack_e4m3x4(x0, x1, x2, x3)                       four floats -> four e4m3 bytes (sm_89+)
 //   fast_exp2(x), fast_log2(x)                        ex2.approx.ftz / lg2.approx.ftz
@@ -118,17 +119,36 @@ template <> __device__ __forceinline__ bfloat16_t from_float<bfloat16_t>(float f
 
 // ---- packed pairs: two floats -> one 32-bit register -----------------------------------
 // PTX cvt.rn.{f16,bf16}x2.f32 d, a, b puts a in the UPPER half and b in the LOWER half.
-template <typename T> __device__ __forceinline__ u32 pack_float2(float lo, float hi);
+// The overflow policy is a type: RoundNearest (cvt.rn: past T's range to +-inf) or SaturateFinite
+// (cvt.rn.satfinite: to +-T's largest finite; the same instruction, at the same rate). The backward packs P and dS
+// saturated: a key past seqlen_k (no element mask, zero K row) has P = exp2(0 - lse2), which overflows f16 where a
+// row's LSE lies below about -11; saturated, its dS stays finite and its dQ term dS * 0 an exact zero.
+struct RoundNearest {};
+struct SaturateFinite {};
 
-template <> __device__ __forceinline__ u32 pack_float2<half_t>(float lo, float hi) {
+template <typename T, typename Overflow = RoundNearest> __device__ __forceinline__ u32 pack_float2(float lo, float hi);
+
+template <> __device__ __forceinline__ u32 pack_float2<half_t, RoundNearest>(float lo, float hi) {
     u32 d;
     asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(d) : "f"(hi), "f"(lo));
     return d;
 }
 
-template <> __device__ __forceinline__ u32 pack_float2<bfloat16_t>(float lo, float hi) {
+template <> __device__ __forceinline__ u32 pack_float2<bfloat16_t, RoundNearest>(float lo, float hi) {
     u32 d;
     asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(d) : "f"(hi), "f"(lo));
+    return d;
+}
+
+template <> __device__ __forceinline__ u32 pack_float2<half_t, SaturateFinite>(float lo, float hi) {
+    u32 d;
+    asm("cvt.rn.satfinite.f16x2.f32 %0, %1, %2;" : "=r"(d) : "f"(hi), "f"(lo));
+    return d;
+}
+
+template <> __device__ __forceinline__ u32 pack_float2<bfloat16_t, SaturateFinite>(float lo, float hi) {
+    u32 d;
+    asm("cvt.rn.satfinite.bf16x2.f32 %0, %1, %2;" : "=r"(d) : "f"(hi), "f"(lo));
     return d;
 }
 

@@ -93,7 +93,7 @@ struct BwdColumnConsumer : BwdConsumerBase<Kt, Mask, BwdShare<Kt, kC> > {
                     pr[c] = this->keeps(keep, ni, 2 * h + c,
                                         this->visible_prob(s[ni][2 * h + c], c ? lse2[ni].y : lse2[ni].x, over,
                                                            diff, h * kFragRowHalf - (ni * kMmaN + c)));
-                pt[ni][h] = pack_float2<Element>(pr[0], pr[1]);
+                pt[ni][h] = pack_float2<Element, SaturateFinite>(pr[0], pr[1]);
                 store_pair(pt_tile, h, ni, pt[ni][h]);
             }
 

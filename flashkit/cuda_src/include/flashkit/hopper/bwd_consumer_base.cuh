@@ -190,7 +190,7 @@ struct BwdConsumerBase {
     // the manifest leaves chunks to fa2_bwd), where key - query leaves the window's uniform limits. No branch:
     // one copy of the step serves masked and unmasked visits.
     __device__ __forceinline__ float visible_prob(float s, float lse2, int over, int diff, int at) const {
-        const float x = recomputed_prob(s, p.softmax_scale_log2, lse2);
+        const float x = fast_exp2(fmaf(s, p.softmax_scale_log2, -lse2));
         if constexpr (Mask::kCausal) return over + at > 0 ? 0.f : x;
         if constexpr (Mask::kLocal)
             return diff + at < mask.key_minus_query_min() || diff + at > mask.key_minus_query_max() ? 0.f : x;
@@ -220,7 +220,7 @@ struct BwdConsumerBase {
             ds0 = raw_score_grad(mod, p, ds0, p0, l.x, query, key);
             ds1 = raw_score_grad(mod, p, ds1, p1, l.y, query + 1, key);
         }
-        return pack_float2<Element>(ds0, ds1);
+        return pack_float2<Element, SaturateFinite>(ds0, ds1);
     }
 
     // The slope stash's 16 bytes of this thread for k-step kk of the visit's queries (Kt::stashes_slopes): only the

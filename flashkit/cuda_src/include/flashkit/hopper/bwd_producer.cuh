@@ -2,8 +2,8 @@
 // TMA load of the CTA. K and V of the key block load once (kv_full); then visit i loads Q_i and dO_i of
 // visits.at(i)'s (head, m_block) into stage i % kStages of their rings as soon as every consumer has
 // handed that stage back. Rows past seqlen_q or seqlen_k read as zeros (TMA's out-of-bounds fill): with the
-// pre-pass's lse2 = +inf there, P = 0 on those rows, and P clamped to 1 on the keys past seqlen_k (their dQ terms
-// dS * 0: bwd_passes.cuh's recomputed_prob), no element mask is needed for ragged tails.
+// pre-pass's lse2 = +inf there, P = 0 on those rows, and P and dS packed saturated (the keys past seqlen_k: their
+// dQ terms dS * 0 stay zeros; numeric.cuh's SaturateFinite), no element mask is needed for ragged tails.
 // Where Kt::kStagedRows (hd128), the visit's row of lse2 (the pre-pass's, kBlockM floats of the padded workspace)
 // comes with Q by a bulk copy on the same barrier, so the consumers read it from shared memory (from global memory,
 // its L2 latency under the dQ reductions stalled the first exponential: 9% of the samples, hd128).

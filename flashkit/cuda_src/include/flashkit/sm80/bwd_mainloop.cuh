@@ -20,7 +20,7 @@
 // every warp's dS^T) waits for anyway.
 // The tail rows of the last blocks need no element mask: Q, dO rows past seqlen_q are zero-filled
 // with lse2 = +inf (P = 0), and K, V rows past seqlen_k are zero (their dK, dV rows are not stored,
-// their dQ terms are dS * 0, dS finite as P is clamped to 1: bwd_passes.cuh's recomputed_prob).
+// their dQ terms are dS * 0, dS finite as P and dS pack saturated: numeric.cuh's SaturateFinite).
 // With FLASHKIT_VARLEN a CTA runs a key block of one packed sequence (varlen.cuh's for_sequence over keys): the
 // parameter block is the sequence's view (its lengths; causal bottom-right aligned per sequence), and every
 // tensor row is offset by the sequence's origin (q_row0 / k_row0, ints) in the tensors' batch t_batch;
@@ -248,9 +248,9 @@ struct BwdMainloop {
             for (int mi = 0; mi < Kt::kKeyTiles; ++mi)
 #pragma unroll
                 for (int h = 0; h < 2; ++h) {
-                    pt[mi][ni][h] = pack_float2<Element>(recomputed_prob(st[mi][ni][2 * h], p.softmax_scale_log2, l.x),
-                                                         recomputed_prob(st[mi][ni][2 * h + 1], p.softmax_scale_log2,
-                                                                         l.y));
+                    pt[mi][ni][h] = pack_float2<Element, SaturateFinite>(fast_exp2(fmaf(st[mi][ni][2 * h], p.softmax_scale_log2, -l.x)),
+                                                         fast_exp2(fmaf(st[mi][ni][2 * h + 1], p.softmax_scale_log2,
+                                                                        -l.y)));
                     if constexpr (!Kt::kRegisterOperands)
                         store_pair(transposed(sP, r0 + mi * kMmaM + g + h * kFragRowHalf, q0 + ni * kMmaN + c2),
                                    pt[mi][ni][h]);
@@ -292,7 +292,7 @@ struct BwdMainloop {
                             ds0 = raw_score_grad(mod, p, ds0, p0, l.x, query0 + ni * kMmaN, key_h);
                             ds1 = raw_score_grad(mod, p, ds1, p1, l.y, query0 + ni * kMmaN + 1, key_h);
                         }
-                        ds[mi][j][h] = pack_float2<Element>(ds0, ds1);
+                        ds[mi][j][h] = pack_float2<Element, SaturateFinite>(ds0, ds1);
                         store_pair(sdS + at, ds[mi][j][h]);
                     }
             }
