@@ -8,6 +8,8 @@ from .. import verify as harness
 from ..runtime.device import require_device
 from .common import emit_json, one_line_errors
 
+FUZZ_APIS = ("attention", "kvcache")   # what --fuzz calls: verify/fuzz.py's cases, verify/fuzz_kvcache.py's
+
 
 def format_result(r: harness.CheckResult) -> str:
     lse = f"  lse {r.lse_error:.2e} <= {r.lse_bound:.2e}" if r.lse_error is not None else ""
@@ -28,18 +30,26 @@ def format_result(r: harness.CheckResult) -> str:
 @click.option("--fuzz", "fuzz", type=click.IntRange(min=1), default=None,
               help="N random calls through the public API (any head dim, layout, mask and modification, "
                    "backward, varlen; the kernel the API picks), drawn from --seed.")
+@click.option("--fuzz-api", "fuzz_api", type=click.Choice(FUZZ_APIS), default=FUZZ_APIS[0], show_default=True,
+              help="What --fuzz calls: attention (and varlen, backward), or attention_with_kvcache (paged caches, "
+                   "appends, speculative rows).")
 @click.option("--json", "as_json", is_flag=True)
 @one_line_errors
-def command(variants, all_variants, dtypes, head_dims, causal, seed, quick, mod, fuzz, as_json) -> None:
+def command(variants, all_variants, dtypes, head_dims, causal, seed, quick, mod, fuzz, fuzz_api, as_json) -> None:
     """Check variants against the float64 reference (DESIGN.md's rule); exits 1 on any failure."""
     if not variants and not all_variants and not mod and not fuzz:
         raise click.UsageError("name a --variant, a --mod, or pass --all or --fuzz N")
     if fuzz and (variants or all_variants or mod or dtypes or head_dims or causal is not None or quick):
-        raise click.UsageError("--fuzz draws its own calls: it takes only --seed and --json")
+        raise click.UsageError("--fuzz draws its own calls: it takes only --seed, --fuzz-api and --json")
     causal_opts = None if causal is None else (causal,)
     skipped = {}
+    if fuzz_api != FUZZ_APIS[0] and not fuzz:
+        raise click.UsageError("--fuzz-api goes with --fuzz N")
     if fuzz:
-        from ..verify.fuzz import fuzz_checks
+        if fuzz_api == "kvcache":
+            from ..verify.fuzz_kvcache import fuzz_kvcache_checks as fuzz_checks
+        else:
+            from ..verify.fuzz import fuzz_checks
         require_device()
         checks = fuzz_checks(fuzz, seed)
     elif mod:

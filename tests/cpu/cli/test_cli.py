@@ -231,7 +231,7 @@ def test_compile_without_arch_or_gpu():
 
 @needs_no_gpu
 @pytest.mark.parametrize("args", [["verify", "--all"], ["verify", "--variant", "standard", "--quick"],
-                                  ["verify", "--fuzz", "3"]])
+                                  ["verify", "--fuzz", "3"], ["verify", "--fuzz", "3", "--fuzz-api", "kvcache"]])
 def test_verify_without_gpu(args):
     line = one_line_failure(invoke(*args, code=None))
     assert line == "Error: no CUDA device found: this command needs an NVIDIA GPU (use --arch to compile without one)"
@@ -247,6 +247,13 @@ def test_verify_needs_a_variant():
 def test_verify_fuzz_draws_its_own_calls(args):
     result = invoke("verify", *args, code=2)
     assert "--fuzz draws its own calls" in result.output
+
+
+def test_verify_fuzz_api_goes_with_fuzz():
+    result = invoke("verify", "--variant", "decode", "--fuzz-api", "kvcache", code=2)
+    assert "--fuzz-api goes with --fuzz N" in result.output
+    result = invoke("verify", "--fuzz", "3", "--fuzz-api", "paged", code=2)
+    assert "--fuzz-api" in result.output and "'attention', 'kvcache'" in result.output
 
 
 def test_verify_fuzz_needs_a_positive_count():
