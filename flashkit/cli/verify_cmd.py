@@ -41,10 +41,10 @@ def command(variants, all_variants, dtypes, head_dims, causal, seed, quick, mod,
         raise click.UsageError("name a --variant, a --mod, or pass --all or --fuzz N")
     if fuzz and (variants or all_variants or mod or dtypes or head_dims or causal is not None or quick):
         raise click.UsageError("--fuzz draws its own calls: it takes only --seed, --fuzz-api and --json")
+    if fuzz_api != "attention" and not fuzz:
+        raise click.UsageError("--fuzz-api goes with --fuzz N")
     causal_opts = None if causal is None else (causal,)
     skipped = {}
-    if fuzz_api != FUZZ_APIS[0] and not fuzz:
-        raise click.UsageError("--fuzz-api goes with --fuzz N")
     if fuzz:
         if fuzz_api == "kvcache":
             from ..verify.fuzz_kvcache import fuzz_kvcache_checks as fuzz_checks

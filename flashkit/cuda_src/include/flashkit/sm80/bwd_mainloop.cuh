@@ -248,9 +248,9 @@ struct BwdMainloop {
             for (int mi = 0; mi < Kt::kKeyTiles; ++mi)
 #pragma unroll
                 for (int h = 0; h < 2; ++h) {
-                    pt[mi][ni][h] = pack_float2<Element, SaturateFinite>(fast_exp2(fmaf(st[mi][ni][2 * h], p.softmax_scale_log2, -l.x)),
-                                                         fast_exp2(fmaf(st[mi][ni][2 * h + 1], p.softmax_scale_log2,
-                                                                        -l.y)));
+                    pt[mi][ni][h] = pack_float2<Element, SaturateFinite>(
+                        fast_exp2(fmaf(st[mi][ni][2 * h], p.softmax_scale_log2, -l.x)),
+                        fast_exp2(fmaf(st[mi][ni][2 * h + 1], p.softmax_scale_log2, -l.y)));
                     if constexpr (!Kt::kRegisterOperands)
                         store_pair(transposed(sP, r0 + mi * kMmaM + g + h * kFragRowHalf, q0 + ni * kMmaN + c2),
                                    pt[mi][ni][h]);
