@@ -1,6 +1,7 @@
 """The decode benchmark (DESIGN's serving shapes): microseconds, and bytes of K and V read over the
 device-copy bandwidth measured in the same run, for flashkit (auto-selected: the split-KV decode kernel),
-its paged path, and PyTorch SDPA's cuDNN and flash backends on the same inputs.
+its paged path, and PyTorch SDPA's cuDNN and flash backends on the same inputs; then one shape at each head dim of
+SWEEP_HEAD_DIMS.
 
 python3 -m flashkit.bench.decode [--json PATH]
 """
@@ -19,6 +20,10 @@ SHAPES = ((64, 8192, 32, 4), (128, 2048, 32, 8), (8, 32768, 32, 8), (1, 131072, 
           (16, 4096, 32, 4))
 PAGED = ((64, 8192, 32, 4, 16), (64, 8192, 32, 4, 64), (8, 32768, 32, 8, 16))
 HEAD_DIM = 128
+# The head-dim sweep: GQA 32 / 8 over 8k keys, at each class of the decode kernel and head dims padded below them.
+SWEEP_SHAPE = (32, 8192, 32, 8)
+SWEEP_HEAD_DIMS = (32, 64, 80, 96, 128, 160, 192, 256)
+SWEEP_PAGES = (64,)
 COPY_BYTES = 1 << 30
 WARMUP, ITERS = 5, 30
 
@@ -62,12 +67,11 @@ def run(torch_baselines: bool = True) -> list[DecodeRow]:
         print(f"{label:32s} {impl:18s} {ms * 1e3:9.1f} us {bps / 1e9:7.0f} GB/s {bps / copy_bps:6.1%}"
               + (f"  {cudnn_ms / ms:5.2f}x cuDNN" if cudnn_ms else "") + (f"  {note}" if note else ""), flush=True)
 
-    print(f"device copy: {copy_bps / 1e9:.0f} GB/s (read + write)", flush=True)
-    for b, sk, h, hk in SHAPES:
-        label = f"b{b} sk{sk} h{h}/{hk} d{HEAD_DIM}"
-        q = rng.standard_normal((b, 1, h, HEAD_DIM), dtype=cupy.float32).astype(bf16)
-        k = rng.standard_normal((b, sk, hk, HEAD_DIM), dtype=cupy.float32).astype(bf16)
-        v = rng.standard_normal((b, sk, hk, HEAD_DIM), dtype=cupy.float32).astype(bf16)
+    def bench_shape(b, sk, h, hk, d, page_sizes):
+        label = f"b{b} sk{sk} h{h}/{hk} d{d}"
+        q = rng.standard_normal((b, 1, h, d), dtype=cupy.float32).astype(bf16)
+        k = rng.standard_normal((b, sk, hk, d), dtype=cupy.float32).astype(bf16)
+        v = rng.standard_normal((b, sk, hk, d), dtype=cupy.float32).astype(bf16)
         kv_bytes = 2 * k.nbytes
         cudnn_ms = None
         if torch_baselines:
@@ -79,7 +83,7 @@ def run(torch_baselines: bool = True) -> list[DecodeRow]:
                     continue
                 cudnn_ms = ms if backend == "cudnn" else cudnn_ms
                 add(label, f"sdpa {backend}", ms, kv_bytes, cudnn_ms)
-        sel = flashkit.explain(dtype="bfloat16", head_dim=HEAD_DIM, seqlen_q=1, seqlen_k=sk, heads=h, kv_heads=hk,
+        sel = flashkit.explain(dtype="bfloat16", head_dim=d, seqlen_q=1, seqlen_k=sk, heads=h, kv_heads=hk,
                                batch=b)
         note = f"{sel.chosen.name}: " + "; ".join(n.split(",")[0].replace("path: ", "") for n in sel.notes)
         ms = time_cupy(lambda i: flashkit.attention(q, k, v), WARMUP, ITERS)
@@ -91,15 +95,13 @@ def run(torch_baselines: bool = True) -> list[DecodeRow]:
                 break
             except flashkit.FlashkitError:
                 continue
-        for bb, ssk, hh, hhk, ps in PAGED:
-            if (bb, ssk, hh, hhk) != (b, sk, h, hk):
-                continue
+        for ps in page_sizes:
             pages = sk // ps
             table = cupy.argsort(rng.random(b * pages)).astype(cupy.int32).reshape(b, pages)
-            kp = cupy.empty((b * pages, ps, hk, HEAD_DIM), dtype=bf16)
+            kp = cupy.empty((b * pages, ps, hk, d), dtype=bf16)
             vp = cupy.empty_like(kp)
-            kp[table.ravel()] = k.reshape(b * pages, ps, hk, HEAD_DIM)
-            vp[table.ravel()] = v.reshape(b * pages, ps, hk, HEAD_DIM)
+            kp[table.ravel()] = k.reshape(b * pages, ps, hk, d)
+            vp[table.ravel()] = v.reshape(b * pages, ps, hk, d)
             lens = cupy.full((b,), sk, dtype=cupy.int32)
             ms = time_cupy(lambda i: attention_with_kvcache(q, kp, vp, cache_seqlens=lens, block_table=table,
                                                             check_indices=False), WARMUP, ITERS)
@@ -107,6 +109,12 @@ def run(torch_baselines: bool = True) -> list[DecodeRow]:
             del kp, vp
         del q, k, v
         cupy.get_default_memory_pool().free_all_blocks()
+
+    print(f"device copy: {copy_bps / 1e9:.0f} GB/s (read + write)", flush=True)
+    for b, sk, h, hk in SHAPES:
+        bench_shape(b, sk, h, hk, HEAD_DIM, [ps for *shape, ps in PAGED if tuple(shape) == (b, sk, h, hk)])
+    for d in SWEEP_HEAD_DIMS:   # the head-dim classes and padded head dims on one shape
+        bench_shape(*SWEEP_SHAPE, d, SWEEP_PAGES)
     return rows
 
 

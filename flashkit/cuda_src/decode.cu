@@ -4,13 +4,19 @@ summary: split-KV decode forward (flash-decoding, GQA rows packed in one tile, p
 entry: [flashkit_decode_fwd, flashkit_decode_combine]
 arch: {min: "8.0", targets: {"8.6": sm_86}}
 dtypes: [float16, bfloat16]
-head_dims: [64, 128]
+head_dims: {min: 8, max: 256, multiple_of: 8, classes: [32, 64, 96, 128, 160, 192, 256]}
 features: {causal: true, block_sparse: false, fp8: false, backward: false, lse: true, gqa: true, kv_cache: true}
 limits: {seqlen_q: 16, packed_rows: 64}
 priority: 90
 launch: {grid: [kv_splits, split_combine], block_m: 16, block_n: 16, warps: 4, stages: 3}
-overrides: {"hd64": {stages: 4}, "8.6": {}, "8.6/hd128": &hd128_99kb {stages: 2}, "12.0": {}, "12.0/hd128": *hd128_99kb}
-# sm_86 / sm_89 and sm_120 (99 KB of shared memory a block) take smaller tiles where these do not fit: hd128 with two stages (100 KB against 102400 B for three).
+overrides: {"hd64": {stages: 4}, "hd256": {stages: 2},
+            "8.6": {}, "8.6/hd128": &hd128_99kb {stages: 2}, "8.6/hd160": &hd160_99kb {stages: 2},
+            "8.6/hd192": &hd192_99kb {warps: 2}, "8.6/hd256": &hd256_99kb {warps: 2},
+            "12.0": {}, "12.0/hd128": *hd128_99kb, "12.0/hd160": *hd160_99kb, "12.0/hd192": *hd192_99kb,
+            "12.0/hd256": *hd256_99kb}
+# Shared memory: the Q tile and each warp's ring, 32 hd (1 + 2 warps stages) bytes. hd256 takes two stages (136 KB;
+# three, 200 KB, pass sm_80's 163 KB). sm_86 / sm_89 and sm_120 (99 KB a block) take smaller rings where these do not
+# fit: hd128 and hd160 with two stages (68 / 85 KB), hd192 and hd256 with two warps (78 / 72 KB).
 workspace: split_partials
 ---*/
 // Decode / speculative decode: a few query rows per sequence against a long KV cache.
@@ -38,7 +44,9 @@ extern "C" __global__ void __launch_bounds__(Kt::kThreads) flashkit_decode_fwd(c
 
 // One warp per output row (batch, head, query row), in the LSE's order.
 extern "C" __global__ void __launch_bounds__(Kt::kThreads) flashkit_decode_combine(const flashkit::Params params) {
-    const flashkit::index_t row = static_cast<flashkit::index_t>(blockIdx.x) * Kt::kWarps + threadIdx.x / flashkit::kWarpSize;
+    const flashkit::index_t row =
+        static_cast<flashkit::index_t>(blockIdx.x) * Kt::kWarps + threadIdx.x / flashkit::kWarpSize;
     if (row >= static_cast<flashkit::index_t>(params.batch) * params.heads * params.seqlen_q) return;
-    flashkit::combine_row<Kt::kHeadDim, flashkit::OutT>(params, row, threadIdx.x % flashkit::kWarpSize);
+    flashkit::combine_row<Kt::kHeadDim, flashkit::OutT>(params, row, threadIdx.x % flashkit::kWarpSize,
+                                                        Kt::kHeadDimPadded ? params.head_dim : Kt::kHeadDim);
 }

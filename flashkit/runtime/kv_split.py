@@ -64,7 +64,7 @@ def split_count(base_ctas: int, key_tiles: int, sms: int, warps: int) -> int:
 
 def plan(batch: int, heads: int, kv_heads: int, seqlen_q: int, seqlen_k: int, head_dim: int,
          cfg: dict[str, int], sms: int | None = None, smem_per_sm: int | None = None) -> SplitPlan:
-    """The split plan of a call; seqlen_k is the longest sequence (a cache's capacity)."""
+    """The split plan of a call; seqlen_k is the longest sequence (a cache's capacity), head_dim the compiled class."""
     sms = sms or DEFAULT_SMS
     per_sm = ctas_per_sm(cfg, head_dim, smem_per_sm or DEFAULT_SMEM_PER_SM)
     row_blocks = -(-seqlen_q * (heads // kv_heads) // ROW_TILE)
@@ -77,5 +77,6 @@ def split_note(spec, req, sms: int | None = None, smem_per_sm: int | None = None
     """The explain line of a split-KV variant: which path a request takes and with how many splits."""
     assumed = "" if sms else f" (assumed: {DEFAULT_SMS} SMs, no device)"
     cfg = spec.launch_config(req.cc, req.head_dim, req.build_mods, req.causal, req.seqlen_q)
-    sp = plan(req.batch, req.heads, req.kv_heads, req.seqlen_q, req.seqlen_k, req.head_dim, cfg, sms, smem_per_sm)
+    sp = plan(req.batch, req.heads, req.kv_heads, req.seqlen_q, req.seqlen_k, spec.head_dims.class_of(req.head_dim),
+              cfg, sms, smem_per_sm)
     return sp.describe() + assumed

@@ -2,7 +2,8 @@
 
 verify/decode.py checks the decode kernel on a fixed matrix (lengths of half to all of the capacity, a shuffled
 block table, an append). What a server passes varies more, and each case draws it from one seed:
-  dtype, head dim   float16 or bfloat16; a head dim the KV-cache kernels build (KV_HEAD_DIMS)
+  dtype, head dim   float16 or bfloat16; any multiple of 8 up to 256 (the decode kernel's classes and the head
+                    dims padded below them)
   rows              1 query row (decode) or 2-16 (speculative decode), heads in groups of 1-16 over 1-4 kv heads
                     (MHA, GQA, MQA) within the kernel's packed rows (seqlen_q x group <= MAX_PACKED_ROWS)
   lengths           each sequence's cached keys: 0, tiny, random, or a 16-key tile or page boundary +- 1; the same
@@ -28,11 +29,10 @@ import numpy as np
 from ..call.dtypes import BY_NAME
 from ..features.kv_cache import PAGE_MAX, PAGE_MIN, PAGE_MULTIPLE
 from ..runtime.device import cupy_module
-from .fuzz import place
+from .fuzz import HEAD_DIM_STEP, MAX_HEAD_DIM, place
 from .harness import Check, CheckResult, judge
 from .reference import output_atol, plain_attention, reference_attention
 
-KV_HEAD_DIMS = (64, 128)   # the decode kernel's head dims (its manifest): every KV-cache call runs on it
 MAX_ROWS = 16              # query rows a sequence (the decode kernel's seqlen_q limit)
 MAX_PACKED_ROWS = 64       # seqlen_q x heads / kv_heads (its packed_rows limit)
 MAX_NEW = 16               # k_new / v_new rows
@@ -117,9 +117,10 @@ def draw_kvcache_case(rng: np.random.Generator, index: int) -> KvCacheCase:
         capacity = page_size * (max(1, -(-longest // page_size)) + int(rng.integers(0, 3)))
     else:
         capacity = max(1, longest + int(rng.choice((0, 0, 1, 5, 40))))
+    head_dim = HEAD_DIM_STEP * int(rng.integers(1, MAX_HEAD_DIM // HEAD_DIM_STEP + 1))
     return KvCacheCase(
         index=index, dtype=str(rng.choice(("float16", "bfloat16"))), seqlen_q=seqlen_q, heads=heads,
-        kv_heads=kv_heads, head_dim=int(rng.choice(KV_HEAD_DIMS)), lens=lens, seqlen_new=seqlen_new,
+        kv_heads=kv_heads, head_dim=head_dim, lens=lens, seqlen_new=seqlen_new,
         capacity=capacity, page_size=page_size, spare_pages=int(rng.integers(0, 4)),
         table_fill=str(rng.choice(("-1", "page"))), causal=odds["causal"],
         scale=float(rng.uniform(0.02, 0.5)) if odds["scale"] else None, q_layout=str(rng.choice(Q_LAYOUTS)),

@@ -16,6 +16,10 @@ QUICK = decode_checks(SPEC, SPEC.dtypes, [64, 128], (False, True), quick=True)
 # The full decode matrix on bf16 / hd128 (every seqlen_k, both seqlen_q, every group and page size).
 FULL = [decode_check(SPEC, c, 128, "bfloat16", causal) for c in CASES if c not in QUICK_CASES
         for causal in (False, True)]
+# Every other head-dim class and a head dim padded below each (the manifest's examples: 8, 32, 40, ..., 200, 256), on
+# the quick cases in bf16 (the dtypes share every line of the kernel but the mma's type).
+CLASSES = decode_checks(SPEC, ("bfloat16",), [d for d in SPEC.head_dims.examples() if d not in (64, 128)],
+                        (False, True), quick=True)
 
 
 def _run(check, seed=0):
@@ -34,12 +38,19 @@ def test_full_matrix_bf16_hd128(check):
     _run(check, seed=1)
 
 
+@pytest.mark.parametrize("check", CLASSES, ids=[c.label for c in CLASSES])
+def test_head_dim_classes(check):
+    _run(check, seed=2)
+
+
+@pytest.mark.parametrize("head_dim", [128, 256, 40])
 @pytest.mark.parametrize("case", [DecodeCase(1, 1, 131072, 8, 1), DecodeCase(2, 16, 5000, 4, 1),
                                   DecodeCase(1, 3, 2, 16, 2)], ids=lambda c: c.label())
-def test_edge_shapes(case):
-    """Many splits (128k keys), 16 query rows of MQA in four row blocks, fewer keys than query rows."""
+def test_edge_shapes(case, head_dim):
+    """Many splits (128k keys), 16 query rows of MQA in four row blocks, fewer keys than query rows; at hd128, at
+    hd256 (Q read from shared memory at each k-step, two-stage rings) and at hd40 (padded: zero-filled columns)."""
     for causal in (False, True):
-        _run(decode_check(SPEC, case, 128, "float16", causal))
+        _run(decode_check(SPEC, case, head_dim, "float16", causal))
 
 
 def test_decode_is_selected_for_decode_shapes():

@@ -32,10 +32,11 @@ __device__ __forceinline__ int row_key_end(int qi, int seqlen_k, int seqlen_q) {
 }
 
 // cp.async of packed rows [row0, row0 + kRows) of one (batch, kv head) into a swizzled Q tile; rows past
-// `rows` are zero-filled. One commit group; all kThreads threads call it.
+// `rows`, and 16 B chunks from chunks_valid on (a head dim below its compiled class), are zero-filled. One
+// commit group; all kThreads threads call it.
 template <int kRows, int kHeadDim, int kThreads, typename T>
 __device__ __forceinline__ void load_packed_q_async(const Params& p, const PackedRows& pack, u32 sQ, int batch,
-                                                    int row0, int tid) {
+                                                    int row0, int tid, int chunks_valid) {
     constexpr int kChunkElems = kChunkBytes / static_cast<int>(sizeof(T));
     constexpr int kRowChunks = kHeadDim / kChunkElems;
     const T* q = static_cast<const T*>(p.q);
@@ -43,7 +44,7 @@ __device__ __forceinline__ void load_packed_q_async(const Params& p, const Packe
         const int r = idx / kRowChunks;
         const int c = idx % kRowChunks;
         const int row = row0 + r;
-        const bool valid = row < pack.rows;
+        const bool valid = row < pack.rows && c < chunks_valid;
         const T* src = valid ? q + batch * p.q_batch_stride + pack.query_row(row) * p.q_row_stride +
                                    pack.head(row) * p.q_head_stride + c * kChunkElems
                              : q;

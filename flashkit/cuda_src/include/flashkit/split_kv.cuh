@@ -76,8 +76,9 @@ __device__ __forceinline__ OutT* output_row(const Params& p, index_t row) {
 }
 
 // The combine pass for one output row, by one warp: LSE = logsumexp_s LSE_s, O = sum_s exp(LSE_s - LSE) O_s.
+// Columns [0, cols) of the compiled class kHeadDim (cols: the call's head dim, a multiple of 8).
 template <int kHeadDim, typename OutT>
-__device__ __forceinline__ void combine_row(const Params& p, index_t row, int lane) {
+__device__ __forceinline__ void combine_row(const Params& p, index_t row, int lane, int cols) {
     const SplitPartials part(p);
     const int splits = p.cache.splits;
     float m = FLASHKIT_NEG_INF;
@@ -93,6 +94,7 @@ __device__ __forceinline__ void combine_row(const Params& p, index_t row, int la
     constexpr int kVec = 4;
 #pragma unroll
     for (int c = lane * kVec; c < kHeadDim; c += kWarpSize * kVec) {
+        if (c >= cols) continue;   // (a predicate, not a break: the unrolled loop keeps acc in registers)
         float acc[kVec] = {0.f, 0.f, 0.f, 0.f};
         if (lse != FLASHKIT_NEG_INF) {
             for (int s = 0; s < splits; ++s) {

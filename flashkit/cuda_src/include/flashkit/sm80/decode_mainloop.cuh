@@ -1,6 +1,10 @@
 // The split-KV decode forward on mma.sync (sm_80+): one CTA per (key chunk, row block, kv head, sequence).
 //
-// Rows: 16 packed (query row, group head) rows (gqa_pack.cuh), Q held in registers by every warp.
+// Rows: 16 packed (query row, group head) rows (gqa_pack.cuh), Q held in registers by every warp (read from
+// the shared Q tile at each k-step instead where O's and Q's fragments together pass kDecodeQInRegsBudget).
+// Head dims: kHeadDim is the compiled class (a multiple of 32, traits.cuh); with kHeadDimPadded the call's
+// head dim (Params::head_dim, a multiple of 8) is below it: Q, K and V load zero-filled columns past it, so S
+// and the call's columns of O are exact, and only those columns are stored.
 // Keys: the chunk's 16-key tiles are dealt round-robin to the warps (warp w takes tiles first + w,
 // first + w + kWarps, ...). Each warp runs its own cp.async ring of kStages (K, V) tile pairs in its own
 // slice of shared memory: no CTA barrier in the main loop, up to (kStages - 1) tiles in flight per warp.
@@ -22,11 +26,17 @@
 
 namespace flashkit {
 
+// Registers (a thread's O and Q fragments) up to which a decode warp holds Q: hd128's 96. Past it (hd160 and up)
+// the held Q pushed the kernel to 255 registers and spills, while reading it from the Q tile costs one ldmatrix a
+// k-step beside K's and V's, on a kernel bound by the cache's HBM reads.
+constexpr int kDecodeQInRegsBudget = 96;
+
 template <int kHeadDim_, int kWarps_, int kStages_, typename Element_, typename OutT_>
 struct DecodeTraits {
     typedef Element_ Element;
     typedef OutT_ OutT;
-    static constexpr int kHeadDim = kHeadDim_;
+    static constexpr int kHeadDim = kHeadDim_;   // the class; the call's Params::head_dim with kHeadDimPadded
+    enum : int { kHeadDimPadded = FLASHKIT_HEAD_DIM_PADDED != 0 };
     static constexpr int kWarps = kWarps_;
     static constexpr int kStages = kStages_;
     static constexpr int kThreads = kWarps * kWarpSize;
@@ -37,6 +47,7 @@ struct DecodeTraits {
     static constexpr int kQKSteps = kHeadDim / kMmaK;
     static constexpr int kElemBytes = sizeof(Element);
     static constexpr int kRowBytes = kHeadDim * kElemBytes;
+    static constexpr int kRowChunks = kRowBytes / kChunkBytes;
     static constexpr int kTileBytes = kBlockN * kRowBytes;        // one K or V tile
     static constexpr int kStageBytes = 2 * kTileBytes;            // K then V
     static constexpr int kWarpBytes = kStages * kStageBytes;      // a warp's ring
@@ -44,34 +55,59 @@ struct DecodeTraits {
     static constexpr int kSmemBytes = kQBytes + kWarps * kWarpBytes;
     // The merge reuses the rings for each warp's fp32 O and the Q tile for the warps' LSE.
     static constexpr int kMergeOBytes = kBlockM * kHeadDim * 4;
+    // A thread's O accumulator (kBlockM x kHeadDim fp32 over a warp) and Q fragments (16-bit pairs).
+    static constexpr int kORegs = kBlockM * kHeadDim / kWarpSize;
+    static constexpr int kQRegs = kBlockM * kHeadDim / (2 * kWarpSize);
+    static constexpr bool kQInRegs = kORegs + kQRegs <= kDecodeQInRegsBudget;
+    typedef typename LdsmColumnsOf<kRowChunks>::type Columns;   // ldmatrix columns of the swizzled rows
 
     static_assert(kElemBytes == 2, "mma.sync path: 16-bit elements");
     static_assert(kStages >= 2, "a ring needs two stages");
-    static_assert(kHeadDim % 64 == 0, "head dim: multiple of 64 (swizzle spans 8 chunks of a row)");
+    static_assert(kHeadDim % (2 * kMmaK) == 0,
+                  "head-dim class: a multiple of 32 (swizzled rows of 8-chunk groups and a 4-chunk tail)");
     static_assert(kMergeOBytes <= kWarpBytes, "a warp's O fits in its ring");
     static_assert(kWarps * kBlockM * 4 <= kQBytes, "the warps' LSE fit in the Q tile");
 };
 
-// One warp's state: Q fragments, O accumulator, online softmax.
+// One warp's state: Q fragments (or their shared address), O accumulator, online softmax.
 template <class Kt>
 struct DecodeWarp {
     typedef typename Kt::Element Element;
-    u32 q_frag[Kt::kQKSteps][4];
+    typedef typename Kt::Columns Columns;
+    typedef u32 Frag[4];   // an A fragment of m16n8k16 (four 16-bit pairs)
+    Frag q_frag[Kt::kQInRegs ? Kt::kQKSteps : 1];
     float acc_o[1][Kt::kDTiles][4];
     OnlineSoftmax<1> softmax;
+    u32 q_lane;                   // this lane's ldmatrix row of the Q tile (shared address)
     u32 k_lane, v_lane;           // this lane's ldmatrix row offset in a K / V tile (bytes)
-    LdsmColumns cols_hi16, cols_hi8;
+    Columns cols_hi16, cols_hi8;
 
     __device__ __forceinline__ DecodeWarp(u32 sQ, int lane)
         : cols_hi16(lane, lane / 16), cols_hi8(lane, lane / 8 % 2) {
         const int r8 = lane % 8;
         k_lane = ((lane / 16) * kMmaN + r8) * Kt::kRowBytes;        // B of Q K^T: keys 8-15 for lanes 16+
         v_lane = (((lane / 8) % 2) * kMmaN + r8) * Kt::kRowBytes;   // B of P V (.trans): keys 8-15, lanes 8-15/24-31
-        const u32 q_lane = sQ + (lane % 16) * Kt::kRowBytes;
+        q_lane = sQ + (lane % 16) * Kt::kRowBytes;
+        if constexpr (Kt::kQInRegs) {
 #pragma unroll
-        for (int kk = 0; kk < Kt::kQKSteps; ++kk) ldsm_x4(q_frag[kk], q_lane + cols_hi16.col(kk) * Kt::kElemBytes);
+            for (int kk = 0; kk < Kt::kQKSteps; ++kk) load_q(q_frag[kk], kk);
+        }
         zero_fragments(acc_o);
         softmax.init();
+    }
+
+    // The A fragment of Q for k-step kk, from the shared Q tile.
+    __device__ __forceinline__ void load_q(Frag& a, int kk) const {
+        ldsm_x4(a, q_lane + cols_hi16.col(kk) * Kt::kElemBytes);
+    }
+    // Q's A fragment for k-step kk: the held one, or read into scratch.
+    __device__ __forceinline__ const Frag& q_at(int kk, Frag& scratch) const {
+        if constexpr (Kt::kQInRegs) {
+            return q_frag[kk];
+        } else {
+            load_q(scratch, kk);
+            return scratch;
+        }
     }
 
     // One tile at shared address sK (V right after it); keys from n0; masked: compare keys with key_end.
@@ -83,8 +119,10 @@ struct DecodeWarp {
         for (int kk = 0; kk < Kt::kQKSteps; ++kk) {   // S = Q K^T
             u32 b[4];
             ldsm_x4(b, sK + k_lane + cols_hi8.col(kk) * Kt::kElemBytes);
-            mma_16816<Element>(s[0][0], q_frag[kk], b[0], b[1]);
-            mma_16816<Element>(s[0][1], q_frag[kk], b[2], b[3]);
+            Frag scratch;
+            const Frag& a = q_at(kk, scratch);
+            mma_16816<Element>(s[0][0], a, b[0], b[1]);
+            mma_16816<Element>(s[0][1], a, b[2], b[3]);
         }
         if (masked) {   // S = -inf for keys at or past the row's end
             const int col = n0 + kFragCols * (lane % kQuadLanes);
@@ -128,7 +166,11 @@ __device__ __forceinline__ void decode_block(const Params& p, int split, int kv_
     const int n_tiles = (kv_end + Kt::kBlockN - 1) / Kt::kBlockN;
     const SplitRange range(n_tiles, split, p.cache.splits);
 
-    load_packed_q_async<Kt::kBlockM, Kt::kHeadDim, Kt::kThreads, Element>(p, pack, sQ, batch, row0, tid);
+    // The call's columns: the class's, or (padded) Params::head_dim, past which loads zero-fill and stores skip.
+    const int cols = Kt::kHeadDimPadded ? p.head_dim : Kt::kHeadDim;
+    const int chunks_valid = cols / (kChunkBytes / Kt::kElemBytes);
+    load_packed_q_async<Kt::kBlockM, Kt::kHeadDim, Kt::kThreads, Element>(p, pack, sQ, batch, row0, tid,
+                                                                          chunks_valid);
     cp_async_wait<0>();
     __syncthreads();
     DecodeWarp<Kt> w(sQ, lane);
@@ -151,9 +193,12 @@ __device__ __forceinline__ void decode_block(const Params& p, int split, int kv_
         const u8 *k_rows, *v_rows;
         src.tile_rows(n0, page, k_rows, v_rows);
         const u32 slot = ring + (i % Kt::kStages) * Kt::kStageBytes;
-        load_rows_async<Kt::kBlockN, Kt::kRowBytes, kWarpSize, Layout>(slot, k_rows, src.k_row_bytes, kv_end - n0, lane);
-        load_rows_async<Kt::kBlockN, Kt::kRowBytes, kWarpSize, Layout>(slot + Kt::kTileBytes, v_rows, src.v_row_bytes,
-                                                                       kv_end - n0, lane);
+        constexpr bool kClip = Kt::kHeadDimPadded;
+        load_rows_async<Kt::kBlockN, Kt::kRowBytes, kWarpSize, Layout, kClip>(slot, k_rows, src.k_row_bytes,
+                                                                              kv_end - n0, lane, chunks_valid);
+        load_rows_async<Kt::kBlockN, Kt::kRowBytes, kWarpSize, Layout, kClip>(slot + Kt::kTileBytes, v_rows,
+                                                                              src.v_row_bytes, kv_end - n0, lane,
+                                                                              chunks_valid);
     };
 #pragma unroll
     for (int i = 0; i < Kt::kStages - 1; ++i) {   // prologue: kStages - 1 groups (empty past the end)
@@ -201,7 +246,7 @@ __device__ __forceinline__ void decode_block(const Params& p, int split, int kv_
         const int r = idx / kRowVecs;
         const int c = (idx % kRowVecs) * kVec;
         const int row = row0 + r;
-        if (row >= pack.rows) continue;
+        if (row >= pack.rows || c >= cols) continue;
         float m = FLASHKIT_NEG_INF;
 #pragma unroll
         for (int ww = 0; ww < Kt::kWarps; ++ww) m = fmaxf(m, merge_lse[ww * Kt::kBlockM + r]);
