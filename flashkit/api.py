@@ -279,7 +279,7 @@ def explain(*, dtype: str = "bfloat16", head_dim: int = 128, seqlen_q: int = 102
     if "kv_splits" in sel.chosen.grids:   # the split-KV path: how many key chunks
         from .runtime.kv_split import split_note
         sel.notes.append(split_note(sel.chosen, req, info and info.sm_count,
-                                    info and info.max_smem_per_block + 1024))
+                                    info and info.max_smem_per_block + 1024, info.memory_bandwidth if info else 0.0))
     return sel
 
 

@@ -26,6 +26,7 @@ class DeviceInfo:
     max_smem_per_block: int
     driver: int
     runtime: int
+    memory_bandwidth: float = 0.0   # peak DRAM bytes a second (memory clock x 2 x bus width); 0 where not reported
 
     @property
     def arch(self) -> str:
@@ -52,7 +53,22 @@ def device_info(index: int | None = None) -> DeviceInfo:
     name = props["name"].decode() if isinstance(props["name"], bytes) else str(props["name"])
     return DeviceInfo(idx, name, (props["major"], props["minor"]), props["multiProcessorCount"],
                       props.get("sharedMemPerBlockOptin", props["sharedMemPerBlock"]),
-                      rt.driverGetVersion(), rt.runtimeGetVersion())
+                      rt.driverGetVersion(), rt.runtimeGetVersion(), peak_memory_bandwidth(rt, idx))
+
+
+DDR = 2   # HBM and GDDR move data on both clock edges
+BITS_PER_BYTE = 8
+
+
+def peak_memory_bandwidth(rt, index: int) -> float:
+    """Peak DRAM bandwidth in bytes a second from the driver's memory clock (kHz) and bus width (bits); 0.0 where the
+    driver does not report them."""
+    try:
+        khz = rt.deviceGetAttribute(rt.cudaDevAttrMemoryClockRate, index)
+        bits = rt.deviceGetAttribute(rt.cudaDevAttrGlobalMemoryBusWidth, index)
+    except Exception:
+        return 0.0
+    return float(khz) * 1e3 * DDR * bits / BITS_PER_BYTE
 
 
 def require_device() -> DeviceInfo:

@@ -115,10 +115,10 @@ def prepare_launch(spec: KernelSpec, loaded: LoadedKernel, config: BuildConfig, 
         balanced = persistent_balances(p.seqlen_q, p.seqlen_k, p.batch * p.heads, cfg["block_m"],
                                        cfg.get("block_n", cfg["block_m"]), config.causal, sms)
         cfg = {**cfg, "sm_count": sms, "persistent": int(balanced)}
-    if "kv_splits" in spec.grids:   # the split-KV plan, from this device's SM count
+    if "kv_splits" in spec.grids:   # the split-KV plan, from this device's SM count and bandwidth
         info = device_info()
         sp = split_plan(p.batch, p.heads, p.kv_heads, p.seqlen_q, p.seqlen_k, config.head_dim, cfg, info.sm_count,
-                        info.max_smem_per_block + SPLIT_SMEM_RESERVED)
+                        info.max_smem_per_block + SPLIT_SMEM_RESERVED, info.memory_bandwidth)
         cfg = {**cfg, "splits": sp.splits, "row_blocks": sp.row_blocks}
         extras = merge_fields(extras, {"cache": {"splits": sp.splits, "row_blocks": sp.row_blocks}})
     fields = dict(

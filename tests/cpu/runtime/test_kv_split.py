@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from flashkit.call.validate import Problem
 from flashkit.registry import discover_kernels
-from flashkit.runtime.kv_split import ctas_per_sm, plan, smem_bytes, split_count
+from flashkit.runtime.kv_split import ctas_per_sm, fill_ctas, plan, smem_bytes, split_count
 from flashkit.runtime.launch import grid_for, workspace_bytes
 
 CFG = {"block_m": 16, "block_n": 16, "warps": 4, "stages": 3}
@@ -33,6 +33,38 @@ def test_a_small_grid_is_split_to_half_the_sms_in_one_wave():
     mqa = plan(1, 8, 1, 1, 131072, 128, CFG, sms=132)
     assert mqa.splits == 60 and mqa.ctas <= 132   # never a second CTA on an SM
     assert split_count(3, 10 ** 6, 132, 4) == 20 and split_count(60, 10 ** 6, 132, 4) == 1
+
+
+H100_BPS, H200_BPS = 3.35e12, 4.8e12   # peak HBM bandwidth, 132 SMs each
+
+
+def test_the_fill_follows_the_bandwidth():
+    """The H100's fill (60 CTAs) where the bandwidth is unknown or the H100's; the H200 draws its 4.8 TB/s with 86."""
+    assert fill_ctas(132) == fill_ctas(132, H100_BPS) == 60
+    assert fill_ctas(66) == 30 and fill_ctas(132, H200_BPS) == 86
+    assert fill_ctas(16, H200_BPS) == 16   # never past one CTA an SM
+    h200 = plan(8, 32, 8, 1, 32768, 128, CFG, sms=132, bandwidth=H200_BPS)
+    assert h200.splits == 2 and h200.ctas == 128   # 0.92x -> 0.98x cuDNN on the H200
+    assert plan(1, 32, 8, 1, 131072, 128, CFG, sms=132, bandwidth=H200_BPS).splits == 11
+    assert plan(8, 32, 8, 1, 32768, 128, CFG, sms=132, bandwidth=H100_BPS).splits == 1
+
+
+def test_peak_bandwidth_from_the_driver_attributes():
+    from flashkit.runtime.device import peak_memory_bandwidth
+
+    class Runtime:
+        cudaDevAttrMemoryClockRate, cudaDevAttrGlobalMemoryBusWidth = 36, 37
+
+        def deviceGetAttribute(self, attr, index):
+            return {36: 2619000, 37: 5120}[attr]   # an H100 SXM: 2.619 GHz HBM3, 5120 bits
+
+    assert abs(peak_memory_bandwidth(Runtime(), 0) - 3.352e12) < 1e9
+
+    class Silent(Runtime):
+        def deviceGetAttribute(self, attr, index):
+            raise RuntimeError("not supported")
+
+    assert peak_memory_bandwidth(Silent(), 0) == 0.0
 
 
 def test_short_caches_are_not_split_below_the_minimum_chunk():
