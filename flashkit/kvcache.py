@@ -2,7 +2,8 @@
 
 Every argument is checked before anything is written or launched (features/kv_cache.py); k_new / v_new are
 appended into the cache at cache_seqlens, then q attends the first cache_seqlens + seqlen_new keys of its
-sequence (causal: bottom-right aligned to that length).
+sequence (causal: bottom-right aligned to that length; so is window_size; softcap caps the scores, as in
+flash-attn's flash_attn_with_kvcache).
 """
 
 from __future__ import annotations
@@ -17,28 +18,34 @@ from .call.validate import check_flag, check_variant
 from .errors import InputError
 from .features.kv_cache import (append_new, check_values, describe_seqlens, kernel_fields, seqlens_array,
                                 validate_kvcache)
+from .features.mods import kernel_fields as mod_fields
+from .features.mods import mods_of
 from .registry import discover_kernels, select_kernel
 from .runtime.device import cupy_module, device_info
-from .runtime.call_cache import CALLS, CachedLaunch, array_signature, arrays_signature, context_signature
+from .runtime.call_cache import (CALLS, UNKEYED, CachedLaunch, array_signature, arrays_signature, context_signature,
+                                 window_signature)
 from .runtime.launch import LaunchInputs, PreparedLaunch
+from .runtime.params import merge_fields
 
 
 def attention_with_kvcache(q: Any, k_cache: Any, v_cache: Any, *, cache_seqlens: Any, block_table: Any = None,
                            k_new: Any = None, v_new: Any = None, causal: bool = False,
-                           softmax_scale: float | None = None, return_lse: bool = False, out: Any = None,
-                           variant: str | None = None, check_indices: bool = True):
+                           softmax_scale: float | None = None, window_size: Any = None, softcap: float = 0.0,
+                           return_lse: bool = False, out: Any = None, variant: str | None = None,
+                           check_indices: bool = True):
     """softmax(scale q K^T) V over each sequence's cached keys (plus k_new / v_new, appended first).
 
     q (batch, seqlen_q, heads, D); caches (batch, seqlen_cache, kv_heads, D), or paged
     (num_pages, page_size, kv_heads, D) with block_table (batch, max_pages) int32; cache_seqlens (batch,)
-    int32 or an int. check_indices=False skips the value checks (one synchronizing read).
+    int32 or an int. window_size=(left, right) and softcap=c as in attention(), each sequence's window aligned
+    to its own length. check_indices=False skips the value checks (one synchronizing read).
     Returns out (and the float32 LSE, (batch, heads, seqlen_q), with return_lse=True).
     """
     causal, return_lse = check_flag(causal, "causal"), check_flag(return_lse, "return_lse")
     check_indices = check_flag(check_indices, "check_indices")
     check_variant(variant)
     key = _kvcache_key(q, k_cache, v_cache, cache_seqlens, block_table, k_new, v_new, out, causal, return_lse,
-                       softmax_scale, variant)
+                       softmax_scale, variant, window_size, softcap)
     if key is not None and (cached := CALLS.get(key)) is not None:   # this signature validated and selected before
         return cached(q, k_cache, v_cache, cache_seqlens, block_table, k_new, v_new, out, check_indices)
     seqlens_meta = describe_seqlens(cache_seqlens)
@@ -48,7 +55,9 @@ def attention_with_kvcache(q: Any, k_cache: Any, v_cache: Any, *, cache_seqlens:
         describe(k_new, "k_new") if k_new is not None else None,
         describe(v_new, "v_new") if v_new is not None else None, softmax_scale)
     problem = call.problem
-    req = request_for(problem, causal=causal, lse=return_lse, kv_cache=True, cc=device_info().cc)
+    mods = mods_of(problem, causal, window_size=window_size, softcap=softcap)
+    req = request_for(problem, causal=causal, lse=return_lse, kv_cache=True, cc=device_info().cc,
+                      **mods.request_flags())
     sel = select_kernel(req, discover_kernels().specs, variant)
 
     cupy = cupy_module()
@@ -66,7 +75,8 @@ def attention_with_kvcache(q: Any, k_cache: Any, v_cache: Any, *, cache_seqlens:
     qc = _aligned(to_cupy(q, "q"))
     out_arr = _output(out, problem, problem.dtype, cupy)
     lse = cupy.empty((problem.batch, problem.heads, problem.seqlen_q), dtype=cupy.float32) if return_lse else None
-    prepared = run(sel.chosen, problem, causal, LaunchInputs(qc, kc, vc, out_arr, lse, kernel_fields(lengths, table, call)),
+    fields = merge_fields(kernel_fields(lengths, table, call), mod_fields(mods, problem) if mods.features else {})
+    prepared = run(sel.chosen, problem, causal, LaunchInputs(qc, kc, vc, out_arr, lse, fields), mods=mods.features,
                    variable=VARIABLE_FIELDS)
     if key is not None and qc is q and problem.softmax_scale > 0:   # no copy of q, no negation
         CALLS.put(key, _CachedKvCache(prepared, call, out_arr.shape, out_arr.dtype,
@@ -100,7 +110,7 @@ class _CachedKvCache(CachedLaunch):
 
 
 def _kvcache_key(q, k_cache, v_cache, cache_seqlens, block_table, k_new, v_new, out, causal, return_lse,
-                 softmax_scale, variant) -> tuple | None:
+                 softmax_scale, variant, window_size, softcap) -> tuple | None:
     """The signature of an attention_with_kvcache() call of CuPy arrays (one flat tuple); None when it takes the
     full path."""
     if (seqlens := array_signature(cache_seqlens)) is None:
@@ -113,7 +123,11 @@ def _kvcache_key(q, k_cache, v_cache, cache_seqlens, block_table, k_new, v_new, 
     context = context_signature()
     if context is None:
         return None
-    return ("kvcache", arrays, seqlens, causal, return_lse, type(softmax_scale), softmax_scale, variant, context)
+    window = window_signature(window_size)
+    if window is UNKEYED:
+        return None
+    return ("kvcache", arrays, seqlens, causal, return_lse, type(softmax_scale), softmax_scale, variant, window,
+            type(softcap), softcap, context)
 
 
 __all__ = ["attention_with_kvcache"]

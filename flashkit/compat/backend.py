@@ -79,12 +79,13 @@ def varlen(q: Any, k: Any, v: Any, cu_seqlens_q: Any, cu_seqlens_k: Any, max_seq
 
 
 def kvcache(q: Any, k_cache: Any, v_cache: Any, *, cache_seqlens: Any, block_table: Any, k_new: Any, v_new: Any,
-            causal: bool, softmax_scale: float | None, return_lse: bool = False):
+            causal: bool, softmax_scale: float | None, window_size: tuple[int, int] | None = None,
+            softcap: float = 0.0, return_lse: bool = False):
     """flashkit.attention_with_kvcache; the caches are written in place (k_new, v_new appended). No gradient
     flows through it (flash-attn's flash_attn_with_kvcache has no backward either)."""
     from ..kvcache import attention_with_kvcache
     kw = dict(cache_seqlens=cache_seqlens, block_table=block_table, k_new=k_new, v_new=v_new, causal=causal,
-              softmax_scale=softmax_scale, return_lse=return_lse)
+              softmax_scale=softmax_scale, window_size=window_size, softcap=softcap, return_lse=return_lse)
     if is_torch(q):   # _torch_call detaches and views the tensor keywords (lengths, table, new tokens) too
         return _torch_call(attention_with_kvcache, (q, k_cache, v_cache), **kw)
     return attention_with_kvcache(q, k_cache, v_cache, **kw)

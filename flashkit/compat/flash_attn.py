@@ -13,7 +13,7 @@ Same signatures, layouts and return conventions as flash_attn.flash_attn_interfa
     (batch, heads, seqlen_q) with return_softmax_lse=True); like flash-attn's, it has no backward.
 Torch tensors in, torch tensors out (on torch's current stream and allocator); CuPy in, CuPy out.
 Arguments flashkit cannot honour (dropout_p != 0, rotary_cos / rotary_sin, cache_batch_idx, cache_leftpad,
-num_splits != 0, block_table with varlen, window / softcap / ALiBi with a KV cache)
+num_splits != 0, block_table with varlen, ALiBi with a KV cache)
 raise one flashkit error naming the argument, before any launch.
 """
 
@@ -23,7 +23,7 @@ from typing import Any
 
 from ..call.arrays import describe
 from ..call.validate import check_flag
-from ..errors import InputError, UnsupportedError
+from ..errors import InputError
 from . import args as _args
 from . import backend as _backend
 
@@ -120,11 +120,9 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
                  "through block_table); gather the caches, or pass a block_table, instead")
     _args.refuse(cache_leftpad, "cache_leftpad", "flashkit's caches start at position 0; shift left-padded caches "
                  "to the start")
-    if _args.window(window_size) is not None:
-        raise _unsupported("window_size", "the KV-cache path has no sliding window yet")
-    if _args.softcap(softcap) != 0:
-        raise _unsupported("softcap", "the KV-cache path has no softcap yet")
-    _args.refuse(alibi_slopes, "alibi_slopes", "the KV-cache path has no ALiBi yet")
+    window, cap = _args.window(window_size), _args.softcap(softcap)
+    _args.refuse(alibi_slopes, "alibi_slopes", "the KV-cache path has no ALiBi yet (its slope differs across the "
+                 "query heads the decode kernel packs into one tile)")
     _args.check_num_splits(num_splits)
     causal, lse = check_flag(causal, "causal"), check_flag(return_softmax_lse, "return_softmax_lse")
     if cache_seqlens is None:
@@ -132,11 +130,8 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
             raise InputError("cache_seqlens: needed with k and v (where to write them in the caches)")
         cache_seqlens = _capacity(k_cache, block_table)
     return _backend.kvcache(q, k_cache, v_cache, cache_seqlens=cache_seqlens, block_table=block_table, k_new=k,
-                            v_new=v, causal=causal, softmax_scale=softmax_scale, return_lse=lse)
-
-
-def _unsupported(name: str, why: str) -> UnsupportedError:
-    return UnsupportedError(f"{name}: {why}")
+                            v_new=v, causal=causal, softmax_scale=softmax_scale, window_size=window, softcap=cap,
+                            return_lse=lse)
 
 
 def _capacity(k_cache: Any, block_table: Any) -> int:

@@ -14,7 +14,7 @@ from ..call.dtypes import BY_NAME
 from ..registry.manifest import KernelSpec
 from ..runtime.device import cupy_module
 from .harness import Check, CheckResult, judge, register_family
-from .reference import output_atol, plain_attention, reference_attention
+from .reference import local_mask, output_atol, plain_attention, reference_attention
 
 
 @dataclass(frozen=True)
@@ -27,12 +27,16 @@ class DecodeCase:
     page_size: int = 0      # 0: a contiguous cache
     cache: bool = False     # through attention_with_kvcache (per-sequence lengths), else attention()
     seqlen_new: int = 0     # k_new / v_new rows appended first
+    window: tuple[int, int] | None = None   # window_size (each sequence's, bottom-right aligned to its length)
+    softcap: float = 0.0
 
     def label(self) -> str:
         kv = f"/{self.kv_heads}" if self.kv_heads != self.heads else ""
         how = (f" paged{self.page_size}" if self.page_size else " cache" if self.cache else "")
+        mods = (f" window{self.window}".replace(" ", "") if self.window else "") + (
+            f" softcap{self.softcap:g}" if self.softcap else "")
         return (f"b{self.batch} sq{self.seqlen_q} sk{self.seqlen_k} h{self.heads}{kv}{how}"
-                + (f" +{self.seqlen_new}new" if self.seqlen_new else ""))
+                + (f" +{self.seqlen_new}new" if self.seqlen_new else "") + (" " + mods.strip() if mods else ""))
 
 
 GROUPS = ((16, 2), (8, 1), (4, 4))   # GQA 8:1, MQA, MHA
@@ -45,6 +49,18 @@ CASES = tuple(DecodeCase(b, sq, sk, h, hk) for b, sq, sk, (h, hk) in
     DecodeCase(8, 1, 1000, 8, 1, cache=True), DecodeCase(4, 4, 4097, 16, 2, cache=True, seqlen_new=4),
     DecodeCase(2, 1, 1, 4, 4, cache=True, seqlen_new=1))
 QUICK_CASES = tuple(c for c in CASES if c.seqlen_k in (17, 4097) and c.seqlen_q == 1 or c.cache)
+# Built-in modifications (variants declaring window / softcap): Mistral's and Gemma 2's windows and caps, a window
+# narrower than a tile, one with a right side, one wider than the cache, through the cache and through attention().
+MOD_CASES = (
+    DecodeCase(8, 1, 4097, 16, 2, page_size=64, cache=True, window=(1000, 0)),
+    DecodeCase(4, 4, 4097, 16, 2, cache=True, seqlen_new=4, window=(300, 7)),
+    DecodeCase(2, 1, 33000, 8, 1, cache=True, window=(4096, 0), softcap=30.0),
+    DecodeCase(8, 4, 1000, 16, 2, page_size=16, cache=True, seqlen_new=1, softcap=5.0),
+    DecodeCase(3, 16, 700, 4, 4, cache=True, window=(5, 2)),
+    DecodeCase(2, 2, 300, 8, 2, cache=True, window=(5000, -1), softcap=50.0),
+    DecodeCase(4, 1, 4097, 16, 2, window=(512, 0), softcap=20.0),
+    DecodeCase(2, 8, 1000, 8, 1, window=(40, 40)),
+)
 
 
 def _cache_inputs(case: DecodeCase, head_dim: int, dtype: str, rng, xp):
@@ -90,14 +106,15 @@ def decode_check(spec: KernelSpec, case: DecodeCase, head_dim: int, dtype: str, 
         rng = xp.random.default_rng(seed)
         q, k_cache, v_cache, table, before, lens, (k_new, v_new) = _cache_inputs(case, head_dim, dtype, rng, xp)
         out = xp.full(q.shape, xp.nan, dtype=q.dtype)   # poisoned: an unwritten element stays NaN
+        mods = dict(window_size=case.window, softcap=case.softcap)
         if case.cache:
             out, lse = attention_with_kvcache(q, k_cache, v_cache, cache_seqlens=before, block_table=table,
                                               k_new=k_new, v_new=v_new, causal=causal, return_lse=True,
-                                              out=out, variant=spec.name)
+                                              out=out, variant=spec.name, **mods)
         else:
             k, v = k_cache[:, :case.seqlen_k], v_cache[:, :case.seqlen_k]
             lens = xp.full((case.batch,), case.seqlen_k, dtype=xp.int32)
-            out, lse = attention(q, k, v, causal=causal, variant=spec.name, return_lse=True, out=out)
+            out, lse = attention(q, k, v, causal=causal, variant=spec.name, return_lse=True, out=out, **mods)
         scale = head_dim ** -0.5
         refs, plains = [], []
         for b in range(case.batch):
@@ -107,8 +124,10 @@ def decode_check(spec: KernelSpec, case: DecodeCase, head_dim: int, dtype: str, 
             if case.seqlen_new:   # the appended rows must be in the cache, where the kernel read them
                 m = int(before[b])
                 assert bool((k_b[0, m:].view(xp.uint16) == k_new[b].view(xp.uint16)).all()), "k_new not appended"
-            refs.append(reference_attention(q[b:b + 1], k_b, v_b, scale=scale, causal=causal))
-            plains.append(plain_attention(q[b:b + 1], k_b, v_b, scale=scale, dtype=BY_NAME[dtype], causal=causal))
+            masking = reference_masking(case.seqlen_q, n, causal, case.window, xp)
+            refs.append(reference_attention(q[b:b + 1], k_b, v_b, scale=scale, softcap=case.softcap, **masking))
+            plains.append(plain_attention(q[b:b + 1], k_b, v_b, scale=scale, dtype=BY_NAME[dtype],
+                                          softcap=case.softcap, **masking))
         ref, lse_ref = (xp.concatenate(x) for x in zip(*refs))
         plain, lse_plain = (xp.concatenate(x) for x in zip(*plains))
         atol = output_atol(ref, BY_NAME[dtype], max(case.seqlen_k, head_dim))
@@ -117,9 +136,25 @@ def decode_check(spec: KernelSpec, case: DecodeCase, head_dim: int, dtype: str, 
     return Check(spec.name, label, run)
 
 
+def reference_masking(seqlen_q: int, seqlen_k: int, causal: bool, window: tuple[int, int] | None, xp) -> dict:
+    """The reference's causal / mask keywords for one sequence: a window (causal sets its right side to 0, and a
+    window with no left side is causal alone: flash-attn's rule, features/mods.py) or causal."""
+    if window is None:
+        return {"causal": causal}
+    left, right = window
+    if causal:
+        if left < 0:
+            return {"causal": True}
+        right = 0
+    return {"causal": False, "mask": local_mask(seqlen_q, seqlen_k, (left, right), xp=xp)[None, None]}
+
+
 def decode_checks(spec: KernelSpec, dtypes, head_dims, causal_opts, quick: bool) -> list[Check]:
-    """The decode matrix for each dtype, head dim and causal option."""
+    """The decode matrix for each dtype, head dim and causal option (and MOD_CASES where the variant takes a window
+    and softcap)."""
     cases = QUICK_CASES if quick else CASES
+    if spec.supports("window") and spec.supports("softcap"):
+        cases = cases + (MOD_CASES[::2] if quick else MOD_CASES)
     return [decode_check(spec, c, d, t, causal)
             for t, d, causal, c in itertools.product(dtypes, head_dims, causal_opts, cases)]
 

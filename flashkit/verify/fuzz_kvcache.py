@@ -13,7 +13,9 @@ block table, an append). What a server passes varies more, and each case draws i
                     entries past a sequence's pages are -1 or any page (never read); memory contiguous, rows padded
                     past the head dim, or k and v as the heads of one buffer
   call              causal (bottom-right aligned per sequence, so rows may see no key) or not; a softmax scale;
-                    q and out contiguous, (b, h, s, d) views or padded rows; out given (NaN-poisoned) or not
+                    a window (left 0-8, about a tile, or up to the longest sequence; right open, 0 or a few keys)
+                    and softcap (1-50), each or neither; q and out contiguous, (b, h, s, d) views or padded rows;
+                    out given (NaN-poisoned) or not
 The judge is DESIGN.md's rule on out and the LSE, each sequence against its own reference; the caches must hold,
 bit for bit, what they held with k_new / v_new written at each sequence's length and nothing else. A FlashkitError
 is a failure: every drawn call is one the API documents as valid.
@@ -29,6 +31,7 @@ import numpy as np
 from ..call.dtypes import BY_NAME
 from ..features.kv_cache import PAGE_MAX, PAGE_MIN, PAGE_MULTIPLE
 from ..runtime.device import cupy_module
+from .decode import reference_masking
 from .fuzz import HEAD_DIM_STEP, MAX_HEAD_DIM, place
 from .harness import Check, CheckResult, judge
 from .reference import output_atol, plain_attention, reference_attention
@@ -41,7 +44,9 @@ TILE_KEYS = 16             # the decode kernel's key tile
 Q_LAYOUTS = ("contiguous", "bhsd", "padded")
 CACHE_LAYOUTS = ("contiguous", "padded", "kv_packed")
 NEW_LAYOUTS = ("contiguous", "bhsd")
-FEATURE_ODDS = dict(speculative=0.4, append=0.5, paged=0.6, equal_lengths=0.15, causal=0.5, scale=0.3, out=0.5)
+FEATURE_ODDS = dict(speculative=0.4, append=0.5, paged=0.6, equal_lengths=0.15, causal=0.5, scale=0.3, out=0.5,
+                    window=0.25, softcap=0.25)
+SOFTCAP_RANGE = (1.0, 50.0)
 
 
 @dataclass(frozen=True)
@@ -67,6 +72,8 @@ class KvCacheCase:
     new_layout: str
     given_out: bool
     lens_as_int: bool
+    window: tuple[int, int] | None = None
+    softcap: float = 0.0
 
     @property
     def batch(self) -> int:
@@ -81,6 +88,8 @@ class KvCacheCase:
             f"capacity{self.capacity}"]
         parts += [f"+{self.seqlen_new}new({self.new_layout})"] if self.seqlen_new else []
         parts += ["causal"] if self.causal else []
+        parts += [f"window({self.window[0]},{self.window[1]})"] if self.window else []
+        parts += [f"softcap({self.softcap:.3g})"] if self.softcap else []
         parts += [f"scale({self.scale:.3g})"] if self.scale is not None else []
         parts += ["out="] if self.given_out else []
         return " ".join(parts)
@@ -118,6 +127,8 @@ def draw_kvcache_case(rng: np.random.Generator, index: int) -> KvCacheCase:
     else:
         capacity = max(1, longest + int(rng.choice((0, 0, 1, 5, 40))))
     head_dim = HEAD_DIM_STEP * int(rng.integers(1, MAX_HEAD_DIM // HEAD_DIM_STEP + 1))
+    window = _window(rng, longest) if odds["window"] else None
+    softcap = float(rng.uniform(*SOFTCAP_RANGE)) if odds["softcap"] else 0.0
     return KvCacheCase(
         index=index, dtype=str(rng.choice(("float16", "bfloat16"))), seqlen_q=seqlen_q, heads=heads,
         kv_heads=kv_heads, head_dim=head_dim, lens=lens, seqlen_new=seqlen_new,
@@ -125,7 +136,18 @@ def draw_kvcache_case(rng: np.random.Generator, index: int) -> KvCacheCase:
         table_fill=str(rng.choice(("-1", "page"))), causal=odds["causal"],
         scale=float(rng.uniform(0.02, 0.5)) if odds["scale"] else None, q_layout=str(rng.choice(Q_LAYOUTS)),
         cache_layout=str(rng.choice(CACHE_LAYOUTS)), new_layout=str(rng.choice(NEW_LAYOUTS)),
-        given_out=odds["out"], lens_as_int=odds["equal_lengths"] and rng.random() < 0.5)
+        given_out=odds["out"], lens_as_int=odds["equal_lengths"] and rng.random() < 0.5, window=window,
+        softcap=softcap)
+
+
+def _window(rng: np.random.Generator, longest: int) -> tuple[int, int]:
+    """window_size's (left, right): left 0-8 keys, a tile +- 1, or up to the longest sequence; right open, 0 (a
+    causal window) or a few keys."""
+    r = rng.random()
+    left = (int(rng.integers(0, 9)) if r < 0.3 else TILE_KEYS + int(rng.integers(-1, 2)) if r < 0.5
+            else int(rng.integers(0, max(longest, 1) + 1)))
+    right = int(rng.choice((-1, 0, 0, int(rng.integers(1, 9)))))
+    return left, right
 
 
 def kvcache_cases(count: int, seed: int = 0) -> list[KvCacheCase]:
@@ -235,7 +257,8 @@ def fuzz_kvcache_check(case: KvCacheCase) -> Check:
         try:
             got, lse = attention_with_kvcache(
                 a.q, a.k_cache, a.v_cache, cache_seqlens=a.cache_seqlens, block_table=a.block_table, k_new=a.k_new,
-                v_new=a.v_new, causal=case.causal, softmax_scale=case.scale, return_lse=True, out=a.out)
+                v_new=a.v_new, causal=case.causal, softmax_scale=case.scale, window_size=case.window,
+                softcap=case.softcap, return_lse=True, out=a.out)
         except FlashkitError as e:
             return CheckResult(variant, label, math.nan, math.nan, None, None, False, f"raised {e!r}")
         if a.out is not None and not (got is a.out or xp.shares_memory(got, a.out)):
@@ -250,8 +273,9 @@ def fuzz_kvcache_check(case: KvCacheCase) -> Check:
             at = key_rows(case, a.table_host, b, n + case.seqlen_new)
             k_b, v_b = (xp.asarray(w[at][None]) for w in (a.k_want, a.v_want))
             q_b = xp.asarray(a.q_host[b:b + 1])
-            refs.append(reference_attention(q_b, k_b, v_b, scale=scale, causal=case.causal))
-            plains.append(plain_attention(q_b, k_b, v_b, scale=scale, dtype=dtype, causal=case.causal))
+            masking = reference_masking(case.seqlen_q, n + case.seqlen_new, case.causal, case.window, xp)
+            refs.append(reference_attention(q_b, k_b, v_b, scale=scale, softcap=case.softcap, **masking))
+            plains.append(plain_attention(q_b, k_b, v_b, scale=scale, dtype=dtype, softcap=case.softcap, **masking))
         ref, lse_ref = (xp.concatenate(x) for x in zip(*refs))
         plain, lse_plain = (xp.concatenate(x) for x in zip(*plains))
         atol = output_atol(ref, dtype, max(max(case.lens) + case.seqlen_new, case.head_dim))

@@ -7,7 +7,7 @@ import pytest
 
 import flashkit
 from flashkit.registry import discover_kernels
-from flashkit.verify.decode import CASES, QUICK_CASES, DecodeCase, decode_check, decode_checks
+from flashkit.verify.decode import CASES, MOD_CASES, QUICK_CASES, DecodeCase, decode_check, decode_checks
 
 pytestmark = pytest.mark.gpu
 
@@ -36,6 +36,16 @@ def test_quick_matrix(check):
 @pytest.mark.parametrize("check", FULL, ids=[c.label for c in FULL])
 def test_full_matrix_bf16_hd128(check):
     _run(check, seed=1)
+
+
+# window_size and softcap (Mistral's and Gemma 2's serving calls) at hd64, hd128, hd256 and hd80 (padded), both dtypes.
+MODS = [decode_check(SPEC, c, d, t, causal) for c in MOD_CASES for d in (64, 128, 256, 80)
+        for t in ("float16", "bfloat16") for causal in (False, True)]
+
+
+@pytest.mark.parametrize("check", MODS, ids=[c.label for c in MODS])
+def test_window_and_softcap(check):
+    _run(check, seed=3)
 
 
 @pytest.mark.parametrize("check", CLASSES, ids=[c.label for c in CLASSES])

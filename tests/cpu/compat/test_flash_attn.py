@@ -101,8 +101,8 @@ CU = cuda((3,), "<i4")
     (lambda: fa.flash_attn_with_kvcache(Q, K, K, rotary_sin=K), "rotary_sin", UnsupportedError),
     (lambda: fa.flash_attn_with_kvcache(Q, K, K, cache_batch_idx=CU), "cache_batch_idx", UnsupportedError),
     (lambda: fa.flash_attn_with_kvcache(Q, K, K, cache_leftpad=CU), "cache_leftpad", UnsupportedError),
-    (lambda: fa.flash_attn_with_kvcache(Q, K, K, window_size=(8, 0)), "window_size", UnsupportedError),
-    (lambda: fa.flash_attn_with_kvcache(Q, K, K, softcap=30.0), "softcap", UnsupportedError),
+    (lambda: fa.flash_attn_with_kvcache(Q, K, K, window_size=(8,)), "window_size", InputError),
+    (lambda: fa.flash_attn_with_kvcache(Q, K, K, softcap="30"), "softcap", InputError),
     (lambda: fa.flash_attn_with_kvcache(Q, K, K, alibi_slopes=CU), "alibi_slopes", UnsupportedError),
     (lambda: fa.flash_attn_with_kvcache(Q, K, K, num_splits=4), "num_splits", UnsupportedError),
     (lambda: fa.flash_attn_with_kvcache(Q, K, K, num_splits=-1), "num_splits", InputError),
@@ -156,6 +156,17 @@ def test_kvcache_maps_k_v_and_a_missing_cache_seqlens(recorder):
     pages, table = cuda((8, 16, 2, 64)), cuda((2, 3), "<i4")
     fa.flash_attn_with_kvcache(Q, pages, pages, block_table=table)
     assert recorder.calls[-1][2]["cache_seqlens"] == 48
+    assert recorder.calls[-1][2]["window_size"] is None and recorder.calls[-1][2]["softcap"] == 0.0
+
+
+def test_kvcache_passes_a_window_and_softcap(recorder):
+    """Gemma 2 / Mistral serving: flash-attn's window_size and softcap reach attention_with_kvcache (softcap <= 0 off,
+    an open window None)."""
+    fa.flash_attn_with_kvcache(Q, K, K, window_size=(4096, 0), softcap=50.0, causal=True)
+    kw = recorder.calls[-1][2]
+    assert (kw["window_size"], kw["softcap"], kw["causal"]) == ((4096, 0), 50.0, True)
+    fa.flash_attn_with_kvcache(Q, K, K, window_size=(-1, -1), softcap=-1.0)
+    assert (recorder.calls[-1][2]["window_size"], recorder.calls[-1][2]["softcap"]) == (None, 0.0)
 
 
 def test_torch_calls_that_need_a_gradient_carry_the_modifications_to_the_custom_ops(monkeypatch):

@@ -459,12 +459,14 @@ def test_kvcache_key_distinguishes_paging_and_seqlens_kind(fake_gpu):
     key = lambda **kw: kvcache._kvcache_key(**{**dict(q=q, k_cache=kc, v_cache=vc, cache_seqlens=sl,   # noqa: E731
                                                    block_table=None, k_new=None, v_new=None, out=None,
                                                    causal=False, return_lse=False, softmax_scale=None,
-                                                   variant=None), **kw})
+                                                   variant=None, window_size=None, softcap=0.0), **kw})
     pages = fake((16, 128, 8, 128))
     keys = [key(), key(cache_seqlens=5), key(causal=True), key(return_lse=True), key(softmax_scale=0.1),
             key(k_cache=pages, v_cache=pages, block_table=fake((2, 8), np.int32)),
-            key(k_new=fake((2, 1, 8, 128)), v_new=fake((2, 1, 8, 128)))]
+            key(k_new=fake((2, 1, 8, 128)), v_new=fake((2, 1, 8, 128))), key(window_size=(64, 0)),
+            key(window_size=(64, 1)), key(softcap=30.0), key(softcap=20.0)]
     assert len(set(keys)) == len(keys)
+    assert key(window_size="wide") is None                         # the full path names it
     assert key(cache_seqlens=5) == key(cache_seqlens=700)          # the value is checked per call
     assert key(cache_seqlens=True) is None or key(cache_seqlens=True) != key(cache_seqlens=1)
 

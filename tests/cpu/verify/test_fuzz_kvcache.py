@@ -10,6 +10,7 @@ import pytest
 from flashkit.api import request_for
 from flashkit.call.arrays import ArrayMeta
 from flashkit.features.kv_cache import validate_kvcache
+from flashkit.features.mods import mods_of
 from flashkit.registry import discover_kernels
 from flashkit.registry.select import select_kernel
 from flashkit.verify.fuzz_kvcache import (CACHE_LAYOUTS, FEATURE_ODDS, MAX_PACKED_ROWS, MAX_ROWS, NEW_LAYOUTS,
@@ -42,8 +43,9 @@ def test_a_case_is_a_call_the_api_validates_and_a_kernel_runs(index):
         case.scale)
     assert call.problem.seqlen_k == case.capacity and call.seqlen_new == case.seqlen_new
     assert max(case.lens) + case.seqlen_new <= case.capacity                  # check_values' bound
+    mods = mods_of(call.problem, case.causal, window_size=case.window, softcap=case.softcap)
     for cc in ((8, 0), (9, 0)):
-        req = request_for(call.problem, causal=case.causal, lse=True, kv_cache=True, cc=cc)
+        req = request_for(call.problem, causal=case.causal, lse=True, kv_cache=True, cc=cc, **mods.request_flags())
         assert select_kernel(req, discover_kernels().specs).chosen.name == "decode"
 
 
@@ -61,7 +63,8 @@ def test_the_cases_cover_every_feature_and_layout():
         "speculative": any(c.seqlen_q > 1 for c in CASES), "append": any(c.seqlen_new for c in CASES),
         "paged": any(c.page_size for c in CASES), "equal_lengths": any(c.lens_as_int for c in CASES),
         "causal": any(c.causal for c in CASES), "scale": any(c.scale is not None for c in CASES),
-        "out": any(c.given_out for c in CASES),
+        "out": any(c.given_out for c in CASES), "window": any(c.window for c in CASES),
+        "softcap": any(c.softcap for c in CASES),
     }
     assert seen == {name: True for name in FEATURE_ODDS}
     assert {c.q_layout for c in CASES} == set(Q_LAYOUTS)
@@ -73,6 +76,8 @@ def test_the_cases_cover_every_feature_and_layout():
     assert any(c.kv_heads == 1 and c.heads > 1 for c in CASES)                 # MQA
     assert any(1 < c.kv_heads < c.heads for c in CASES)                        # GQA
     assert any(n % 16 in (15, 0, 1) and n > 16 for c in CASES for n in c.lens)  # tile boundaries +- 1
+    assert {c.window[1] for c in CASES if c.window} >= {-1, 0} and any(c.window and c.window[1] > 0 for c in CASES)
+    assert any(c.window and c.softcap and c.causal for c in CASES)             # Gemma 2's serving call
     head_dims = discover_kernels().get("decode").head_dims                       # every class, each padded too
     assert {head_dims.class_of(c.head_dim) for c in CASES if c.head_dim in head_dims.classes} == set(head_dims.classes)
     assert {head_dims.class_of(c.head_dim) for c in CASES if c.head_dim not in head_dims.classes} == \
@@ -124,10 +129,11 @@ class _HostArrays:
 
 def _host_kvcache(broken: str = ""):
     from flashkit.features.kv_cache import append_new
+    from flashkit.verify.decode import reference_masking
     from flashkit.verify.reference import reference_attention
 
-    def call(q, k_cache, v_cache, *, cache_seqlens, block_table, k_new, v_new, causal, softmax_scale, return_lse,
-             out):
+    def call(q, k_cache, v_cache, *, cache_seqlens, block_table, k_new, v_new, causal, softmax_scale, window_size,
+             softcap, return_lse, out):
         batch = q.shape[0]
         seqlens = np.full(batch, cache_seqlens, np.int32) if isinstance(cache_seqlens, int) else cache_seqlens
         kv = validate_kvcache(meta(q, "q"), meta(k_cache, "k_cache"), meta(v_cache, "v_cache"),
@@ -145,7 +151,9 @@ def _host_kvcache(broken: str = ""):
             j = np.arange(int(lengths[b]))
             at = (np.full(len(j), b), j) if block_table is None else (block_table[b, j // kv.page_size],
                                                                       j % kv.page_size)
-            o, s = reference_attention(q[b:b + 1], k_cache[at][None], v_cache[at][None], scale=scale, causal=causal)
+            masking = reference_masking(q.shape[1], len(j), causal, window_size, np)
+            o, s = reference_attention(q[b:b + 1], k_cache[at][None], v_cache[at][None], scale=scale, softcap=softcap,
+                                       **masking)
             result[b], lse[b] = o[0] + (0.05 if broken == "output" else 0), s[0]
         return result, lse
     return call

@@ -10,7 +10,8 @@
 // slice of shared memory: no CTA barrier in the main loop, up to (kStages - 1) tiles in flight per warp.
 // Per tile, in the warp:
 //   S = Q K_j^T                      mma.sync m16n8k16, K_j by ldmatrix (swizzled)
-//   S = -inf where key >= key_end    (the sequence's length, the causal bound) on boundary tiles only
+//   S = mod(S)                       a score modification that reads no index (softcap; score_mod.cuh)
+//   S = -inf outside [key_begin, key_end)   (the sequence's length, the causal bound, a window) on boundary tiles
 //   {m, l}, P = online softmax(S)    softmax.cuh, O *= alpha
 //   O += P V_j                       P as the A fragment, V_j by ldmatrix.trans
 // End: each warp's (O / l, LSE) goes to shared memory and the CTA merges its warps exactly
@@ -19,6 +20,7 @@
 
 #include "flashkit/gqa_pack.cuh"
 #include "flashkit/paged_kv.cuh"
+#include "flashkit/score_mod.cuh"
 #include "flashkit/sm80/mma.cuh"
 #include "flashkit/softmax.cuh"
 #include "flashkit/split_kv.cuh"
@@ -69,8 +71,69 @@ struct DecodeTraits {
     static_assert(kWarps * kBlockM * 4 <= kQBytes, "the warps' LSE fit in the Q tile");
 };
 
+// The keys [begin(qi), end(qi)) query row qi of a sequence of seqlen_k keys sees: all of them, the causal ones
+// (bottom-right aligned), or with kLocal flash-attn's window (left, right) about the diagonal qi + seqlen_k -
+// seqlen_q (a causal window arrives as right = 0; an open side as seqlen_q + the capacity: features/mods.py). Both
+// ends are non-decreasing in qi, so a block of rows sees [begin(first row), end(last row)).
+template <bool kCausal, bool kLocal>
+struct DecodeRowKeys {
+    const Params& p;
+    int seqlen_k;
+    __device__ __forceinline__ DecodeRowKeys(const Params& p_, int seqlen_k_) : p(p_), seqlen_k(seqlen_k_) {}
+    __device__ __forceinline__ int begin(int qi) const {
+        if constexpr (kLocal) return max(0, qi + seqlen_k - p.seqlen_q - p.mods.window_left);
+        return 0;
+    }
+    __device__ __forceinline__ int end(int qi) const {
+        if constexpr (kLocal) return max(0, min(seqlen_k, qi + seqlen_k - p.seqlen_q + p.mods.window_right + 1));
+        return row_key_end<kCausal>(qi, seqlen_k, p.seqlen_q);
+    }
+};
+
+// A thread's two rows' key bounds (rows g and g + 8 of its row block; a row past the block's sees no key), for the
+// element mask of the boundary tiles. Held in registers (kLower: false, the keys below every row's end) ...
+template <class RowKeys>
+struct HeldRowBounds {
+    static constexpr bool kLower = false;
+    int hi[2];
+    __device__ __forceinline__ HeldRowBounds(const RowKeys& keys, const PackedRows& pack, int row0, int lane) {
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            const int row = row0 + lane / kQuadLanes + h * kFragRowHalf;
+            hi[h] = row < pack.rows ? keys.end(pack.query_row(row)) : 0;
+        }
+    }
+    __device__ __forceinline__ void keys(int h, int& lo, int& hi_) const { lo = 0, hi_ = hi[h]; }
+};
+// ... or, for a window's two ends, formed at each masked tile (a window's few edge tiles a row block) from a fresh
+// thread index, instead of held in registers across the ring's loop (held, padded builds spilled at hd128).
+template <class RowKeys>
+struct FormedRowBounds {
+    static constexpr bool kLower = true;
+    const RowKeys& row_keys;
+    const PackedRows& pack;
+    int row0;
+    __device__ __forceinline__ FormedRowBounds(const RowKeys& k, const PackedRows& p, int r0, int)
+        : row_keys(k), pack(p), row0(r0) {}
+    __device__ __forceinline__ void keys(int h, int& lo, int& hi) const {
+        const int row = row0 + fresh_thread_index() % kWarpSize / kQuadLanes + h * kFragRowHalf;
+        const int qi = pack.query_row(row);
+        lo = row < pack.rows ? row_keys.begin(qi) : 0;
+        hi = row < pack.rows ? row_keys.end(qi) : 0;
+    }
+};
+
+template <bool kLocal, class RowKeys>
+struct RowBoundsOf {
+    typedef HeldRowBounds<RowKeys> type;
+};
+template <class RowKeys>
+struct RowBoundsOf<true, RowKeys> {
+    typedef FormedRowBounds<RowKeys> type;
+};
+
 // One warp's state: Q fragments (or their shared address), O accumulator, online softmax.
-template <class Kt>
+template <class Kt, class ScoreMod>
 struct DecodeWarp {
     typedef typename Kt::Element Element;
     typedef typename Kt::Columns Columns;
@@ -110,9 +173,11 @@ struct DecodeWarp {
         }
     }
 
-    // One tile at shared address sK (V right after it); keys from n0; masked: compare keys with key_end.
-    __device__ __forceinline__ void step(u32 sK, int n0, bool masked, const int (&key_end)[2], int lane,
-                                         float scale_log2) {
+    // One tile at shared address sK (V right after it); keys from n0; masked: keep keys [lo, hi) of each of the
+    // thread's two rows h (bounds.keys(h, lo, hi)).
+    template <class Bounds>
+    __device__ __forceinline__ void step(u32 sK, int n0, bool masked, const Bounds& bounds,
+                                         const ScoreMod& score_mod, int lane, float scale_log2) {
         float s[1][Kt::kNTiles][4];
         zero_fragments(s);
 #pragma unroll
@@ -124,13 +189,20 @@ struct DecodeWarp {
             mma_16816<Element>(s[0][0], a, b[0], b[1]);
             mma_16816<Element>(s[0][1], a, b[2], b[3]);
         }
-        if (masked) {   // S = -inf for keys at or past the row's end
+        static_assert(!ScoreMod::kIndexed, "decode: a score modification reads no row index (rows pack heads)");
+        apply_score_mod(score_mod, s, 0, n0 + kFragCols * (lane % kQuadLanes));   // S = mod(S), before the mask
+        if (masked) {   // S = -inf for keys outside the row's [lo, hi)
             const int col = n0 + kFragCols * (lane % kQuadLanes);
+            int lo[2], hi[2];
+            bounds.keys(0, lo[0], hi[0]);
+            bounds.keys(1, lo[1], hi[1]);
 #pragma unroll
             for (int ni = 0; ni < Kt::kNTiles; ++ni)
 #pragma unroll
-                for (int e = 0; e < 4; ++e)
-                    if (col + ni * kMmaN + (e & 1) >= key_end[e / 2]) s[0][ni][e] = FLASHKIT_NEG_INF;
+                for (int e = 0; e < 4; ++e) {
+                    const int c = col + ni * kMmaN + (e & 1);
+                    if (c >= hi[e / 2] || (Bounds::kLower && c < lo[e / 2])) s[0][ni][e] = FLASHKIT_NEG_INF;
+                }
         }
         softmax.update(s, acc_o, scale_log2);   // S -> P, O *= alpha
         u32 a[4];
@@ -146,8 +218,8 @@ struct DecodeWarp {
     }
 };
 
-// The whole CTA: chunk `split` of the keys of (row_block, kv_head, batch).
-template <class Kt, bool kCausal>
+// The whole CTA: chunk `split` of the key tiles (row_block, kv_head, batch) sees.
+template <class Kt, bool kCausal, bool kLocal, class ScoreMod>
 __device__ __forceinline__ void decode_block(const Params& p, int split, int kv_head, int row_block, int batch) {
     typedef typename Kt::Element Element;
     typedef typename Kt::OutT OutT;
@@ -161,10 +233,16 @@ __device__ __forceinline__ void decode_block(const Params& p, int split, int kv_
     const int row0 = row_block * Kt::kBlockM;
     const int last_row = (row0 + Kt::kBlockM < pack.rows ? row0 + Kt::kBlockM : pack.rows) - 1;
     const int seqlen_k = p.cache.seqlens == nullptr ? p.seqlen_k : p.cache.seqlens[batch];
-    const int kv_end = row_key_end<kCausal>(pack.query_row(last_row), seqlen_k, p.seqlen_q);   // the most any row sees
-    const int mask_from = row_key_end<kCausal>(pack.query_row(row0), seqlen_k, p.seqlen_q);   // the least
-    const int n_tiles = (kv_end + Kt::kBlockN - 1) / Kt::kBlockN;
-    const SplitRange range(n_tiles, split, p.cache.splits);
+    const DecodeRowKeys<kCausal, kLocal> keys(p, seqlen_k);
+    const int kv_begin = keys.begin(pack.query_row(row0));       // keys [kv_begin, kv_end): what some row sees
+    const int kv_end = keys.end(pack.query_row(last_row));
+    const int mask_from = keys.end(pack.query_row(row0));        // keys [mask_below, mask_from): what every row sees
+    const int mask_below = keys.begin(pack.query_row(last_row));
+    const int tile0 = kv_begin / Kt::kBlockN;                    // tiles [tile0, tile0 + n_tiles) are visited
+    const int n_tiles = !kLocal || kv_end > kv_begin ? (kv_end + Kt::kBlockN - 1) / Kt::kBlockN - tile0 : 0;
+    SplitRange range(n_tiles, split, p.cache.splits);
+    range.first += tile0;
+    range.end += tile0;
 
     // The call's columns: the class's, or (padded) Params::head_dim, past which loads zero-fill and stores skip.
     const int cols = Kt::kHeadDimPadded ? p.head_dim : Kt::kHeadDim;
@@ -173,13 +251,11 @@ __device__ __forceinline__ void decode_block(const Params& p, int split, int kv_
                                                                           chunks_valid);
     cp_async_wait<0>();
     __syncthreads();
-    DecodeWarp<Kt> w(sQ, lane);
-    int key_end[2];   // this thread's rows g and g + 8
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-        const int row = row0 + lane / kQuadLanes + h * kFragRowHalf;
-        key_end[h] = row < pack.rows ? row_key_end<kCausal>(pack.query_row(row), seqlen_k, p.seqlen_q) : 0;
-    }
+    DecodeWarp<Kt, ScoreMod> w(sQ, lane);
+    const ScoreMod score_mod(p, 0, batch);   // (no head: static_assert in step)
+    typedef DecodeRowKeys<kCausal, kLocal> RowKeys;
+    typedef typename RowBoundsOf<kLocal, RowKeys>::type Bounds;
+    const Bounds bounds(keys, pack, row0, lane);
 
     // This warp's tiles: first + i * kWarps, i < n_it.
     const int first = range.first + warp;
@@ -194,6 +270,7 @@ __device__ __forceinline__ void decode_block(const Params& p, int split, int kv_
         src.tile_rows(n0, page, k_rows, v_rows);
         const u32 slot = ring + (i % Kt::kStages) * Kt::kStageBytes;
         constexpr bool kClip = Kt::kHeadDimPadded;
+        const int chunks_valid = fresh_value(cols) / (kChunkBytes / Kt::kElemBytes);   // formed here, not held
         load_rows_async<Kt::kBlockN, Kt::kRowBytes, kWarpSize, Layout, kClip>(slot, k_rows, src.k_row_bytes,
                                                                               kv_end - n0, lane, chunks_valid);
         load_rows_async<Kt::kBlockN, Kt::kRowBytes, kWarpSize, Layout, kClip>(slot + Kt::kTileBytes, v_rows,
@@ -211,8 +288,8 @@ __device__ __forceinline__ void decode_block(const Params& p, int split, int kv_
         cp_async_wait<Kt::kStages - 1>();   // tile i landed
         __syncwarp();
         const int n0 = (first + i * Kt::kWarps) * Kt::kBlockN;
-        w.step(ring + (i % Kt::kStages) * Kt::kStageBytes, n0, n0 + Kt::kBlockN > mask_from, key_end, lane,
-               p.softmax_scale_log2);
+        const bool masked = n0 + Kt::kBlockN > mask_from || (kLocal && n0 < mask_below);
+        w.step(ring + (i % Kt::kStages) * Kt::kStageBytes, n0, masked, bounds, score_mod, lane, p.softmax_scale_log2);
         __syncwarp();   // every lane is done reading the slot before it is refilled
     }
     cp_async_wait<0>();
