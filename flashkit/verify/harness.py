@@ -31,6 +31,13 @@ class Shape:
         kv = f"/{self.kv_heads}" if self.kv_heads != self.heads else ""
         return f"b{self.batch} sq{self.seqlen_q} sk{self.seqlen_k} h{self.heads}{kv}"
 
+    def within(self, spec: KernelSpec) -> bool:
+        """Whether a variant serves the shape under its manifest's limits (a decode kernel: short queries)."""
+        from ..registry.select import Request, limit_reasons
+        req = Request(dtype=spec.dtypes[0], head_dim=64, seqlen_q=self.seqlen_q, seqlen_k=self.seqlen_k,
+                      heads=self.heads, kv_heads=self.kv_heads, batch=self.batch)
+        return not limit_reasons(spec, req)
+
 
 # The shape matrix: batch 1 and >1; seqlens 1, 17, 127, 128, 1000, 4097; seqlen_q != seqlen_k both ways;
 # one and many heads; GQA 8:1 and MQA.

@@ -139,9 +139,10 @@ def cases_for(spec: KernelSpec, causal_opts, cases=CASES) -> list[ModCase]:
 
 
 def mod_checks(spec: KernelSpec, dtypes, head_dims, causal_opts, quick: bool, cases=None, shapes=None) -> list[Check]:
-    """Each modification case over the shape matrix (DESIGN's; a smaller set when quick)."""
+    """Each modification case over the shape matrix (DESIGN's; a smaller set when quick), the shapes the variant
+    serves under its limits (decode's windows and softcap: verify/decode.py's MOD_CASES)."""
     cases = cases_for(spec, causal_opts, cases or (QUICK_CASES if quick else CASES))
-    shapes = shapes or (QUICK_SHAPES if quick else SHAPES)
+    shapes = [s for s in shapes or (QUICK_SHAPES if quick else SHAPES) if s.within(spec)]
     return [mod_check(spec, s, d, t, c) for t, d, c, s in itertools.product(dtypes, head_dims, cases, shapes)]
 
 
