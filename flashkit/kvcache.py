@@ -18,7 +18,7 @@ from .call.validate import check_flag, check_variant
 from .errors import InputError
 from .features.kv_cache import (append_new, check_values, describe_seqlens, kernel_fields, seqlens_array,
                                 validate_kvcache)
-from .features.mods import kernel_fields as mod_fields
+from .features.mods import launch_fields as mod_launch_fields
 from .features.mods import mods_of
 from .registry import discover_kernels, select_kernel
 from .runtime.device import cupy_module, device_info
@@ -75,7 +75,7 @@ def attention_with_kvcache(q: Any, k_cache: Any, v_cache: Any, *, cache_seqlens:
     qc = _aligned(to_cupy(q, "q"))
     out_arr = _output(out, problem, problem.dtype, cupy)
     lse = cupy.empty((problem.batch, problem.heads, problem.seqlen_q), dtype=cupy.float32) if return_lse else None
-    fields = merge_fields(kernel_fields(lengths, table, call), mod_fields(mods, problem) if mods.features else {})
+    fields = merge_fields(kernel_fields(lengths, table, call), mod_launch_fields(mods, problem, None, []))
     prepared = run(sel.chosen, problem, causal, LaunchInputs(qc, kc, vc, out_arr, lse, fields), mods=mods.features,
                    variable=VARIABLE_FIELDS)
     if key is not None and qc is q and problem.softmax_scale > 0:   # no copy of q, no negation

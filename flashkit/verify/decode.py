@@ -137,16 +137,9 @@ def decode_check(spec: KernelSpec, case: DecodeCase, head_dim: int, dtype: str, 
 
 
 def reference_masking(seqlen_q: int, seqlen_k: int, causal: bool, window: tuple[int, int] | None, xp) -> dict:
-    """The reference's causal / mask keywords for one sequence: a window (causal sets its right side to 0, and a
-    window with no left side is causal alone: flash-attn's rule, features/mods.py) or causal."""
-    if window is None:
-        return {"causal": causal}
-    left, right = window
-    if causal:
-        if left < 0:
-            return {"causal": True}
-        right = 0
-    return {"causal": False, "mask": local_mask(seqlen_q, seqlen_k, (left, right), xp=xp)[None, None]}
+    """The reference's causal / mask keywords for one sequence: causal, and the window's mask beside it (the two
+    together are the kernels' window with its right side at 0 when causal, as in verify/fuzz.py)."""
+    return {"causal": causal, "mask": None if window is None else local_mask(seqlen_q, seqlen_k, window, xp=xp)}
 
 
 def decode_checks(spec: KernelSpec, dtypes, head_dims, causal_opts, quick: bool) -> list[Check]:

@@ -14,13 +14,15 @@
 
 namespace flashkit {
 
-// Tiles [first, end) of chunk `split` of n_tiles tiles cut into `splits` chunks.
+// Tiles [first, end) of chunk `split` of the n_tiles tiles from tile0 on, cut into `splits` chunks.
 struct SplitRange {
     int first, end;
-    __device__ __forceinline__ SplitRange(int n_tiles, int split, int splits) {
+    __device__ __forceinline__ SplitRange(int n_tiles, int split, int splits, int tile0 = 0) {
         const int chunk = (n_tiles + splits - 1) / splits;
         first = split * chunk < n_tiles ? split * chunk : n_tiles;
         end = first + chunk < n_tiles ? first + chunk : n_tiles;
+        first += tile0;
+        end += tile0;
     }
 };
 

@@ -233,16 +233,15 @@ __device__ __forceinline__ void decode_block(const Params& p, int split, int kv_
     const int row0 = row_block * Kt::kBlockM;
     const int last_row = (row0 + Kt::kBlockM < pack.rows ? row0 + Kt::kBlockM : pack.rows) - 1;
     const int seqlen_k = p.cache.seqlens == nullptr ? p.seqlen_k : p.cache.seqlens[batch];
-    const DecodeRowKeys<kCausal, kLocal> keys(p, seqlen_k);
+    typedef DecodeRowKeys<kCausal, kLocal> RowKeys;
+    const RowKeys keys(p, seqlen_k);
     const int kv_begin = keys.begin(pack.query_row(row0));       // keys [kv_begin, kv_end): what some row sees
     const int kv_end = keys.end(pack.query_row(last_row));
     const int mask_from = keys.end(pack.query_row(row0));        // keys [mask_below, mask_from): what every row sees
     const int mask_below = keys.begin(pack.query_row(last_row));
     const int tile0 = kv_begin / Kt::kBlockN;                    // tiles [tile0, tile0 + n_tiles) are visited
     const int n_tiles = !kLocal || kv_end > kv_begin ? (kv_end + Kt::kBlockN - 1) / Kt::kBlockN - tile0 : 0;
-    SplitRange range(n_tiles, split, p.cache.splits);
-    range.first += tile0;
-    range.end += tile0;
+    const SplitRange range(n_tiles, split, p.cache.splits, tile0);
 
     // The call's columns: the class's, or (padded) Params::head_dim, past which loads zero-fill and stores skip.
     const int cols = Kt::kHeadDimPadded ? p.head_dim : Kt::kHeadDim;
@@ -253,9 +252,7 @@ __device__ __forceinline__ void decode_block(const Params& p, int split, int kv_
     __syncthreads();
     DecodeWarp<Kt, ScoreMod> w(sQ, lane);
     const ScoreMod score_mod(p, 0, batch);   // (no head: static_assert in step)
-    typedef DecodeRowKeys<kCausal, kLocal> RowKeys;
-    typedef typename RowBoundsOf<kLocal, RowKeys>::type Bounds;
-    const Bounds bounds(keys, pack, row0, lane);
+    const typename RowBoundsOf<kLocal, RowKeys>::type bounds(keys, pack, row0, lane);
 
     // This warp's tiles: first + i * kWarps, i < n_it.
     const int first = range.first + warp;
@@ -270,7 +267,6 @@ __device__ __forceinline__ void decode_block(const Params& p, int split, int kv_
         src.tile_rows(n0, page, k_rows, v_rows);
         const u32 slot = ring + (i % Kt::kStages) * Kt::kStageBytes;
         constexpr bool kClip = Kt::kHeadDimPadded;
-        const int chunks_valid = fresh_value(cols) / (kChunkBytes / Kt::kElemBytes);   // formed here, not held
         load_rows_async<Kt::kBlockN, Kt::kRowBytes, kWarpSize, Layout, kClip>(slot, k_rows, src.k_row_bytes,
                                                                               kv_end - n0, lane, chunks_valid);
         load_rows_async<Kt::kBlockN, Kt::kRowBytes, kWarpSize, Layout, kClip>(slot + Kt::kTileBytes, v_rows,
