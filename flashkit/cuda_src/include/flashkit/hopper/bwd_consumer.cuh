@@ -27,7 +27,8 @@
 // dK's dS^T: at hd128 from its shared tile (as fast as from registers within 1-3%, faster at hd128 causal 8k, and
 // 16 registers fewer at the visit's peak, where hd128 causal spilled); at hd64 from the registers that stored it
 // (Kt::ds_in_registers: its m64n64 products are bound by shared memory; 1.02-1.08x).
-// At the end: dK *= scale; dK, dV stored (16-bit) for the consumer's keys < seqlen_k.
+// At the end: dK *= scale; dK, dV (16-bit) staged in the K and V tiles, then stored in whole 16 B chunks for the
+// consumer's keys < seqlen_k (bwd_consumer_base.cuh's store_dk_dv).
 // Ordering of the dS^T buffers: a consumer writes buffer i % 2 in visit i after visit i - 1's barrier,
 // which every consumer that reads its rows (itself at hd64, the other at hd128) passed only after its
 // visit i - 2 products (the last reads of that buffer) completed (wgmma wait 0 precedes its next barrier

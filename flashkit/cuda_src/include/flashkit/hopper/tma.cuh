@@ -78,7 +78,7 @@ __device__ __forceinline__ float2 ld_shared_f2(u32 addr) {
 __device__ __forceinline__ void st_shared_v4(u32 addr, u32 a, u32 b, u32 c, u32 d) {
     asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};\n" ::"r"(addr), "r"(a), "r"(b), "r"(c), "r"(d) : "memory");
 }
-// The 16 bytes a thread itself stored there (as ld_shared_b32).
+// 16 bytes from shared memory that the thread itself stored, or that a barrier orders after their stores.
 __device__ __forceinline__ void ld_shared_v4(u32 addr, u32 (&v)[4]) {
     asm volatile("ld.shared.v4.b32 {%0, %1, %2, %3}, [%4];\n"
                  : "=r"(v[0]), "=r"(v[1]), "=r"(v[2]), "=r"(v[3])

@@ -28,7 +28,7 @@ __device__ __forceinline__ void bwd_consume(const Params& p, const BwdCta<Kt>& c
     if (visits.total > 0) mbarrier_wait(cta.kv_full, 0);   // K, V landed
     for (int i = 0; visits.template has<Kt::kFreshVisitCount>(i); ++i) consumer.visit(cta, i, visits.at(i));
     consumer.dq_drain();
-    consumer.store_dk_dv();
+    consumer.store_dk_dv(cta);
 }
 
 template <class Kt, class Mask, class Mod>
