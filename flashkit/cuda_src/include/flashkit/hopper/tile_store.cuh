@@ -1,5 +1,5 @@
 // A swizzled shared tile's rows out to global memory in whole 16 B chunks (the backward's dK / dV epilogue,
-// bwd_consumer_base.cuh's store_dk_dv).
+// bwd_epilogue.cuh; the forward's O rows that TMA cannot store, tma_epilogue.cuh's store_rows).
 #pragma once
 
 #include "flashkit/hopper/tma.cuh"   // ld_shared_v4

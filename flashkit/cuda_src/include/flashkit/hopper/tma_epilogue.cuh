@@ -14,6 +14,7 @@
 // caller may hand the Q tile back to the producer (q_empty).
 #pragma once
 
+#include "flashkit/hopper/tile_store.cuh"
 #include "flashkit/hopper/ws_traits.cuh"
 #include "flashkit/traits.cuh"   // FLASHKIT_HEAD_DIM_V_PADDED
 #include "flashkit/varlen.cuh"
@@ -22,7 +23,7 @@ namespace flashkit {
 namespace hopper {
 
 // The first `rows` (< 64) rows of the staged group at tile row group_row0, from the swizzled O tile to O
-// (rows of the sequence at `origin`), one 16 B chunk a thread at a time.
+// (rows of the sequence at `origin`), one 16 B chunk a thread at a time (tile_store.cuh).
 template <class Kt>
 __device__ __forceinline__ void store_rows(u32 tile, int group_row0, int rows, const Params& p, const TileCoords& q_at,
                                            const SeqOrigin& origin, int tid_in_group) {
@@ -32,15 +33,8 @@ __device__ __forceinline__ void store_rows(u32 tile, int group_row0, int rows, c
     const int row_chunks = FLASHKIT_HEAD_DIM_V_PADDED ? p.head_dim_v / kChunkElems : kRowChunks;   // of the call
     OutT* o = static_cast<OutT*>(p.o) + origin.batch * p.o_batch_stride + q_at.head * p.o_head_stride +
               static_cast<index_t>(origin.q_row + q_at.row + group_row0) * p.o_row_stride;
-    for (int c = tid_in_group; c < rows * row_chunks; c += gmma::kWarpgroupThreads) {
-        const int r = c / row_chunks;
-        const int chunk = c % row_chunks;
-        uint4 v;
-        asm volatile("ld.shared.v4.b32 {%0, %1, %2, %3}, [%4];\n"
-                     : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-                     : "r"(tile + Kt::OTile::chunk_offset(group_row0 + r, chunk)));
-        *reinterpret_cast<uint4*>(o + r * p.o_row_stride + chunk * kChunkElems) = v;
-    }
+    store_tile_rows<typename Kt::OTile, kRowChunks, gmma::kWarpgroupThreads>(tile, group_row0, rows, 0, row_chunks, o,
+                                                                             p.o_row_stride, tid_in_group);
 }
 
 template <class Kt>

@@ -13,6 +13,7 @@
 #include "flashkit/hopper/bwd_column_consumer.cuh"
 #include "flashkit/hopper/bwd_consumer.cuh"
 #include "flashkit/hopper/bwd_dq_writer.cuh"
+#include "flashkit/hopper/bwd_epilogue.cuh"
 #include "flashkit/hopper/bwd_keep.cuh"
 #include "flashkit/hopper/bwd_producer.cuh"
 #include "flashkit/hopper/ws_forward.cuh"   // ws_smem_base
