@@ -71,7 +71,7 @@ def fp8_check(spec: KernelSpec, shape: Shape, head_dim: int, in_dtype: str, caus
 
 
 def fp8_checks(spec: KernelSpec, dtypes, head_dims, causal_opts, quick: bool) -> list[Check]:
-    """The shape matrix on bf16 inputs (and fp16 unless quick), with per-tensor, Hadamard and
+    """The shape matrix on bf16 inputs (and fp16 unless quick), with per-tensor, 256-row block, Hadamard and
     attention(fp8=True) checks beside the default block quantization."""
     shapes = QUICK_SHAPES if quick else SHAPES
     inputs = FP8_INPUTS[:1] if quick else FP8_INPUTS
@@ -79,6 +79,7 @@ def fp8_checks(spec: KernelSpec, dtypes, head_dims, causal_opts, quick: bool) ->
     for d, c in itertools.product(head_dims, causal_opts):
         checks += [fp8_check(spec, shapes[4 % len(shapes)], d, "bfloat16", c, hadamard=True),
                    fp8_check(spec, shapes[1], d, "bfloat16", c, block=0),
+                   fp8_check(spec, shapes[4], d, "bfloat16", c, block=256),
                    fp8_check(spec, shapes[-1], d, "bfloat16", c, block=64, hadamard=True, api_quantizes=True)]
     return checks
 

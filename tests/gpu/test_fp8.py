@@ -1,11 +1,13 @@
-"""The fp8 variant on the GPU: the quantizer against its NumPy model, the verification checks, the
-attention(fp8=True) path, and the quantization cost. Skips (by name) below compute capability 8.9;
+"""The fp8 variants on the GPU: the quantizer against its NumPy model, the verification checks, the
+attention(fp8=True) path, and fa3_fp8 at its tile boundaries. Skips (by name) below compute capability 8.9;
 fa3_fp8's checks skip on anything but 9.0."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
+
+from flashkit.registry import discover_kernels
 
 from .gpu_checks import check_params, run_check
 
@@ -103,3 +105,28 @@ def test_attention_fp8_true(fp8_device):
     assert rmse < 3e-2, rmse
 
 
+
+
+@pytest.mark.parametrize("head_dim", [64, 128, 256])
+@pytest.mark.parametrize("causal", [False, True])
+def test_fa3_fp8_tile_boundaries(head_dim, causal):
+    """fa3_fp8 at every multiple of block_m / block_n (and 2x) +- 1, both ways, with scale blocks of 64, 128 and 256
+    rows (64-row blocks: a 128-key tile spans two, each with its own k and v scale)."""
+    from flashkit.runtime.device import device_info
+    from flashkit.verify import Shape
+    from flashkit.verify.fp8 import fp8_check
+    spec = discover_kernels().get("fa3_fp8")
+    cc = device_info().cc
+    if not spec.runs_on(cc):
+        pytest.skip(f"fa3_fp8 needs compute capability {spec.arch_requirement()}; this device has {cc[0]}.{cc[1]}")
+    cfg = spec.launch_config(cc, head_dim, causal=causal, seqlen_q=1024)
+    lengths_q = [n for t in (cfg["block_m"], 2 * cfg["block_m"]) for n in (t - 1, t, t + 1)]
+    lengths_k = [n for t in (cfg["block_n"], 2 * cfg["block_n"]) for n in (t - 1, t, t + 1)]
+    failures = []
+    for i, (sq, sk) in enumerate(zip(lengths_q, lengths_k[::-1])):
+        block = (64, 128, 256)[i % 3]
+        for shape in (Shape(2, sq, sk, 4, 2), Shape(1, sk, sq, 2, 1)):
+            result = fp8_check(spec, shape, head_dim, "bfloat16", causal, block=block).run(4000 + i)
+            if not result.passed:
+                failures.append(f"{result.label}: error {result.max_error:.3g} > {result.bound:.3g} {result.note}")
+    assert not failures, "\n".join(failures)

@@ -49,6 +49,18 @@ __device__ __forceinline__ u32 smem_u32(const void* ptr) {
     return static_cast<u32>(__cvta_generic_to_shared(ptr));
 }
 
+// shared[addr .. addr + 4) = v (a staged tile: sm80/bwd_epilogue.cuh, the Hopper kernels' stagings).
+__device__ __forceinline__ void st_shared_b32(u32 addr, u32 v) {
+    asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(addr), "r"(v) : "memory");
+}
+// 16 bytes from shared memory that the thread itself stored, or that a barrier orders after their stores.
+__device__ __forceinline__ void ld_shared_v4(u32 addr, u32 (&v)[4]) {
+    asm volatile("ld.shared.v4.b32 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(v[0]), "=r"(v[1]), "=r"(v[2]), "=r"(v[3])
+                 : "r"(addr)
+                 : "memory");
+}
+
 // ---- cp.async (sm80+) ------------------------------------------------------------------
 // 16 B global -> shared copy that bypasses L1; when !pred the 16 B are zero-filled and
 // nothing is read (src-size 0), so tails of K/V/Q tiles are exact zeros.

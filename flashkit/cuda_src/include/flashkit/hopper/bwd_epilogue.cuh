@@ -3,7 +3,7 @@
 #pragma once
 
 #include "flashkit/hopper/bwd_consumer_base.cuh"
-#include "flashkit/hopper/tile_store.cuh"
+#include "flashkit/tile_store.cuh"
 
 namespace flashkit {
 namespace hopper {

@@ -51,12 +51,8 @@ __device__ __forceinline__ void tma_store(const TensorMap& map, u32 src, int c0,
                  : "memory");
 }
 
-// Stores to shared memory by address (the staging of a TMA store or a bulk operation, the tiles wgmma reads):
-// shared[addr .. addr + 4) = v; shared[addr .. addr + 16) = v[0..3] (addr 16 B aligned).
-__device__ __forceinline__ void st_shared_b32(u32 addr, u32 v) {
-    asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(addr), "r"(v) : "memory");
-}
-// The word a thread itself stored there (no other thread's store to order against).
+// Shared memory by address (the staging of a TMA store or a bulk operation, the tiles wgmma reads; st_shared_b32 and
+// ld_shared_v4 are tile.cuh's). The word a thread itself stored (no other thread's store to order against):
 __device__ __forceinline__ u32 ld_shared_b32(u32 addr) {
     u32 v;
     asm volatile("ld.shared.b32 %0, [%1];\n" : "=r"(v) : "r"(addr) : "memory");
@@ -75,15 +71,9 @@ __device__ __forceinline__ float2 ld_shared_f2(u32 addr) {
     unsigned char* smem = dynamic_smem();
     return *reinterpret_cast<const float2*>(smem + (addr - smem_u32(smem)));
 }
+// shared[addr .. addr + 16) = v[0..3] (addr 16 B aligned).
 __device__ __forceinline__ void st_shared_v4(u32 addr, u32 a, u32 b, u32 c, u32 d) {
     asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};\n" ::"r"(addr), "r"(a), "r"(b), "r"(c), "r"(d) : "memory");
-}
-// 16 bytes from shared memory that the thread itself stored, or that a barrier orders after their stores.
-__device__ __forceinline__ void ld_shared_v4(u32 addr, u32 (&v)[4]) {
-    asm volatile("ld.shared.v4.b32 {%0, %1, %2, %3}, [%4];\n"
-                 : "=r"(v[0]), "=r"(v[1]), "=r"(v[2]), "=r"(v[3])
-                 : "r"(addr)
-                 : "memory");
 }
 __device__ __forceinline__ void st_shared_v4(u32 addr, const float (&v)[4]) {
     asm volatile("st.shared.v4.f32 [%0], {%1, %2, %3, %4};\n" ::"r"(addr), "f"(v[0]), "f"(v[1]), "f"(v[2]), "f"(v[3])

@@ -14,7 +14,7 @@
 // caller may hand the Q tile back to the producer (q_empty).
 #pragma once
 
-#include "flashkit/hopper/tile_store.cuh"
+#include "flashkit/tile_store.cuh"
 #include "flashkit/hopper/ws_traits.cuh"
 #include "flashkit/traits.cuh"   // FLASHKIT_HEAD_DIM_V_PADDED
 #include "flashkit/varlen.cuh"

@@ -1,11 +1,11 @@
-// A swizzled shared tile's rows out to global memory in whole 16 B chunks (the backward's dK / dV epilogue,
-// bwd_epilogue.cuh; the forward's O rows that TMA cannot store, tma_epilogue.cuh's store_rows).
+// A swizzled shared tile's rows out to global memory in whole 16 B chunks: the backward's dK / dV epilogues
+// (sm80/bwd_epilogue.cuh, hopper/bwd_epilogue.cuh) and the forward's O rows that TMA cannot store
+// (hopper/tma_epilogue.cuh's store_rows).
 #pragma once
 
-#include "flashkit/hopper/tma.cuh"   // ld_shared_v4
+#include "flashkit/tile.cuh"   // ld_shared_v4, kChunkBytes
 
 namespace flashkit {
-namespace hopper {
 
 // Rows row0 .. row0 + rows - 1 of a shared tile laid out as Tile::chunk_offset (16 B chunks, swizzled), chunks
 // [chunk0, chunk0 + kChunks) of each row clipped to chunks_valid (counted from the row's start), to dst's rows
@@ -27,5 +27,4 @@ __device__ __forceinline__ void store_tile_rows(u32 tile, int row0, int rows, in
     }
 }
 
-}  // namespace hopper
 }  // namespace flashkit
