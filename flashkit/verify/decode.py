@@ -33,10 +33,10 @@ class DecodeCase:
     def label(self) -> str:
         kv = f"/{self.kv_heads}" if self.kv_heads != self.heads else ""
         how = (f" paged{self.page_size}" if self.page_size else " cache" if self.cache else "")
-        mods = (f" window{self.window}".replace(" ", "") if self.window else "") + (
-            f" softcap{self.softcap:g}" if self.softcap else "")
+        mods = ([f"window({self.window[0]},{self.window[1]})"] if self.window else []) + (
+            [f"softcap{self.softcap:g}"] if self.softcap else [])
         return (f"b{self.batch} sq{self.seqlen_q} sk{self.seqlen_k} h{self.heads}{kv}{how}"
-                + (f" +{self.seqlen_new}new" if self.seqlen_new else "") + (" " + mods.strip() if mods else ""))
+                + (f" +{self.seqlen_new}new" if self.seqlen_new else "") + "".join(" " + m for m in mods))
 
 
 GROUPS = ((16, 2), (8, 1), (4, 4))   # GQA 8:1, MQA, MHA

@@ -40,3 +40,8 @@ def run_check(name: str, check) -> None:
     result = check.run(zlib.crc32(check.label.encode()))
     assert result.variant == name and result.label == check.label
     assert result.passed, format_result(result)
+
+
+def boundary_lengths(tile: int) -> list[int]:
+    """Sequence lengths at a tile boundary and at twice it, +- 1 (the Hopper kernels' tile-boundary tests)."""
+    return [n for t in (tile, 2 * tile) for n in (t - 1, t, t + 1)]

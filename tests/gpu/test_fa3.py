@@ -10,6 +10,8 @@ from flashkit.verify import Shape
 from flashkit.verify.dense import dense_check
 from flashkit.verify.mods import ModCase, mod_check
 
+from .gpu_checks import boundary_lengths
+
 pytestmark = pytest.mark.gpu
 
 
@@ -57,10 +59,6 @@ def test_long_causal_tile_boundaries(fa3, head_dim):
     assert not failures, "\n".join(failures)
 
 
-def _boundary_lengths(tile: int) -> list[int]:
-    return [n for t in (tile, 2 * tile) for n in (t - 1, t, t + 1)]
-
-
 @pytest.mark.parametrize("head_dim", [64, 96, 128, 256])
 @pytest.mark.parametrize("causal", [False, True])
 def test_tile_boundaries(fa3, head_dim, causal):
@@ -68,7 +66,7 @@ def test_tile_boundaries(fa3, head_dim, causal):
     short calls: hd96 runs 192 x 112 without causal, 128 x 128 with it)."""
     from flashkit.runtime.device import device_info
     cfg = fa3.launch_config(device_info().cc, head_dim, causal=causal, seqlen_q=SHORT)
-    lengths_q, lengths_k = _boundary_lengths(cfg["block_m"]), _boundary_lengths(cfg["block_n"])
+    lengths_q, lengths_k = boundary_lengths(cfg["block_m"]), boundary_lengths(cfg["block_n"])
     assert max(lengths_q + lengths_k) <= SHORT
     failures = []
     for i, (sq, sk) in enumerate(zip(lengths_q, lengths_k[::-1])):

@@ -9,7 +9,7 @@ import pytest
 
 from flashkit.registry import discover_kernels
 
-from .gpu_checks import check_params, run_check
+from .gpu_checks import boundary_lengths, check_params, run_check
 
 pytestmark = pytest.mark.gpu
 
@@ -105,8 +105,6 @@ def test_attention_fp8_true(fp8_device):
     assert rmse < 3e-2, rmse
 
 
-
-
 @pytest.mark.parametrize("head_dim", [64, 128, 256])
 @pytest.mark.parametrize("causal", [False, True])
 def test_fa3_fp8_tile_boundaries(head_dim, causal):
@@ -120,8 +118,7 @@ def test_fa3_fp8_tile_boundaries(head_dim, causal):
     if not spec.runs_on(cc):
         pytest.skip(f"fa3_fp8 needs compute capability {spec.arch_requirement()}; this device has {cc[0]}.{cc[1]}")
     cfg = spec.launch_config(cc, head_dim, causal=causal, seqlen_q=1024)
-    lengths_q = [n for t in (cfg["block_m"], 2 * cfg["block_m"]) for n in (t - 1, t, t + 1)]
-    lengths_k = [n for t in (cfg["block_n"], 2 * cfg["block_n"]) for n in (t - 1, t, t + 1)]
+    lengths_q, lengths_k = boundary_lengths(cfg["block_m"]), boundary_lengths(cfg["block_n"])
     failures = []
     for i, (sq, sk) in enumerate(zip(lengths_q, lengths_k[::-1])):
         block = (64, 128, 256)[i % 3]

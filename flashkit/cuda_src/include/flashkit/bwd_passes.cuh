@@ -40,6 +40,19 @@ struct BwdVColumns {
     }
 };
 
+// Where the main kernels' epilogues store: dK's and dV's rows from key row key_row of (batch, kv_head) on (batch: the
+// tensors' own, varlen's packed batch included; key_row: the sequence's origin plus the block's first key).
+template <typename Element>
+struct BwdGradRows {
+    Element* dk;
+    Element* dv;
+    __device__ __forceinline__ BwdGradRows(const Params& p, int batch, int kv_head, index_t key_row)
+        : dk(static_cast<Element*>(p.bwd.dk) + batch * p.bwd.dk_batch_stride + kv_head * p.bwd.dk_head_stride +
+             key_row * p.bwd.dk_row_stride),
+          dv(static_cast<Element*>(p.bwd.dv) + batch * p.bwd.dv_batch_stride + kv_head * p.bwd.dv_head_stride +
+             key_row * p.bwd.dv_row_stride) {}
+};
+
 // The geometry the passes need, for a main kernel whose own traits carry more (or other) constraints.
 template <typename Element_, int kHeadDim_, int kBlockM_, int kWarps_, int kHeadDimV_ = kHeadDim_>
 struct BwdPassTraits {

@@ -46,15 +46,11 @@ __device__ __forceinline__ void BwdConsumerBase<Kt, Mask, Share_>::store_dk_dv(c
     const int dv_chunks = BwdVColumns::kPadded || BwdVColumns::kNarrower ? BwdVColumns::call(p) / kChunkElems
                                                                          : Kt::kHeadDimV / kChunkElems;
     const int rows = min(Kt::kConsumerKeys, p.seqlen_k - key0);
-    const index_t key_row = static_cast<index_t>(key0);
-    Element* dk = static_cast<Element*>(p.bwd.dk) + batch * p.bwd.dk_batch_stride +
-                  kv_head * p.bwd.dk_head_stride + key_row * p.bwd.dk_row_stride;
-    Element* dv = static_cast<Element*>(p.bwd.dv) + batch * p.bwd.dv_batch_stride +
-                  kv_head * p.bwd.dv_head_stride + key_row * p.bwd.dv_row_stride;
+    const BwdGradRows<Element> grads(p, batch, kv_head, static_cast<index_t>(key0));
     store_tile_rows<KTile, Share::kDkTiles, gmma::kWarpgroupThreads>(
-        k_tile, row0, rows, own_col0() / kChunkElems, dk_chunks, dk, p.bwd.dk_row_stride, tid);
+        k_tile, row0, rows, own_col0() / kChunkElems, dk_chunks, grads.dk, p.bwd.dk_row_stride, tid);
     store_tile_rows<VTile, Share::kDvTiles, gmma::kWarpgroupThreads>(
-        v_tile, row0, rows, own_col0_v() / kChunkElems, dv_chunks, dv, p.bwd.dv_row_stride, tid);
+        v_tile, row0, rows, own_col0_v() / kChunkElems, dv_chunks, grads.dv, p.bwd.dv_row_stride, tid);
 }
 
 }  // namespace hopper

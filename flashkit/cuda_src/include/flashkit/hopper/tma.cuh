@@ -51,8 +51,8 @@ __device__ __forceinline__ void tma_store(const TensorMap& map, u32 src, int c0,
                  : "memory");
 }
 
-// Shared memory by address (the staging of a TMA store or a bulk operation, the tiles wgmma reads; st_shared_b32 and
-// ld_shared_v4 are tile.cuh's). The word a thread itself stored (no other thread's store to order against):
+// Shared memory by address: the staging of a TMA store or a bulk operation, the tiles wgmma reads (st_shared_b32 and
+// ld_shared_v4: tile.cuh). The word a thread itself stored there (no other thread's store to order against).
 __device__ __forceinline__ u32 ld_shared_b32(u32 addr) {
     u32 v;
     asm volatile("ld.shared.b32 %0, [%1];\n" : "=r"(v) : "r"(addr) : "memory");

@@ -50,16 +50,12 @@ __device__ __forceinline__ void BwdMainloop<Kt, Mask, Mod>::store_dk_dv() const 
     const int dk_chunks = kPadded ? p.head_dim / kChunkElems : kD / kChunkElems;
     const int dv_chunks = kVPadded ? BwdVColumns::call(p) / kChunkElems : kDv / kChunkElems;
     const int rows = min(kN, seqlen_k - n0);
-    const index_t key_row = static_cast<index_t>(k_row + n0);
-    Element* dk = static_cast<Element*>(p.bwd.dk) + t_batch * p.bwd.dk_batch_stride +
-                  kv_head * p.bwd.dk_head_stride + key_row * p.bwd.dk_row_stride;
-    Element* dv = static_cast<Element*>(p.bwd.dv) + t_batch * p.bwd.dv_batch_stride +
-                  kv_head * p.bwd.dv_head_stride + key_row * p.bwd.dv_row_stride;
+    const BwdGradRows<Element> grads(p, t_batch, kv_head, static_cast<index_t>(k_row + n0));
     const int tid = threadIdx.x;
-    store_tile_rows<DkTile, kD / kChunkElems, Kt::kThreads>(dk_tile, 0, rows, 0, dk_chunks, dk, p.bwd.dk_row_stride,
-                                                             tid);
-    store_tile_rows<DvTile, kDv / kChunkElems, Kt::kThreads>(dv_tile, 0, rows, 0, dv_chunks, dv, p.bwd.dv_row_stride,
-                                                              tid);
+    store_tile_rows<DkTile, kD / kChunkElems, Kt::kThreads>(dk_tile, 0, rows, 0, dk_chunks, grads.dk,
+                                                             p.bwd.dk_row_stride, tid);
+    store_tile_rows<DvTile, kDv / kChunkElems, Kt::kThreads>(dv_tile, 0, rows, 0, dv_chunks, grads.dv,
+                                                              p.bwd.dv_row_stride, tid);
 }
 
 }  // namespace flashkit
