@@ -241,6 +241,7 @@ struct BwdMainloop {
         // goes to shared memory, and this thread reads it back for dS (held over dP^T it took 16 registers, and
         // ptxas spilled at hd128).
         u32 pt[Kt::kKeyTiles][Kt::kQueryTiles][2];
+        const u32 lane_at = transposed(0, r0 + g, q0 + c2);   // (transposed_pair, at sP and sdS)
 #pragma unroll
         for (int ni = 0; ni < Kt::kQueryTiles; ++ni) {
             const float2 l = *reinterpret_cast<const float2*>(lse2 + ni * kMmaN + c2);
@@ -252,8 +253,7 @@ struct BwdMainloop {
                         fast_exp2(fmaf(st[mi][ni][2 * h], p.softmax_scale_log2, -l.x)),
                         fast_exp2(fmaf(st[mi][ni][2 * h + 1], p.softmax_scale_log2, -l.y)));
                     if constexpr (!Kt::kRegisterOperands)
-                        store_pair(transposed(sP, r0 + mi * kMmaM + g + h * kFragRowHalf, q0 + ni * kMmaN + c2),
-                                   pt[mi][ni][h]);
+                        store_pair(sP + transposed_pair(lane_at, mi, h, ni), pt[mi][ni][h]);
                 }
         }
         if constexpr (Kt::kRegisterOperands) {   // dV += P^T dO
@@ -282,7 +282,7 @@ struct BwdMainloop {
                 for (int mi = 0; mi < Kt::kKeyTiles; ++mi)
 #pragma unroll
                     for (int h = 0; h < 2; ++h) {
-                        const u32 at = transposed(0, r0 + mi * kMmaM + g + h * kFragRowHalf, q0 + ni * kMmaN + c2);
+                        const u32 at = transposed_pair(lane_at, mi, h, ni);
                         float p0, p1;
                         unpack_float2<Element>(Kt::kRegisterOperands ? pt[mi][ni][h] : load_pair(sP + at), p0, p1);
                         float ds0 = p0 * (dpt[mi][ni][2 * h] - d.x), ds1 = p1 * (dpt[mi][ni][2 * h + 1] - d.y);
@@ -327,6 +327,17 @@ struct BwdMainloop {
     // The shared address of (key row, query column col) in a swizzled [key][query] tile at `tile` (P^T, dS^T).
     __device__ __forceinline__ static u32 transposed(u32 tile, int row, int col) {
         return tile + swizzle_offset<kM>(row, col) * Kt::kElemBytes;
+    }
+    // This thread's elements of a [key][query] tile (P^T, dS^T) from one offset: lane_at = transposed(0, r0 + g,
+    // q0 + c2) of its first, and the pair of key tile mi, row half h, query tile ni at
+    //   (lane_at ^ ni kChunkBytes) + (16 mi + 8 h) kM kElemBytes      (bytes from the tile's start)
+    // Every row of the thread has row % 8 = g (r0 is a multiple of 16), and query tile ni's chunk q0 / 8 + ni equals
+    // (q0 / 8) ^ ni (q0 / 8 a multiple of kQueryTiles, a power of two above ni), so the swizzle's XOR with g commutes
+    // with ni's: one XOR a query tile rather than the swizzle's arithmetic a pair.
+    __device__ __forceinline__ static u32 transposed_pair(u32 lane_at, int mi, int h, int ni) {
+        static_assert((Kt::kQueryTiles & (Kt::kQueryTiles - 1)) == 0 && Kt::kQueryTiles <= kSwizzleRows,
+                      "query tiles: a power of two within one swizzle row");
+        return (lane_at ^ static_cast<u32>(ni * kChunkBytes)) + (mi * kMmaM + h * kFragRowHalf) * kM * Kt::kElemBytes;
     }
     // A pair of 16-bit elements into P^T or dS^T, and back (the same thread's store: program order suffices). No
     // memory clobber: one would make the compiler reload lse2 and dsum after every store (3-4% at hd64).

@@ -38,15 +38,16 @@ __device__ __forceinline__ void bwd_block_seq(const Params& p, const Params& cal
         loop.hold_v();
         __syncthreads();
     }
+    // The visit under way and the next one, stepped on by advance() (no division a visit).
+    BwdVisit at{}, next{};
     if (total > 0) {
-        const BwdVisit first = visits.at(0);
-        loop.load_q_async(first.head, first.m_block, 0);
+        at = next = visits.at(0);
+        loop.load_q_async(at.head, at.m_block, 0);
     } else {
         cp_async_commit();
     }
     constexpr bool kDoubleBuffered = Kt::kQStages == 2;
     for (int it = 0; total > 0; ++it) {   // (left by the break after the last visit)
-        const BwdVisit at = visits.at(it);
         const int buf = kDoubleBuffered ? it & 1 : 0;
         // Whether a visit follows, decided here through a volatile move, so that the loop's end tests this flag
         // rather than the visit count again: ptxas spills the count at hd128, and its reload there queued behind the
@@ -54,20 +55,18 @@ __device__ __forceinline__ void bwd_block_seq(const Params& p, const Params& cal
         const int more = fresh_value(it + 1 < total);
         cp_async_wait<0>();
         __syncthreads();   // Q_i, dO_i (and K, V) resident; every warp is done with buffer buf ^ 1, P^T and dS^T
-        if (kDoubleBuffered && more) {
-            const BwdVisit next = visits.at(it + 1);
-            loop.load_q_async(next.head, next.m_block, buf ^ 1);
-        }
+        if (more) visits.advance(next, it + 1);
+        if (kDoubleBuffered && more) loop.load_q_async(next.head, next.m_block, buf ^ 1);
         loop.step(at.head, at.m_block, buf, at.partial);
         __syncthreads();   // P^T and dS^T complete
         loop.accumulate_dk_dv(buf);
         if (!kDoubleBuffered && more) {   // Q_i, dO_i read by every warp: block i + 1 streams in under dQ_i
             if constexpr (!Kt::kRegisterOperands) __syncthreads();
-            const BwdVisit next = visits.at(it + 1);
             loop.load_q_async(next.head, next.m_block, 0);
         }
         loop.accumulate_dq(at.head, at.m_block);
         if (!more) break;
+        at = next;
     }
     loop.store_dk_dv();
 }
