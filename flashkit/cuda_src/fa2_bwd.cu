@@ -16,10 +16,12 @@ launch: {grid: [q_blocks, kv_tiles, q_blocks], block_m: 64, block_n: 128, warps:
 # and sm_89 (99 KB) run hd128 on 64-key blocks (81 KB) and hd192 on 32-key blocks (81 KB, 16-key warp strips), and
 # hd256 on 32-key blocks with V's fragments held in registers (v_in_regs: V lands in Q's buffer once; 89 KB); the
 # "8.6" keys hold for sm_87 too, which could take sm_80's; sm_120 takes the same tables as sm_86.
-overrides: {"hd192": {block_n: 64}, "hd256": {block_n: 64}, "8.0": {}, "8.0/hd256": {q_stages: 1}, "8.6": {},
+overrides: {"hd64": {block_m: 128}, "hd192": {block_n: 64}, "hd256": {block_n: 64}, "8.0": {},
+            "8.0/hd256": {q_stages: 1}, "8.6": {}, "8.6/hd64": &hd64_99kb {block_m: 64},
             "8.6/hd128": &hd128_99kb {block_n: 64, q_stages: 1}, "8.6/hd192": &hd192_99kb {block_n: 32, q_stages: 1},
             "8.6/hd256": &hd256_99kb {block_n: 32, q_stages: 1, v_in_regs: 1},
-            "12.0": {}, "12.0/hd128": *hd128_99kb, "12.0/hd192": *hd192_99kb, "12.0/hd256": *hd256_99kb}
+            "12.0": {}, "12.0/hd64": *hd64_99kb, "12.0/hd128": *hd128_99kb, "12.0/hd192": *hd192_99kb,
+            "12.0/hd256": *hd256_99kb}
 workspace: dq_accum
 ---*/
 // FlashAttention-2 backward (Dao, 2023), three stages in launch order:

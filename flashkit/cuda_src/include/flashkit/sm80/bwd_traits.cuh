@@ -67,7 +67,11 @@ struct BwdTraits {
     static constexpr int kKeyWarps = kBlockN / kWarpKeys;
     static constexpr int kPartWarps = kWarps / kKeyWarps;
     static constexpr bool kRegisterOperands = kPartWarps == 1;   // P^T, dS^T as register A fragments (dV, dK)
-    static constexpr int kWarpQueries = kBlockM / kPartWarps;   // columns of S^T per warp
+    // A warp's queries of a block, in chunks of at most 64 taken one after the other (hd64's 128-query blocks: two
+    // chunks, so that the registers of S^T, dP^T and P^T stay a 64-query chunk's while the visit's fixed work, its
+    // loads, barriers and dQ, spreads over 128 queries, as FlashAttention-2's 128 x 128 hd64 tiles).
+    static constexpr int kQueryChunks = kRegisterOperands && kBlockM > 64 ? kBlockM / 64 : 1;
+    static constexpr int kWarpQueries = kBlockM / kPartWarps / kQueryChunks;   // columns of S^T per warp and chunk
     static constexpr int kWarpCols = kHeadDim / kPartWarps;     // columns of dK per warp
     static constexpr int kWarpColsV = kHeadDimVTiles / kPartWarps;   // of dV
     static constexpr int kKeyTiles = kWarpKeys / kMmaM;         // 16-key row tiles of a warp
