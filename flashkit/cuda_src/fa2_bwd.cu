@@ -10,6 +10,8 @@ features: {causal: true, block_sparse: true, fp8: false, backward: true, lse: fa
 requires: {backward: true}
 priority: 50
 launch: {grid: [q_blocks, kv_tiles, q_blocks], block_m: 64, block_n: 128, warps: 8}
+# hd64: FlashAttention-2's 128-query blocks (133 KB; each warp takes its strip's queries in two 64-query chunks,
+# sm80/bwd_traits.cuh's kQueryChunks), 64 on sm_86 / sm_89 / sm_120's 99 KB.
 # hd192 and hd256: FlashAttention-2's 64-key blocks (hd192 double-buffered on sm_80 too: 161 KB of its 163 KB; its
 # class serves MLA's q / k of 192 under v's 128 at 192 rather than 256). Q and dO are double-buffered where an SM's
 # shared memory holds both stages (q_stages, sm80/bwd_traits.cuh): sm_80 (163 KB a block) single-buffers hd256 (145 KB against 209 KB), sm_86

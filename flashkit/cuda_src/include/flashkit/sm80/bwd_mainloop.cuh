@@ -125,17 +125,17 @@ struct BwdMainloop {
 
     // The warp's products (defined in sm80/bwd_products.cuh):
     // C = A B^T over kCols columns, A's fragments by load_a (c: keys key_row0() + 16 mi + (g, g + 8) x queries
-    // q0 + 8 ni + (2t, 2t + 1), q0 the warp's first query of the chunk), as
+    // query_col0() + chunk_q + 8 ni + (2t, 2t + 1): chunk_q the chunk's first query, Kt::kQueryChunks), as
     template <int kCols, class LoadA>
     __device__ __forceinline__ void gemm_by_queries(float (&c)[Kt::kKeyTiles][Kt::kQueryTiles][4], const LoadA& load_a,
-                                                    u32 sB, int q0) const;
+                                                    u32 sB, int chunk_q) const;
     // S^T = K Q^T over the head dim kCols = kD and dP^T = V dO^T over v's, kDv;
     template <int kCols>
     __device__ __forceinline__ void gemm_keys_by_queries(float (&c)[Kt::kKeyTiles][Kt::kQueryTiles][4], u32 sA,
-                                                         u32 sB, int q0) const;
+                                                         u32 sB, int chunk_q) const;
     // dP^T = V dO^T with V's fragments held in registers (Kt::kVInRegs);
     __device__ __forceinline__ void gemm_held_v_by_queries(float (&c)[Kt::kKeyTiles][Kt::kQueryTiles][4],
-                                                           u32 sB, int q0) const;
+                                                           u32 sB, int chunk_q) const;
     struct FragmentA {
         u32 r[4];
     };
@@ -201,15 +201,15 @@ struct BwdMainloop {
     // registers of one; not unrolled, so the code is one chunk's).
     __device__ __forceinline__ void step(int head, int m_block, int buf, bool partial = false) {
 #pragma unroll 1
-        for (int qc = 0; qc < Kt::kQueryChunks; ++qc)
-            step_queries(head, m_block, buf, partial, query_col0() + qc * Kt::kWarpQueries);
+        for (int qc = 0; qc < Kt::kQueryChunks; ++qc) step_queries(head, m_block, buf, partial, qc * Kt::kWarpQueries);
     }
-    // The warp's kWarpQueries queries from column q0 of the block.
-    __device__ __forceinline__ void step_queries(int head, int m_block, int buf, bool partial, int q0) {
+    // The warp's kWarpQueries queries from column query_col0() + chunk_q of the block (the products add query_col0()
+    // themselves: held as one value across the step, ptxas spent 89 moves a visit at hd256).
+    __device__ __forceinline__ void step_queries(int head, int m_block, int buf, bool partial, int chunk_q) {
         const Mod mod(p, head, batch);
         const int g = lane / kQuadLanes;
         const int c2 = kFragCols * (lane % kQuadLanes);
-        const int r0 = key_row0();
+        const int r0 = key_row0(), q0 = query_col0() + chunk_q;
         const int m0 = m_block * kM;
         const float* lse2 = s_lse2 + buf * kM + q0;
         const float* dsum = s_dsum + buf * kM + q0;
@@ -217,7 +217,7 @@ struct BwdMainloop {
         const int query0 = m0 + q0 + c2;  // and queries query0 + 8 ni + (0, 1)
 
         float st[Kt::kKeyTiles][Kt::kQueryTiles][4];   // S^T, then P^T
-        gemm_keys_by_queries<kD>(st, sK, q_buf(buf), q0);
+        gemm_keys_by_queries<kD>(st, sK, q_buf(buf), chunk_q);
 #pragma unroll
         for (int mi = 0; mi < Kt::kKeyTiles; ++mi) apply_score_mod_transposed(mod, st[mi], key + mi * kMmaM, query0);
         if constexpr (Mask::kLocal) {   // the tile's queries not inside every key's interval: the element mask
@@ -274,9 +274,9 @@ struct BwdMainloop {
 
         float dpt[Kt::kKeyTiles][Kt::kQueryTiles][4];   // dP^T
         if constexpr (Kt::kVInRegs)
-            gemm_held_v_by_queries(dpt, do_buf(buf), q0);
+            gemm_held_v_by_queries(dpt, do_buf(buf), chunk_q);
         else
-            gemm_keys_by_queries<kDv>(dpt, sV, do_buf(buf), q0);
+            gemm_keys_by_queries<kDv>(dpt, sV, do_buf(buf), chunk_q);
         // dS^T = P^T (dP^T - dsum) (times d mod / ds), 16 bits, to shared memory for dQ = dS K (and for
         // dK += dS^T Q, unless it takes its A fragments from registers), 16 queries at a time.
 #pragma unroll

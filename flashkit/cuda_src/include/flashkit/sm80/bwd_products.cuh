@@ -37,8 +37,9 @@ __device__ __forceinline__ void mma_tile_pairs(float (&c)[kATiles][kBTiles][4], 
 template <class Kt, class Mask, class Mod>
 template <int kCols, class LoadA>
 __device__ __forceinline__ void BwdMainloop<Kt, Mask, Mod>::gemm_by_queries(
-    float (&c)[Kt::kKeyTiles][Kt::kQueryTiles][4], const LoadA& load_a, u32 sB, int q0) const {
+    float (&c)[Kt::kKeyTiles][Kt::kQueryTiles][4], const LoadA& load_a, u32 sB, int chunk_q) const {
     const LdsmLane<kCols> lb = ldsm_rows8x2<kCols>(lane);
+    const int q0 = query_col0() + chunk_q;
     zero_fragments(c);
     mma_tile_pairs<kCols / kMmaK, Element>(
         c, load_a, [&](u32(&b)[4], int np, int kk) { ldsm_x4(b, lb.addr(sB, q0 + np * 2 * kMmaN, kk)); });
@@ -48,23 +49,23 @@ __device__ __forceinline__ void BwdMainloop<Kt, Mask, Mod>::gemm_by_queries(
 template <class Kt, class Mask, class Mod>
 template <int kCols>
 __device__ __forceinline__ void BwdMainloop<Kt, Mask, Mod>::gemm_keys_by_queries(
-    float (&c)[Kt::kKeyTiles][Kt::kQueryTiles][4], u32 sA, u32 sB, int q0) const {
+    float (&c)[Kt::kKeyTiles][Kt::kQueryTiles][4], u32 sA, u32 sB, int chunk_q) const {
     const LdsmLane<kCols> la = ldsm_rows16<kCols>(lane);
     const int r0 = key_row0();
     gemm_by_queries<kCols>(c, [&](u32(&a)[4], int mi, int kk) { ldsm_x4(a, la.addr(sA, r0 + mi * kMmaM, kk)); }, sB,
-                           q0);
+                           chunk_q);
 }
 
 // dP^T = V dO^T over v's head dim with V's A fragments held in registers (Kt::kVInRegs: hold_v).
 template <class Kt, class Mask, class Mod>
 __device__ __forceinline__ void BwdMainloop<Kt, Mask, Mod>::gemm_held_v_by_queries(
-    float (&c)[Kt::kKeyTiles][Kt::kQueryTiles][4], u32 sB, int q0) const {
+    float (&c)[Kt::kKeyTiles][Kt::kQueryTiles][4], u32 sB, int chunk_q) const {
     gemm_by_queries<kDv>(c,
                          [&](u32(&a)[4], int mi, int kk) {
 #pragma unroll
                              for (int r = 0; r < 4; ++r) a[r] = v_frag[mi][kk][r];
                          },
-                         sB, q0);
+                         sB, chunk_q);
 }
 
 // acc += A B over the queries 16 kk .. 16 kk + 15 for this warp's columns: A a 16-key A fragment in registers

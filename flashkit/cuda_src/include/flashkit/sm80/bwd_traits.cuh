@@ -3,14 +3,17 @@
 // A CTA owns kBlockN keys of one (kv head, batch) and walks the query blocks of every query head of the kv
 // head's group. Its warps form a kKeyWarps x kPartWarps grid:
 //   S^T = K Q^T, dP^T = V dO^T  (kBlockN x kBlockM): warp (kw, pw) computes keys [kWarpKeys kw, + kWarpKeys) x
-//                               queries [kWarpQueries pw, + kWarpQueries)
+//                               queries [kWarpQueries pw, + kWarpQueries), kQueryChunks times (the chunks one
+//                               after the other, kWarpQueries apart: hd64's two of 64)
 //   dV += P^T dO, dK += dS^T Q  (kBlockN x kHeadDim): warp (kw, pw) owns the same keys x head-dim columns
 //                               [kWarpCols pw, + kWarpCols), fp32 registers over the whole walk
 //   dQ = dS K                   (kBlockM x kHeadDim): kDqWarpsM x kDqWarpsD warp tiles of 32 x (kHeadDim / kDqWarpsD)
 // hd128 takes FlashAttention-2's grid, 32 x 32 warp tiles (4 x 2 warps): every ldmatrix.x4 feeds two mma.sync or
 // more, 144 of them a warp a visit against 200 with 16-key warp strips (1.05-1.08x on the H200), P^T and dS^T
 // through shared memory. hd64 keeps 16-key strips over all queries and columns (8 x 1 warps): a warp's own P^T
-// and dS^T are its dV and dK products' A operands in registers (the 32-key grid ran 0.88x there).
+// and dS^T are its dV and dK products' A operands in registers (the 32-key grid ran 0.88x there). Its blocks are
+// FlashAttention-2's 128 queries (fa2_bwd.cu's manifest; 64 on 99 KB GPUs), walked by each warp in two 64-query
+// chunks: the registers of one chunk, the loads, barriers and dQ of a 128-query visit (1.05-1.06x on the H200).
 // hd256 takes FlashAttention-2's 64-key blocks with the same 32-key warp grid (2 x 4 warps: 32 x 16 of S^T, 32 x 64
 // of dK and dV), and so does hd192 (32 x 48 of dK and dV); on 32-key blocks (sm_86's hd192) the warps take 16-key
 // strips, 2 x 4.
