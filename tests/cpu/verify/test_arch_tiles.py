@@ -9,11 +9,14 @@ from flashkit.verify.arch_tiles import arch_tiles, tiles_of
 
 
 def test_the_tiles_of_smaller_shared_memories():
-    """sm_86 / sm_89's 99 KB a block: the FA2 family's hd192 / hd256 tiles, decode's hd128-256 rings, fa2_bwd's hd128,
-    hd192 and hd256 (V in registers); sm_80's 163 KB: fa2_bwd's hd256 (Q and dO single-buffered)."""
+    """sm_86 / sm_89's 99 KB a block: the FA2 family's hd192 / hd256 tiles, decode's hd128-256 rings, fa2_bwd's hd64
+    (64-query blocks), hd128, hd192 and hd256 (V in registers); sm_80's 163 KB: fa2_bwd's hd256 (Q and dO
+    single-buffered)."""
     specs = discover_kernels().specs
-    assert arch_tiles(specs["fa2_bwd"], (9, 0)) == [((8, 0), 256), ((8, 6), 128), ((8, 6), 192), ((8, 6), 256)]
-    assert arch_tiles(specs["fa2_bwd"], (8, 0)) == [((8, 6), 128), ((8, 6), 192), ((8, 6), 256), ((9, 0), 256)]
+    assert arch_tiles(specs["fa2_bwd"], (9, 0)) == [((8, 0), 256), ((8, 6), 64), ((8, 6), 128), ((8, 6), 192),
+                                                    ((8, 6), 256)]
+    assert arch_tiles(specs["fa2_bwd"], (8, 0)) == [((8, 6), 64), ((8, 6), 128), ((8, 6), 192), ((8, 6), 256),
+                                                    ((9, 0), 256)]
     for name in ("fa2", "causal"):
         assert arch_tiles(specs[name], (9, 0)) == [((8, 6), 192), ((8, 6), 256)]
     for name, hd in (("block_sparse", 256), ("fa1", 256)):

@@ -37,11 +37,10 @@ __device__ __forceinline__ void BwdMainloop<Kt, Mask, Mod>::accumulate_dq(int he
             }
         }
     }
-    // (the semaphore's address formed where it is used, not before the branch on every visit)
     const bool ordered = p.bwd.deterministic != 0;
+    int* sema = ws.semaphore(p, batch, head, m_block);
     if (ordered) {   // wait for the key blocks before this one that visit m_block (bwd_mask.cuh's dq_turn)
-        if (threadIdx.x == 0)
-            wait_semaphore(ws.semaphore(p, batch, head, m_block), dq_turn<kM, kN>(mask, m_block, n0 / kN, head, batch));
+        if (threadIdx.x == 0) wait_semaphore(sema, dq_turn<kM, kN>(mask, m_block, n0 / kN, head, batch));
         __syncthreads();
     }
     float* dq = ws.dq_accum + (ws.row0(p, batch, head) + m_block * kM) * kD;
@@ -72,7 +71,7 @@ __device__ __forceinline__ void BwdMainloop<Kt, Mask, Mod>::accumulate_dq(int he
     if (ordered) {
         __threadfence();
         __syncthreads();
-        if (threadIdx.x == 0) atomicAdd(ws.semaphore(p, batch, head, m_block), 1);
+        if (threadIdx.x == 0) atomicAdd(sema, 1);
     }
 }
 
