@@ -18,9 +18,9 @@ JOBS = 2
 # fa2_bwd's functor builds at hd128 / hd256 spill the walk's loop scalars as its dense ones do (compile matrix's
 # KNOWN_SPILLS): a score_mod's 16-60 B, a mask_mod's 12-92 B beside the visit lists and its word of keep bits (at most
 # eight reloads a visit of 1,300-1,600 instructions, no store in the walk; on sm_90 fa3_bwd serves functor calls,
-# fa2_bwd only when forced). hd64's up to 32 B: the relative-bias score_mod's causal sm_90 build under NVRTC 13.5 on
-# the 128-query blocks (two 64-query chunks a visit, sm80/bwd_traits.cuh's kQueryChunks; none under 13.0).
-FA2_BWD_FUNCTOR_SPILLS = {"hd64": 32, "hd128": 96, "hd256": 64}
+# fa2_bwd only when forced). hd64's up to 40 B: the relative-bias score_mod's sm_90 builds under NVRTC 13.5 on the
+# 128-query blocks (two 64-query chunks a visit, dQ in two parts: sm80/bwd_traits.cuh's kQueryChunks, kDqParts).
+FA2_BWD_FUNCTOR_SPILLS = {"hd64": 40, "hd128": 96, "hd256": 64}
 
 
 @pytest.fixture(scope="module")

@@ -92,8 +92,8 @@ struct BwdTraits {
     static constexpr int kDqDTiles = kHeadDim / kMmaN / kDqWarpsD;  // 8-wide column tiles per warp
     // dQ formed and reduced in parts of two column tiles (16 columns) of the warp's (sm80/bwd_dq.cuh), so that a
     // part's reductions drain under the next part's products: hd64 1.02-1.03x, hd256 1.03-1.04x on the H200; not at
-    // hd128, where reading dS's fragments once a part cost more (0.95-0.97x).
-    static constexpr int kDqParts = kHeadDim == 128 ? 1 : kDqDTiles / 2;
+    // hd128 and hd192, where reading dS's fragments once a part cost more than it gained (0.95-0.97x).
+    static constexpr int kDqParts = kHeadDim == 64 || kHeadDim == 256 ? kDqDTiles / 2 : 1;
     // dq_accum (dq_layout.cuh; FLASHKIT_BWD_DQ_FRAGMENTS above) in fragment order where a warp's dQ columns stay in
     // one 64-column panel (sm80/bwd_dq.cuh), else in rows (hd192's warp tiles of 48 columns).
     static constexpr bool kDqFragments =
