@@ -266,7 +266,7 @@ struct BwdMainloop {
         }
         if constexpr (Kt::kRegisterOperands) {   // dV += P^T dO
 #pragma unroll
-            for (int kk = 0; kk < Kt::kWarpQueries / kMmaK; ++kk)
+            for (int kk = 0; kk < Kt::kChunkSteps; ++kk)
 #pragma unroll
                 for (int mi = 0; mi < Kt::kKeyTiles; ++mi)
                     mma_fragment_by_cols(acc_dv[mi], a_fragment(pt[mi], kk), do_buf(buf), q0 / kMmaK + kk);
@@ -280,7 +280,7 @@ struct BwdMainloop {
         // dS^T = P^T (dP^T - dsum) (times d mod / ds), 16 bits, to shared memory for dQ = dS K (and for
         // dK += dS^T Q, unless it takes its A fragments from registers), 16 queries at a time.
 #pragma unroll
-        for (int kq = 0; kq < Kt::kQueryTiles / 2; ++kq) {
+        for (int kq = 0; kq < Kt::kChunkSteps; ++kq) {
             u32 ds[Kt::kKeyTiles][2][2];   // as pt, column tiles 2 kq + j
 #pragma unroll
             for (int j = 0; j < 2; ++j) {

@@ -83,6 +83,8 @@ struct BwdTraits {
     static constexpr int kColTilesV = kWarpColsV / kMmaN;       // of its dV
     static constexpr int kDvSteps = kHeadDimVTiles / kMmaK;     // k-steps over v's head dim (dP^T)
     static constexpr int kMSteps = kBlockM / kMmaK;             // k-steps over a block's queries (dV, dK)
+    static constexpr int kChunkSteps = kWarpQueries / kMmaK;    // over a warp's chunk (dS^T by 16 queries; dV, dK
+                                                                // from register operands)
     static constexpr int kNSteps = kBlockN / kMmaK;             // k-steps over the keys (dQ)
 
     // dQ = dS K: warp tiles of 32 queries (two 16-row tiles) by kHeadDim / kDqWarpsD columns.
