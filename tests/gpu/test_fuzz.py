@@ -18,10 +18,7 @@ FUZZ_CASES = 240
 
 
 # Cases that fail for a known, documented limit (strict: each fails the tier if it starts to pass, so the entry goes)
-KNOWN_FAILURES = {
-    46: "softcap 0.5: the backward's slope 1 - tanh.approx(s / c)^2 carries ~1e-3 absolute error beside slopes near 0 "
-        "(docs/backward.md, 'Precision limit'): dK 0.034 against the bound 0.026",
-}
+KNOWN_FAILURES: dict[int, str] = {}
 
 
 def _param(case):

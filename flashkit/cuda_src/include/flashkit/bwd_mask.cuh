@@ -153,6 +153,15 @@ __device__ __forceinline__ void apply_score_mod_transposed(const Mod& mod, float
             slope[ni][h] = pack_float2<half_t>(mod.grad(st[ni][2 * h], 0, 0), mod.grad(st[ni][2 * h + 1], 0, 0));
 }
 
+// Softcap then ALiBi: softcap's slopes, taken between the two (ALiBi's is 1: score_mod.cuh's RecomputedSlopes).
+template <class A, class B, int kTiles>
+__device__ __forceinline__ void apply_score_mod_transposed(const ComposeMods<A, B>& mod, float (&st)[kTiles][4],
+                                                           u32 (&slope)[kTiles][2], int key0, int query0) {
+    static_assert(RecomputedSlopes<ComposeMods<A, B>>::value, "the second modification's slope is 1");
+    apply_score_mod_transposed(mod.a, st, slope, key0, query0);
+    apply_score_mod_transposed(mod.b, st, key0, query0);
+}
+
 // How many key blocks add to query block m_block's dQ before block n_block (the deterministic order): every block
 // from the mask's first_n_block on (bwd_lists.cuh overloads it for listed visits).
 template <int kBlockM, int kBlockN, class Mask>

@@ -130,6 +130,21 @@ struct ComposeMods {
     }
 };
 
+// Whether a backward takes a modification's slopes d mod / ds where it recomputes the scores, as f16 in [0, 1]
+// (bwd_mask.cuh's apply_score_mod_transposed with slopes): an index-free one that is not the identity (softcap), or
+// softcap followed by a bias (ALiBi: slope 1), whose slope is softcap's at the score between the two. The other
+// way, m read back from P (raw_score_grad), reads it from the P rounded to 16 bits: bf16's 2^-9 relative error moves
+// m by 2^-9 ln 2 / scale, and softcap's t = m scale / c by 2^-9 ln 2 / c, which beside t ~ 1 (a cap below the
+// scores) is most of the slope 1 - t^2.
+template <class Mod>
+struct RecomputedSlopes {
+    static constexpr bool value = !Mod::kUnitGrad && Mod::kHeldGrad;
+};
+template <class A, class B>
+struct RecomputedSlopes<ComposeMods<A, B>> {
+    static constexpr bool value = RecomputedSlopes<A>::value && B::kUnitGrad;
+};
+
 // One modified score: Mod::score. kTailTile: the tile may hold keys at or past seqlen_k (the built-ins
 // ignore it; FunctorScoreMod overloads this to clamp the indices it hands a functor only there).
 template <bool kTailTile, class Mod>

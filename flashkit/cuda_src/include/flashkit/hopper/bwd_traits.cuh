@@ -56,10 +56,11 @@ constexpr int kBwdDqEmptyBarrier = kBwdDqFullBarrier + kMaxConsumers;    // + co
 static_assert(kBwdDqEmptyBarrier + kMaxConsumers <= kNamedBarriers, "the backward's named barriers fit 16");
 
 // Whether a modification's slopes on dS (softcap's 1 - tanh^2) are taken where the consumers recompute the scores
-// (score_mod.cuh's kHeldGrad: index-free, in [0, 1]) rather than read back from P with a log2 and the LSE row.
+// (score_mod.cuh's RecomputedSlopes: softcap, alone or before ALiBi) rather than read back from P with a log2 and the
+// LSE row (a functor's).
 template <class Mod>
 __host__ __device__ constexpr bool slopes_at_recompute() {
-    return !Mod::kUnitGrad && Mod::kHeldGrad && !Mod::kIndexed;
+    return RecomputedSlopes<Mod>::value;
 }
 
 template <typename Element_, int kHeadDim_, int kBlockM_, int kBlockN_, int kStages_, int kHeadDimV_ = kHeadDim_>
@@ -140,7 +141,7 @@ struct BwdWsTraits {
     // where held they spilled 72-176 B, stashed in shared memory by each thread for itself (kSlopeBytes; not beside a
     // window, whose build then spilled 16-24 B). Not beside a modification that reads each score's indices (softcap
     // with ALiBi spilled 40-48 B at hd128, held).
-    static constexpr bool kSlopeStash = kConsumers > 2 && !FLASHKIT_WINDOW;   // where such slopes are stashed
+    static constexpr bool kSlopeStash = kConsumers > 2;   // where such slopes are stashed
     template <class Mod>
     __host__ __device__ static constexpr bool holds_slopes() {
         return slopes_at_recompute<Mod>() && kConsumers == 2;

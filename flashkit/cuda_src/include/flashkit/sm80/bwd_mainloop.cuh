@@ -11,7 +11,8 @@
 //   dV  += P^T dO_i                       P^T rounded to 16 bits: the A operand in registers (hd64) or
 //                                         through shared memory (hd128)
 //   dP^T = V_j dO_i^T
-//   dS^T = P^T (dP^T - dsum)              times d mod / ds (softcap: 1 - tanh^2, raw_score_grad)
+//   dS^T = P^T (dP^T - dsum)              times d mod / ds (softcap: 1 - tanh^2, taken at the recompute; a
+//                                         functor's read back from P: raw_score_grad)
 //   dK  += dS^T Q_i                       (times scale at the end)
 //   dQ_i += scale dS K_j                  fp32 atomics into dq_accum, in key-block order when
 //                                         p.bwd.deterministic
@@ -57,6 +58,13 @@ struct BwdMainloop {
     static constexpr bool kCausal = Mask::kCausal;
     // Whether load_q_async may keep its addresses' loop invariants in registers (see sm80/bwd_loads.cuh).
     static constexpr bool kHeld = Kt::kRegisterOperands && !kPadded && !kVPadded;
+    // A modification's slopes on dS (softcap's 1 - tanh^2) taken where S^T is recomputed (score_mod.cuh's
+    // RecomputedSlopes), not read back from the 16-bit P (whose rounding makes them wrong beside a small cap). Each
+    // thread stores its f16 slope pairs where its dS^T pairs go in shared memory and reads them back there: only the
+    // thread itself touches those words until the barrier after the step, and every warp was done with the last
+    // visit's dS^T at the barrier before it. No shared memory and no registers over dP^T; fewer instructions than
+    // the read-back (its log2 and lse2 re-read an element).
+    static constexpr bool kStashSlopes = RecomputedSlopes<Mod>::value;
 
     const Params& p;               // the sequence's view (varlen) or the call's parameter block
     const BwdWorkspace<kM, kD> ws;     // over the call's parameter block
@@ -87,6 +95,9 @@ struct BwdMainloop {
         // V in its own tile, or landing in Q's buffer where its fragments are held in registers (hold_v)
         sV = Kt::kVInRegs ? sQ : sK + Kt::kKVElems * Kt::kElemBytes;
         sdS = sK + (Kt::kKVElems + (Kt::kVInRegs ? 0 : Kt::kVElems)) * Kt::kElemBytes;
+        static_assert((Kt::kQStages * (Kt::kQTileBytes + Kt::kDoTileBytes) +
+                       (Kt::kKVElems + (Kt::kVInRegs ? 0 : Kt::kVElems)) * Kt::kElemBytes) % (kSwizzleRows * kChunkBytes) == 0,
+                      "dS^T's tile starts a swizzle row (transposed_pair's XOR with the tile folded in)");
         sP = sdS + Kt::kDsElems * Kt::kElemBytes;   // (no such tile with register operands)
         s_lse2 = reinterpret_cast<float*>(smem + Kt::kTileBytes);
         s_dsum = s_lse2 + Kt::kQStages * kM;
@@ -219,7 +230,22 @@ struct BwdMainloop {
         float st[Kt::kKeyTiles][Kt::kQueryTiles][4];   // S^T, then P^T
         gemm_keys_by_queries<kD>(st, sK, q_buf(buf), chunk_q);
 #pragma unroll
-        for (int mi = 0; mi < Kt::kKeyTiles; ++mi) apply_score_mod_transposed(mod, st[mi], key + mi * kMmaM, query0);
+        for (int mi = 0; mi < Kt::kKeyTiles; ++mi) {
+            if constexpr (kStashSlopes) {   // each slope into dS^T's place, which dS takes from it (see below)
+                u32 slope[Kt::kQueryTiles][2];
+                apply_score_mod_transposed(mod, st[mi], slope, key + mi * kMmaM, query0);
+                // lane_at below with the tile folded in (sdS is 128 B aligned, so transposed_pair's XOR of bits 4-6
+                // commutes with adding it): formed apart from lane_at, the softcap + ALiBi + window build at hd64
+                // spilled 24 B on sm_90, 8 B so.
+                const u32 slope_at = sdS + transposed(0, r0 + g, q0 + c2);
+#pragma unroll
+                for (int ni = 0; ni < Kt::kQueryTiles; ++ni)
+#pragma unroll
+                    for (int h = 0; h < 2; ++h) store_pair(transposed_pair(slope_at, mi, h, ni), slope[ni][h]);
+            } else {
+                apply_score_mod_transposed(mod, st[mi], key + mi * kMmaM, query0);
+            }
+        }
         if constexpr (Mask::kLocal) {   // the tile's queries not inside every key's interval: the element mask
             if (m0 + q0 < mask.query_begin(n0 + r0 + Kt::kWarpKeys - 1) ||
                 m0 + q0 + Kt::kWarpQueries > mask.query_end(n0 + r0)) {
@@ -294,7 +320,12 @@ struct BwdMainloop {
                         float p0, p1;
                         unpack_float2<Element>(Kt::kRegisterOperands ? pt[mi][ni][h] : load_pair(sP + at), p0, p1);
                         float ds0 = p0 * (dpt[mi][ni][2 * h] - d.x), ds1 = p1 * (dpt[mi][ni][2 * h + 1] - d.y);
-                        if constexpr (!Mod::kUnitGrad) {   // dS of the raw score (softcap's 1 - tanh^2)
+                        if constexpr (kStashSlopes) {   // dS of the raw score: the slope from the recompute
+                            float g0, g1;
+                            unpack_float2<half_t>(load_pair(sdS + at), g0, g1);
+                            ds0 *= g0;
+                            ds1 *= g1;
+                        } else if constexpr (!Mod::kUnitGrad) {   // the same, m read back from P (a functor's)
                             const float2 l = *reinterpret_cast<const float2*>(lse2 + ni * kMmaN + c2);
                             const int key_h = key + mi * kMmaM + h * kFragRowHalf;
                             ds0 = raw_score_grad(mod, p, ds0, p0, l.x, query0 + ni * kMmaN, key_h);
