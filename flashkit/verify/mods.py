@@ -50,10 +50,10 @@ CASES = (
     ModCase("window(64,64)+softcap(0.5)", window=(64, 64), softcap=0.5),
     ModCase("alibi(heads)", alibi="heads"),
     ModCase("causal alibi(batch,heads)", causal=True, alibi="batch"),
-    ModCase("softcap(0.5)+alibi", softcap=0.5, alibi="heads"),
+    ModCase("softcap(2)+alibi", softcap=2.0, alibi="heads"),
     ModCase("causal window(128,0)+softcap(3)+alibi", causal=True, window=(128, 0), softcap=3.0, alibi="batch"),
 )
-QUICK_CASES = tuple(c for c in CASES if c.name in ("window(300,17)", "causal chunk(100)", "softcap(0.5)+alibi"))
+QUICK_CASES = tuple(c for c in CASES if c.name in ("window(300,17)", "causal chunk(100)", "softcap(2)+alibi"))
 QUICK_SHAPES = (Shape(2, 127, 1000, 4, 4), Shape(2, 1000, 127, 8, 8), Shape(3, 128, 128, 8, 1))
 CASE_BY_NAME = {c.name: c for c in CASES}
 

@@ -136,15 +136,17 @@ struct BwdWsTraits {
         return kDqTurns && !(Mod::kIndexed && kConsumers > 2);
     }
     // A modification's slopes on dS (softcap's 1 - tanh^2) taken at the recompute (slopes_at_recompute) as f16 pairs
-    // (kQTiles x 2 words a thread), rather than read back from P with a log2 and the LSE row re-read; 1.17-1.19x at
-    // hd96 / hd128, 1.04-1.06x at hd192 / hd256. Held in registers on two consumers; on three of 160 registers (hd64),
-    // where held they spilled 72-176 B, stashed in shared memory by each thread for itself (kSlopeBytes; not beside a
-    // window, whose build then spilled 16-24 B). Not beside a modification that reads each score's indices (softcap
-    // with ALiBi spilled 40-48 B at hd128, held).
+    // (kQTiles x 2 words a thread), rather than read back from P with a log2 and the LSE row re-read (which also
+    // makes them wrong beside caps below the scores: score_mod.cuh's RecomputedSlopes); 1.17-1.19x at hd96 / hd128,
+    // 1.04-1.06x at hd192 / hd256, softcap with ALiBi 1.07-1.22x. Held in registers on two consumers; on three of 160
+    // registers (hd64), where held they spilled 72-176 B, stashed in shared memory by each thread for itself
+    // (kSlopeBytes; beside a window that build spills 24 B). Read back on hd64's two consumers (softcap with ALiBi, a
+    // block mask), where taken at the recompute, held or stashed, ptxas serialized every wgmma (C7519: the dQ turn's
+    // divergent paths).
     static constexpr bool kSlopeStash = kConsumers > 2;   // where such slopes are stashed
     template <class Mod>
     __host__ __device__ static constexpr bool holds_slopes() {
-        return slopes_at_recompute<Mod>() && kConsumers == 2;
+        return slopes_at_recompute<Mod>() && kConsumers == 2 && !kDqTurns;
     }
     template <class Mod>
     __host__ __device__ static constexpr bool stashes_slopes() {
