@@ -55,14 +55,6 @@ constexpr int kBwdDqFullBarrier = kBwdConsumerBarrier + kMaxConsumers;   // + co
 constexpr int kBwdDqEmptyBarrier = kBwdDqFullBarrier + kMaxConsumers;    // + consumer
 static_assert(kBwdDqEmptyBarrier + kMaxConsumers <= kNamedBarriers, "the backward's named barriers fit 16");
 
-// Whether a modification's slopes on dS (softcap's 1 - tanh^2) are taken where the consumers recompute the scores
-// (score_mod.cuh's RecomputedSlopes: softcap, alone or before ALiBi) rather than read back from P with a log2 and the
-// LSE row (a functor's).
-template <class Mod>
-__host__ __device__ constexpr bool slopes_at_recompute() {
-    return RecomputedSlopes<Mod>::value;
-}
-
 template <typename Element_, int kHeadDim_, int kBlockM_, int kBlockN_, int kStages_, int kHeadDimV_ = kHeadDim_>
 struct BwdWsTraits {
     typedef Element_ Element;
@@ -135,22 +127,21 @@ struct BwdWsTraits {
     __host__ __device__ static constexpr bool ds_in_registers() {
         return kDqTurns && !(Mod::kIndexed && kConsumers > 2);
     }
-    // A modification's slopes on dS (softcap's 1 - tanh^2) taken at the recompute (slopes_at_recompute) as f16 pairs
-    // (kQTiles x 2 words a thread), rather than read back from P with a log2 and the LSE row re-read (which also
-    // makes them wrong beside caps below the scores: score_mod.cuh's RecomputedSlopes); 1.17-1.19x at hd96 / hd128,
-    // 1.04-1.06x at hd192 / hd256, softcap with ALiBi 1.07-1.22x. Held in registers on two consumers; on three of 160
-    // registers (hd64), where held they spilled 72-176 B, stashed in shared memory by each thread for itself
-    // (kSlopeBytes; beside a window that build spills 24 B). Read back on hd64's two consumers (softcap with ALiBi, a
-    // block mask), where taken at the recompute, held or stashed, ptxas serialized every wgmma (C7519: the dQ turn's
-    // divergent paths).
+    // A modification's slopes on dS (softcap's 1 - tanh^2) taken at the recompute (score_mod.cuh's RecomputedSlopes)
+    // as f16 pairs (kQTiles x 2 words a thread), rather than read back from P with a log2 and the LSE row re-read
+    // (which also makes them wrong beside caps below the scores); 1.17-1.19x at hd96 / hd128, 1.04-1.06x at hd192 /
+    // hd256, softcap with ALiBi 1.07-1.22x. Held in registers on two consumers; on three of 160 registers (hd64), where
+    // held they spilled 72-176 B, stashed in shared memory by each thread for itself (kSlopeBytes; beside a window
+    // that build spills 24 B). Read back on hd64's two consumers (softcap with ALiBi, a block mask), where taken at
+    // the recompute, held or stashed, ptxas serialized every wgmma (C7519: the dQ turn's divergent paths).
     static constexpr bool kSlopeStash = kConsumers > 2;   // where such slopes are stashed
     template <class Mod>
     __host__ __device__ static constexpr bool holds_slopes() {
-        return slopes_at_recompute<Mod>() && kConsumers == 2 && !kDqTurns;
+        return RecomputedSlopes<Mod>::value && kConsumers == 2 && !kDqTurns;
     }
     template <class Mod>
     __host__ __device__ static constexpr bool stashes_slopes() {
-        return slopes_at_recompute<Mod>() && kSlopeStash;
+        return RecomputedSlopes<Mod>::value && kSlopeStash;
     }
     template <class Mod>
     __host__ __device__ static constexpr bool takes_slopes() {   // held or stashed: dS takes them (ds_pair)
@@ -235,7 +226,7 @@ struct BwdWsTraits {
     // the four f16 pairs of a k-step's two column tiles (a warp's access: 512 contiguous bytes).
     static constexpr int kSlopeStepBytes = 16;
     static constexpr int kSlopeBytes =
-        slopes_at_recompute<KernelScoreMod>() && kSlopeStash ? kConsumerThreads * kQSteps * kSlopeStepBytes : 0;
+        RecomputedSlopes<KernelScoreMod>::value && kSlopeStash ? kConsumerThreads * kQSteps * kSlopeStepBytes : 0;
     static constexpr int kSlopeOffset =   // 16 B aligned (the barriers before it are 8 B)
         (kKeepOffset + kKeepBytes + kSlopeStepBytes - 1) / kSlopeStepBytes * kSlopeStepBytes;
     static constexpr int kSmemBytes = kSlopeOffset + kSlopeBytes + gmma::kTileAlign;   // + alignment slack

@@ -47,11 +47,13 @@ __device__ __forceinline__ void BwdMainloop<Kt, Mask, Mod>::accumulate_dq(int he
                 }
             }
         }
-        if (part == 0 && ordered) {   // wait for the key blocks before this one that visit m_block (bwd_mask.cuh's dq_turn)
+        // Before the first part's reductions: wait for the key blocks before this one that visit m_block
+        // (bwd_mask.cuh's dq_turn).
+        if (part == 0 && ordered) {
             if (threadIdx.x == 0) wait_semaphore(sema, dq_turn<kM, kN>(mask, m_block, n0 / kN, head, batch));
             __syncthreads();
         }
-        if constexpr (Kt::kDqFragments) {   // fragment order (Kt::DqLayout, bwd_traits.cuh): one 16-byte reduction a tile
+        if constexpr (Kt::kDqFragments) {   // fragment order (Kt::DqLayout, bwd_traits.cuh): a 16-byte reduction a tile
             // The warp's column tiles lie in one 64-column panel, so its tiles' addresses are one base plus
             // compile-time offsets (formed one by one, they took about 80 integer instructions a visit at hd128).
             static_assert(Kt::DqLayout::kTilesPerPanel % Kt::kDqDTiles == 0, "a warp's dQ columns stay in one panel");

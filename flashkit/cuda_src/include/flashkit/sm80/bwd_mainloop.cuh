@@ -94,10 +94,7 @@ struct BwdMainloop {
         sK = sdO + Kt::kQStages * Kt::kDoTileBytes;
         // V in its own tile, or landing in Q's buffer where its fragments are held in registers (hold_v)
         sV = Kt::kVInRegs ? sQ : sK + Kt::kKVElems * Kt::kElemBytes;
-        sdS = sK + (Kt::kKVElems + (Kt::kVInRegs ? 0 : Kt::kVElems)) * Kt::kElemBytes;
-        static_assert((Kt::kQStages * (Kt::kQTileBytes + Kt::kDoTileBytes) +
-                       (Kt::kKVElems + (Kt::kVInRegs ? 0 : Kt::kVElems)) * Kt::kElemBytes) % (kSwizzleRows * kChunkBytes) == 0,
-                      "dS^T's tile starts a swizzle row (transposed_pair's XOR with the tile folded in)");
+        sdS = sQ + Kt::kDsOffset;
         sP = sdS + Kt::kDsElems * Kt::kElemBytes;   // (no such tile with register operands)
         s_lse2 = reinterpret_cast<float*>(smem + Kt::kTileBytes);
         s_dsum = s_lse2 + Kt::kQStages * kM;
@@ -234,9 +231,9 @@ struct BwdMainloop {
             if constexpr (kStashSlopes) {   // each slope into dS^T's place, which dS takes from it (see below)
                 u32 slope[Kt::kQueryTiles][2];
                 apply_score_mod_transposed(mod, st[mi], slope, key + mi * kMmaM, query0);
-                // lane_at below with the tile folded in (sdS is 128 B aligned, so transposed_pair's XOR of bits 4-6
-                // commutes with adding it): formed apart from lane_at, the softcap + ALiBi + window build at hd64
-                // spilled 24 B on sm_90, 8 B so.
+                // lane_at below with the tile folded in (sdS starts a swizzle row, bwd_traits.cuh's kDsOffset, so
+                // transposed_pair's XOR commutes with adding it): formed apart from lane_at, the softcap + ALiBi +
+                // window build at hd64 spilled 24 B on sm_90, 8 B so.
                 const u32 slope_at = sdS + transposed(0, r0 + g, q0 + c2);
 #pragma unroll
                 for (int ni = 0; ni < Kt::kQueryTiles; ++ni)

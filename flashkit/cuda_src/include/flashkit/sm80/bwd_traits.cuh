@@ -28,6 +28,7 @@
 
 #include "flashkit/bwd_passes.cuh"
 #include "flashkit/dq_layout.cuh"
+#include "flashkit/tile.cuh"
 #include "flashkit/traits.cuh"
 
 // fa2_bwd's dq_accum layout (dq_layout.cuh): on sm_90 in fragment order, unscaled, one 16-byte reduction a tile
@@ -110,11 +111,15 @@ struct BwdTraits {
     static constexpr int kTransposedTiles = kRegisterOperands ? 1 : 2;   // dS^T (dQ's operand), P^T
     static constexpr int kQTileBytes = kQElems * kElemBytes;     // one stage of Q
     static constexpr int kDoTileBytes = kDoElems * kElemBytes;   // of dO
-    static constexpr int kTileBytes = kQStages * (kQTileBytes + kDoTileBytes) +
-                                      (kKVElems + (kVInRegs ? 0 : kVElems) + kTransposedTiles * kDsElems) * kElemBytes;
+    // dS^T's tile (then P^T's) after Q, dO, K and V: it starts a swizzle row, so that a [key][query] pair's XOR
+    // address may fold the tile in (sm80/bwd_mainloop.cuh's transposed_pair).
+    static constexpr int kDsOffset =
+        kQStages * (kQTileBytes + kDoTileBytes) + (kKVElems + (kVInRegs ? 0 : kVElems)) * kElemBytes;
+    static constexpr int kTileBytes = kDsOffset + kTransposedTiles * kDsElems * kElemBytes;
     static constexpr int kSmemBytes = kTileBytes + 2 * kQStages * kBlockM * static_cast<int>(sizeof(float));
 
     static_assert(kElemBytes == 2, "tensor-core path: 16-bit elements only");
+    static_assert(kDsOffset % (kSwizzleRows * kChunkBytes) == 0, "dS^T's tile starts a swizzle row");
     static_assert(kKeyWarps * kPartWarps == kWarps && kBlockN % kWarpKeys == 0, "the warp grid covers the keys");
     static_assert(kWarpQueries % (2 * kMmaN) == 0 && kWarpCols % (2 * kMmaN) == 0 && kWarpColsV % (2 * kMmaN) == 0,
                   "whole 16-wide ldmatrix steps");
