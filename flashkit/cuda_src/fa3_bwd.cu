@@ -18,13 +18,13 @@ launch: {grid: [q_blocks, kv_tiles, q_blocks], block_m: 64, block_n: 128, warps:
 # useful at 192).
 # Causal: key blocks heaviest first in groups of (batch, kv head) pairs the host sizes per call by simulating the
 # schedule (hopper/bwd_launch_order.cuh, runtime/bwd_order.py): hd128 GQA b8 s2048 h8/2 0.655x -> 1.00x cuDNN.
-# A modification at hd64 needs the 240 registers of two consumers where it adds per-element indices (ALiBi beside
-# softcap or a window: three consumers spill 8-296 B); softcap, the window and ALiBi alone fit three (ALiBi since each
-# role forms its visits after its setmaxnreg: 1.17-1.28x faster than on two), and so does a score_mod functor since
-# its queries are clamped only in a ragged call's last block and the visit count is formed at each test (relative_bias:
-# 1.09-1.12x faster at 8k, 1.05-1.06x at 2k). Softcap's slopes on dS are taken at the recompute (read back from the
-# 16-bit P they are wrong beside caps below the scores): through shared memory on three consumers
-# (hopper/bwd_traits.cuh's stashes_slopes), held on two but hd64's (serialized wgmma there). A block mask
+# Softcap with ALiBi at hd64 needs the 240 registers of two consumers (three spill 72-96 B); softcap, the window and
+# ALiBi alone or the window with ALiBi fit three (ALiBi since each role forms its visits after its setmaxnreg:
+# 1.17-1.28x faster than on two; the window with ALiBi 1.04-1.10x), and so does a score_mod functor since its queries
+# are clamped only in a ragged call's last block and the visit count is formed at each test (relative_bias: 1.09-1.12x
+# faster at 8k, 1.05-1.06x at 2k). Softcap's slopes on dS are taken at the recompute (read back from the 16-bit P they
+# are wrong beside caps below the scores): through shared memory on three consumers (hopper/bwd_traits.cuh's
+# stashes_slopes), held in registers on two. A block mask
 # (its blocks are multiples of 128 keys) or a mask_mod: key blocks of 128 on two consumers at hd64. Every
 # modification at hd128 runs 128-key blocks: the score indices come from a fresh %tid.x (bwd_consumer_base.cuh),
 # without which a score_mod functor and softcap with ALiBi spilled 80-112 B non-causal. A non-causal mask_mod at
@@ -33,7 +33,6 @@ launch: {grid: [q_blocks, kv_tiles, q_blocks], block_m: 64, block_n: 128, warps:
 # elsewhere the consumers evaluate it, faster where most visits are partial (a document mask: 1.3-2x).
 overrides: {"hd64": {block_n: 192, warps: 16}, "hd192": {block_n: 64}, "hd256": {block_n: 64},
             "hd64/softcap+alibi": {block_n: 128, warps: 12},
-            "hd64/window+alibi": {block_n: 128, warps: 12},
             "hd64/block_sparse": {block_n: 128, warps: 12},
             "hd64/mask_mod": {block_n: 128, warps: 12}, "hd128/mask_mod": {mask_warps: 1},
             "hd128/causal/mask_mod": {mask_warps: 0}}

@@ -51,6 +51,8 @@ CASES = (
     ModCase("alibi(heads)", alibi="heads"),
     ModCase("causal alibi(batch,heads)", causal=True, alibi="batch"),
     ModCase("softcap(2)+alibi", softcap=2.0, alibi="heads"),
+    ModCase("softcap(0.25)+alibi", softcap=0.25, alibi="heads"),
+    ModCase("window(300,17)+alibi(batch,heads)", window=(300, 17), alibi="batch"),
     ModCase("causal window(128,0)+softcap(3)+alibi", causal=True, window=(128, 0), softcap=3.0, alibi="batch"),
 )
 QUICK_CASES = tuple(c for c in CASES if c.name in ("window(300,17)", "causal chunk(100)", "softcap(2)+alibi"))

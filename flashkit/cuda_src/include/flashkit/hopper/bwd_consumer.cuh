@@ -125,6 +125,7 @@ struct BwdConsumer : BwdConsumerBase<Kt, Mask> {
         u32 pt[Kt::kQSteps][4];   // P^T as 16-bit A fragments: pt[kk][2 j + h] = rows + 8 h, column tile 2 kk + j
 #pragma unroll
         for (int kk = 0; kk < Kt::kQSteps; ++kk) pack_a_fragment<Element, SaturateFinite>(pt[kk], s, kk);
+        if constexpr (kStashed) gmma::fence_fragments(pt);   // (without it: 24 B spilled beside a window)
         gmma::fence();
 #pragma unroll
         for (int kk = 0; kk < Kt::kQSteps; ++kk)   // dV += P^T dO (queries 16 kk.. are k, dO read MN-major)

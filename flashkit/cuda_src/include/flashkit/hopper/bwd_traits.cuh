@@ -90,11 +90,6 @@ struct BwdWsTraits {
         FLASHKIT_MASK_MOD && FLASHKIT_MASK_WARPS ? gmma::kWarpgroupThreads / kWarpSize - 1 : 0;
     static constexpr int kMaskThreads = kMaskWarps * kWarpSize;
     static constexpr bool kListedVisits = FLASHKIT_BLOCK_SPARSE || FLASHKIT_MASK_MOD;   // bwd_lists.cuh's visit lists
-    // The consumer index as a warp-uniform value (a shuffle from lane 0), so that ptxas keeps what derives
-    // from it (the consumer's K and V rows, its descriptors) in uniform registers: three consumers at 160
-    // registers spill 20-68 B without it. At two consumers (240) it measured no faster and made hd128 causal
-    // spill 36 B, so there the index stays a plain one.
-    static constexpr bool kUniformConsumer = kConsumers > 2;
     // The consumers' visit count formed again at each test of their loop (BwdVisits::has) rather than held over it:
     // held, it spilled beside a score_mod functor on three consumers (hd64, 4 B); on two consumers split by keys
     // (hd128's) the re-formed count measured 3-4% faster causal (the same non-causal), while hd64's dense three
@@ -116,6 +111,14 @@ struct BwdWsTraits {
     // Split by columns (hd192, hd256): the consumer's own dQ columns (BwdShare), one N = 64 product a 128 B panel,
     // k = the 64 keys.
     static constexpr bool kDqTurns = !kSplitColumns && kHeadDim / kConsumers * kElemBytes < kTmaPanelBytes;
+    // The consumer index as a warp-uniform value (a shuffle from lane 0), so that ptxas keeps what derives from it (the
+    // consumer's K and V rows, its descriptors, its dQ turn) in uniform registers: three consumers at 160 registers
+    // spill 20-68 B without it, and hd64's two consumers (dQ by turns) had every wgmma serialized beside softcap's
+    // slopes taken at the recompute (C7519: ptxas took the turn's test as divergent), and beside ALiBi and a window
+    // it measured 1.24x faster. Plain elsewhere: hd128's two consumers measured no faster with it and hd128 causal
+    // spilled 36 B; hd64's two beside visit lists (a block mask, a mask_mod) without such slopes ran 3-10% slower.
+    static constexpr bool kUniformConsumer =
+        kConsumers > 2 || (kDqTurns && (!kListedVisits || RecomputedSlopes<KernelScoreMod>::value));
     static constexpr int kDqCols = kDqTurns ? kHeadDim : kHeadDim / kConsumers;   // dQ columns a consumer
     static constexpr int kDqTiles = kDqCols / kMmaN;
     static constexpr int kDqKeySteps = kBlockN / kStepElems;   // dQ's k-steps
@@ -130,14 +133,13 @@ struct BwdWsTraits {
     // A modification's slopes on dS (softcap's 1 - tanh^2) taken at the recompute (score_mod.cuh's RecomputedSlopes)
     // as f16 pairs (kQTiles x 2 words a thread), rather than read back from P with a log2 and the LSE row re-read
     // (which also makes them wrong beside caps below the scores); 1.17-1.19x at hd96 / hd128, 1.04-1.06x at hd192 /
-    // hd256, softcap with ALiBi 1.07-1.22x. Held in registers on two consumers; on three of 160 registers (hd64), where
-    // held they spilled 72-176 B, stashed in shared memory by each thread for itself (kSlopeBytes; beside a window
-    // that build spills 24 B). Read back on hd64's two consumers (softcap with ALiBi, a block mask), where taken at
-    // the recompute, held or stashed, ptxas serialized every wgmma (C7519: the dQ turn's divergent paths).
+    // hd256, softcap with ALiBi 1.07-1.22x. Held in registers on two consumers (hd64's too: softcap with ALiBi, on a
+    // block mask); on three of 160 registers (hd64), where held they spilled 72-176 B, stashed in shared memory by each
+    // thread for itself (kSlopeBytes).
     static constexpr bool kSlopeStash = kConsumers > 2;   // where such slopes are stashed
     template <class Mod>
     __host__ __device__ static constexpr bool holds_slopes() {
-        return RecomputedSlopes<Mod>::value && kConsumers == 2 && !kDqTurns;
+        return RecomputedSlopes<Mod>::value && kConsumers == 2;
     }
     template <class Mod>
     __host__ __device__ static constexpr bool stashes_slopes() {

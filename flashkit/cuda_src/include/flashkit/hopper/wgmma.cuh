@@ -130,6 +130,16 @@ __device__ __forceinline__ void fence_accumulators(float (&d)[kTiles][4]) {
 #pragma unroll
         for (int e = 0; e < 4; ++e) asm volatile("" : "+f"(d[i][e])::"memory");
 }
+// Keep register A fragments formed before the fence that precedes their products: the compiler otherwise may sink
+// their conversions past it, and ptxas then inserts a warpgroup arrive of its own before the product (which in a
+// loop it cannot prove uniform serializes every wgmma: C7519).
+template <int kSteps>
+__device__ __forceinline__ void fence_fragments(u32 (&a)[kSteps][4]) {
+#pragma unroll
+    for (int i = 0; i < kSteps; ++i)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) asm volatile("" : "+r"(a[i][e])::"memory");
+}
 
 // ---- D (+)= A B -> f32, m64nNk(32 bytes) -------------------------------------------------------
 // Mma<T, kN>: T = float8_e4m3_t (k32), bfloat16_t or half_t (k16); kN = 32, 64, 128, 256 (and 112 for the
