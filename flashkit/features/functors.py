@@ -52,7 +52,7 @@ class BoundFunctor:
     @property
     def features(self) -> tuple[str, ...]:
         """BuildConfig.mods entries (and manifest features) this functor needs."""
-        return self.spec.functions
+        return self.spec.build_features
 
     def request_flags(self) -> dict[str, bool]:
         return {"score_mod": self.spec.score, "mask_mod": self.spec.mask}
@@ -287,7 +287,8 @@ def check_gradient(spec: ModSpec, hint: str = "") -> None:
     """UnsupportedError where a backward would need spec's score_mod derivative and the file lacks it."""
     if spec.lacks_gradient:
         raise UnsupportedError(f"mod: {spec.name!r} has a score_mod without score_mod_grad, its derivative, which "
-                               f"the backward needs (docs/functors.md){hint}")
+                               f"the backward needs (or bias: true where it adds a term that does not read the score; "
+                               f"docs/functors.md){hint}")
 
 
 def _kind_words(arg: ModArg) -> str:

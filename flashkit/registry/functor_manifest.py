@@ -6,6 +6,8 @@
     summary: prefix-LM mask (bidirectional over the first prefix keys, causal after)
     functions: [mask_mod]              # which of score_mod / score_mod_grad / mask_mod the file defines
     mask_varies: []                    # what mask_mod reads of (batch, head); default both (tiles per (b, h))
+    bias: false                        # score_mod adds a term that does not read the score: slope 1, no
+                                       #   score_mod_grad needed (the backward multiplies nothing in)
     args:                              # passed as attention(..., mod_args={...}); slots by kind, in this order
       prefix: {kind: int}              #   -> args.ints[0]
     ---*/
@@ -35,7 +37,8 @@ ARG_SLOTS = {"pointer": MOD_ARG_POINTERS, "int": MOD_ARG_INTS, "float": MOD_ARG_
 POINTER_DTYPES = ("int32", "int64", "float32", "float16", "bfloat16", "uint8", "bool")
 SHAPE_SYMBOLS = ("batch", "heads", "kv_heads", "seqlen_q", "seqlen_k")
 REQUIRED = ("name", "kind", "summary", "functions")
-KNOWN = set(REQUIRED) | {"mask_varies", "args"}
+KNOWN = set(REQUIRED) | {"mask_varies", "args", "bias"}
+BIAS_FEATURE = "score_mod_bias"   # BuildConfig.mods entry of a bias (-DFLASHKIT_SCORE_MOD_BIAS: functor.cuh)
 ARG_KEYS = {"pointer": {"kind", "dtype", "shape"}, "int": {"kind", "default"}, "float": {"kind", "default"}}
 INT32_MIN, INT32_MAX = -(2**31), 2**31 - 1
 
@@ -62,6 +65,7 @@ class ModSpec:
     functions: tuple[str, ...]
     mask_varies: tuple[str, ...] = MASK_DIMS
     args: tuple[ModArg, ...] = field(default_factory=tuple)
+    bias: bool = False   # score_mod(s) = s + a term of the indices: its derivative is 1
 
     @property
     def score(self) -> bool:
@@ -73,8 +77,13 @@ class ModSpec:
 
     @property
     def score_grad(self) -> bool:
-        """score_mod's derivative is defined: the functor has a backward."""
-        return "score_mod_grad" in self.functions
+        """score_mod's derivative is defined (score_mod_grad, or 1 for a bias): the functor has a backward."""
+        return "score_mod_grad" in self.functions or self.bias
+
+    @property
+    def build_features(self) -> tuple[str, ...]:
+        """BuildConfig.mods entries of a build with this functor: its functions, and a bias's mark."""
+        return self.functions + ((BIAS_FEATURE,) if self.bias else ())
 
     @property
     def lacks_gradient(self) -> bool:
@@ -100,7 +109,7 @@ class ModSpec:
 
     def describe(self) -> str:
         args = ", ".join(f"{a.name}:{a.kind}" + (f"[{a.dtype}]" if a.dtype else "") for a in self.args)
-        return f"{'+'.join(self.functions)}" + (f" ({args})" if args else "")
+        return f"{'+'.join(self.functions)}" + (" (a bias)" if self.bias else "") + (f" ({args})" if args else "")
 
 
 def is_modification(data: Any) -> bool:
@@ -121,6 +130,13 @@ def mod_spec_from(path: Path, data: dict) -> ModSpec:
         raise bad("functions", f"a list of {' and/or '.join(FUNCTIONS)}")
     if "score_mod_grad" in functions and "score_mod" not in functions:
         raise bad("functions", "score_mod_grad only beside score_mod (it is score_mod's derivative)")
+    bias = data.get("bias", False)
+    if not isinstance(bias, bool):
+        raise bad("bias", "true or false")
+    if bias and "score_mod" not in functions:
+        raise bad("bias", "bias only beside score_mod (it says score_mod adds a term that does not read the score)")
+    if bias and "score_mod_grad" in functions:
+        raise bad("functions", "no score_mod_grad beside bias: true (a bias's derivative is 1)")
     varies = data.get("mask_varies", list(MASK_DIMS))
     if not isinstance(varies, list) or any(v not in MASK_DIMS for v in varies):
         raise bad("mask_varies", f"a list of {', '.join(MASK_DIMS)} (what mask_mod reads)")
@@ -129,7 +145,7 @@ def mod_spec_from(path: Path, data: dict) -> ModSpec:
     args = _args(path, data.get("args") or {}, bad)
     _check_defined(path, functions)
     return ModSpec(name=name, summary=data["summary"], path=path, functions=tuple(f for f in FUNCTIONS if f in functions),
-                   mask_varies=tuple(v for v in MASK_DIMS if v in varies), args=args)
+                   mask_varies=tuple(v for v in MASK_DIMS if v in varies), args=args, bias=bias)
 
 
 def _args(path: Path, raw: Any, bad) -> tuple[ModArg, ...]:

@@ -106,7 +106,7 @@ def functor_jobs(mods=None, variants=None, ccs=((8, 0), (9, 0)), dtypes=("bfloat
                 for dt in dtypes:
                     for hd in head_dims:
                         for c in spec.causal_options(tuple(causal_opts)):
-                            jobs += [(spec, make_config(spec, dt, hd, c, cc, False, None, mod.functions, build_key(mod),
+                            jobs += [(spec, make_config(spec, dt, hd, c, cc, False, None, mod.build_features, build_key(mod),
                                                         seqlen_q=sq), spec.target(cc)) for sq in lengths(spec, hd)]
     return list({(spec.name, config, target): (spec, config, target) for spec, config, target in jobs}.values())
 

@@ -77,8 +77,9 @@ def functor_terms(spec: ModSpec, module: ModuleType, shape: Shape, args: dict, x
 
 
 def functor_slope(spec: ModSpec, module: ModuleType, shape: Shape, args: dict, xp):
-    """The reference's score_mod_grad(modified score, xp) over the whole (B, H, Sq, Sk) grid, or None."""
-    if not spec.score_grad:
+    """The reference's score_mod_grad(modified score, xp) over the whole (B, H, Sq, Sk) grid, or None (no score_mod, or
+    a bias: slope 1)."""
+    if not spec.score_grad or spec.bias:
         return None
     grid = _reference_grid(shape, args, xp)
     return lambda m, xp_: module.score_mod_grad(m, *grid)

@@ -30,7 +30,7 @@ def _attention_grads(q, k, v, dout, scale: float, mask, xp, round_to=None, softc
     functor_slope = None
     if score_fn is not None:
         s = score_fn(s, xp)
-        functor_slope = score_grad_fn(s, xp)
+        functor_slope = None if score_grad_fn is None else score_grad_fn(s, xp)   # None: a bias's, 1
     if mask is not None:
         s = xp.where(mask, s, -xp.inf)
     m = s.max(axis=-1, keepdims=True)

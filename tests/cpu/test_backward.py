@@ -372,11 +372,13 @@ def test_a_chunked_backward_runs_fa2_bwd_at_every_head_dim_on_every_architecture
 @pytest.mark.parametrize("mods,block_n,warps", [((), 192, 16), (("window",), 192, 16), (("softcap",), 192, 16),
                                                 (("window", "softcap"), 192, 16), (("alibi",), 192, 16),
                                                 (("softcap", "alibi"), 128, 12), (("window", "alibi"), 192, 16),
-                                                (("window", "softcap", "alibi"), 128, 12), (("score_mod",), 192, 16),
-                                                (("mask_mod",), 128, 12)])
+                                                (("window", "softcap", "alibi"), 128, 12),
+                                                (("score_mod", "score_mod_bias"), 192, 16),
+                                                (("score_mod", "score_mod_grad"), 128, 12), (("mask_mod",), 128, 12)])
 def test_fa3_bwd_hd64_consumers_by_modification(mods, block_n, warps):
     """hd64: three consumers of 160 registers, with a window, softcap, ALiBi (beside a window too) or a score_mod
-    functor; two of 240 with ALiBi beside softcap (three spill) or a mask_mod (its lists)."""
+    functor that is a bias; two of 240 with ALiBi beside softcap (three spill), a score_mod functor's slopes taken at
+    the recompute (three spill) or a mask_mod (its lists)."""
     launch = discover_kernels().get("fa3_bwd").launch_config((9, 0), 64, mods)
     assert (launch["block_n"], launch["warps"]) == (block_n, warps)
 

@@ -93,7 +93,7 @@ def test_document_ids_rewritten_in_place_are_read_anew():
 
 
 CAPPED_CU = """/*---
-name: capped
+name: NAME
 kind: modification
 summary: softcap as a functor - c tanh(score / c), with its derivative
 functions: [score_mod, score_mod_grad]
@@ -119,21 +119,24 @@ def score_mod_grad(modded, batch, head, q_idx, kv_idx, args):
 
 
 def sample_args(batch, heads, seqlen_q, seqlen_k, xp, rng):
-    return {"cap": 2.0}   # tight: the slope 1 - tanh^2 departs from 1 over most scores
+    return {"cap": CAP}
 '''
 
 
 @pytest.mark.parametrize("head_dim", [64, 128, 256])
 @pytest.mark.parametrize("causal", [False, True])
-def test_a_score_mod_with_a_non_unit_derivative(drop_in_functor, head_dim, causal):
+@pytest.mark.parametrize("name,cap", [("capped", 2.0), ("capped_tight", 0.25)])
+def test_a_score_mod_with_a_non_unit_derivative(drop_in_functor, head_dim, causal, name, cap):
     """A drop-in score_mod whose slope is not 1 (softcap written as a functor, its score_mod_grad from the modified
-    score) against float64 gradients with the function and its derivative applied in the reference."""
+    score) against float64 gradients with the function and its derivative applied in the reference; at cap 2 the
+    slope 1 - tanh^2 departs from 1 over most scores, at 0.25 most scores saturate (slopes near 0), where a slope read
+    back from the 16-bit P fell outside the bound (score_mod.cuh's RecomputedSlopes)."""
     from flashkit.cli.verify_cmd import format_result
     _require_fa3_bwd()
-    drop_in_functor("capped", CAPPED_CU, CAPPED_PY)
+    drop_in_functor(name, CAPPED_CU.replace("NAME", name), CAPPED_PY.replace("CAP", repr(cap)))
     for shape in (Shape(2, 300, 700, 4, 2), Shape(1, 777, 255, 8, 1)):
         check = masked_backward_check(discover_kernels().specs["fa3_bwd"], shape, head_dim, "bfloat16", causal,
-                                      "mod:capped")
+                                      f"mod:{name}")
         result = check.run(zlib.crc32(check.label.encode()))
         assert result.passed, format_result(result)
 

@@ -2,7 +2,8 @@
 name: relative_bias
 kind: modification
 summary: relative-position bias - score - slope[head] |i + seqlen_k - seqlen_q - j| (ALiBi's, as a functor)
-functions: [score_mod, score_mod_grad]
+functions: [score_mod]
+bias: true   # the term does not read the score: d score_mod / d score = 1, the backward's dS passes unchanged
 args:
   slopes: {kind: pointer, dtype: float32, shape: [heads]}   # args.ptr[0]: one slope per query head
 ---*/
@@ -16,6 +17,3 @@ __device__ __forceinline__ float score_mod(float score, int batch, int head, int
     const int dist = q_idx + args.seqlen_k - args.seqlen_q - kv_idx;
     return score - slope * fabsf(flashkit::index_float(dist));
 }
-
-// A bias: d score_mod / d score = 1 everywhere (the backward's dS passes through unchanged).
-__device__ __forceinline__ float score_mod_grad(float, int, int, int, int, const flashkit::ModArgs&) { return 1.f; }

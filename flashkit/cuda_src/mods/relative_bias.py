@@ -8,11 +8,6 @@ def score_mod(score, batch, head, q_idx, kv_idx, args):
     return score - args.slopes[head].astype(score.dtype) * dist
 
 
-def score_mod_grad(modded, batch, head, q_idx, kv_idx, args):
-    """d score_mod / d score at the modified score: 1 (a bias)."""
-    return args.xp.ones_like(modded)
-
-
 def sample_args(batch, heads, seqlen_q, seqlen_k, xp, rng):
     """The ALiBi paper's slopes 2^(-8 (h + 1) / heads), jittered."""
     import numpy as np

@@ -76,6 +76,10 @@ BAD = [
     ("functions", dict(functions=[]), "field 'functions'"),
     ("functions", dict(functions=["mask_mod", "other"]), "field 'functions'"),
     ("grad alone", dict(functions=["mask_mod", "score_mod_grad"]), "score_mod_grad only beside score_mod"),
+    ("bias type", dict(functions=["mask_mod"], bias="yes"), "field 'bias': expected true or false"),
+    ("bias alone", dict(functions=["mask_mod"], bias=True), "field 'bias': expected bias only beside score_mod"),
+    ("bias and grad", dict(functions=["score_mod", "score_mod_grad"], bias=True),
+     "field 'functions': expected no score_mod_grad beside bias"),
     ("unknown", dict(entry="x"), "unknown field"),
     ("name", dict(name="Bad-Name"), "field 'name'"),
     ("mask_varies", dict(mask_varies=["time"]), "field 'mask_varies'"),
@@ -132,3 +136,13 @@ def test_a_score_mod_builds_into_a_backward_only_with_its_derivative(tmp_path):
     assert graded.builds_into(fa2_bwd) and not plain.builds_into(fa2_bwd)   # score_mod functors, with the derivative
     masked = cat.mods["document"]   # a mask_mod: both backward kernels walk its visit lists
     assert masked.builds_into(fa3_bwd) and masked.builds_into(fa2_bwd)
+    bias = parse_file(write_mod(tmp_path / "b", dict(BASE, name="a_bias", functions=["score_mod"], bias=True),
+                                SCORE_BODY))
+    assert bias.score_grad and bias.builds_into(fa3_bwd) and bias.builds_into(fa2_bwd)   # slope 1, no file function
+    assert bias.build_features == ("score_mod", "score_mod_bias") and graded.build_features == graded.functions
+
+
+def test_relative_bias_is_a_bias():
+    """The shipped relative_bias declares bias: true: its backward multiplies no slope in (functor.cuh's kUnitGrad)."""
+    spec = discover_kernels().mods["relative_bias"]
+    assert spec.bias and spec.score_grad and "score_mod_grad" not in spec.functions

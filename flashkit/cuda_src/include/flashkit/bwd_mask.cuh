@@ -139,7 +139,8 @@ __device__ __forceinline__ void apply_score_mod_transposed(const ComposeMods<A, 
     apply_score_mod_transposed(mod.b, st, key0, query0);
 }
 
-// S^T = mod(S^T), and each element's slope d mod / ds held as f16 pairs (Mod::kHeldGrad: index-free, in [0, 1]):
+// S^T = mod(S^T), and each element's slope d mod / ds held as f16 pairs (Mod::kHeldGrad: index-free, in [0, 1];
+// SlopeElement's default):
 // slope[ni][h] = the slopes of st[ni][2h], st[ni][2h + 1] (pack_float2's order).
 template <class Mod, int kTiles>
 __device__ __forceinline__ void apply_score_mod_transposed(const Mod& mod, float (&st)[kTiles][4],

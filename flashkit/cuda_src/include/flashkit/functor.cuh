@@ -21,6 +21,9 @@
 #ifndef FLASHKIT_SCORE_MOD_GRAD
 #define FLASHKIT_SCORE_MOD_GRAD 0   // (FLASHKIT_SCORE_MOD, FLASHKIT_MASK_MOD: traits.cuh)
 #endif
+#ifndef FLASHKIT_SCORE_MOD_BIAS
+#define FLASHKIT_SCORE_MOD_BIAS 0   // the manifest's bias: true (score_mod adds a term that does not read the score)
+#endif
 
 
 #ifdef FLASHKIT_MOD_FILE
@@ -31,13 +34,13 @@ namespace flashkit {
 
 #if FLASHKIT_SCORE_MOD
 // S = score_mod(scale * s) on raw scores s = q.k; the softmax then takes scaled scores (log2(e) as its factor).
-// The backward (score_mod.cuh's interface) takes d score_mod / d score from the file's score_mod_grad at the
-// modified score m (FLASHKIT_SCORE_MOD_GRAD; raw_score_grad reads m back from P with Params.mods.inv_softmax_scale
-// = 1, the functor build's softmax factor being log2(e) alone).
+// The backward (score_mod.cuh's interface) multiplies dS by d score_mod / d score: nothing for a bias (the manifest's
+// bias: true, FLASHKIT_SCORE_MOD_BIAS: slope 1), else the file's score_mod_grad at the modified score m
+// (FLASHKIT_SCORE_MOD_GRAD), taken where the backward recomputes m (RecomputedSlopes, below).
 struct FunctorScoreMod {
     const Params& p;
     int head, batch;
-    static constexpr bool kUnitGrad = false;
+    static constexpr bool kUnitGrad = FLASHKIT_SCORE_MOD_BIAS != 0;
     static constexpr bool kIndexed = true;
     static constexpr bool kHeldGrad = false;   // a file's slope may exceed f16's range and read the indices
     __device__ __forceinline__ FunctorScoreMod(const Params& p_, int head_, int batch_)
@@ -47,11 +50,13 @@ struct FunctorScoreMod {
         return score_at<true, true>(s, row, col);
     }
 #if FLASHKIT_SCORE_MOD_GRAD
-    __device__ __forceinline__ float grad(float m, int row, int col) const {
-        return ::score_mod_grad(m, batch, head, min(row, p.seqlen_q - 1), min(col, p.seqlen_k - 1), p.mods.args);
+    __device__ __forceinline__ float grad(float m, int row, int col) const { return grad_at<true, true>(m, row, col); }
+    template <bool kClampRow, bool kClampCol>
+    __device__ __forceinline__ float grad_at(float m, int row, int col) const {
+        return ::score_mod_grad(m, batch, head, kClampRow ? min(row, p.seqlen_q - 1) : row,
+                                kClampCol ? min(col, p.seqlen_k - 1) : col, p.mods.args);
     }
 #endif
-    __device__ __forceinline__ float unapply(float m, int, int) const { return m; }   // never composed
     // Indices clamped into the sequences where they may lie past them (such rows and keys are masked afterwards,
     // but a functor may index arrays with them): modified_score (the forward) and apply_score_mod_transposed (the
     // backward) say where.
@@ -62,30 +67,65 @@ struct FunctorScoreMod {
     }
 };
 
+#if FLASHKIT_SCORE_MOD_GRAD
+// A functor with its score_mod_grad has its slopes taken where the backward recomputes the scores, at the fp32
+// modified score (read back from the 16-bit P, m's rounding there, 2^-9 ln 2 with bf16, moves a slope such as
+// 1 - (m / c)^2 by most of itself beside a small c), held in the element type (SlopeElement).
+template <>
+struct RecomputedSlopes<FunctorScoreMod> {
+    static constexpr bool value = true;
+};
+template <>
+struct SlopeElement<FunctorScoreMod> {
+    typedef Element type;
+};
+#endif
+
 // The backward's S^T = score_mod(S^T) (bwd_mask.cuh's layout: st[ni][2h + e] is key row key0 + 8 h, query
-// query0 + 8 ni + e). The key is clamped once a row; the queries, which vary by element, only where the thread's
-// reach past seqlen_q (the last query block of a ragged call): elsewhere the clamp would be an instruction a score.
-template <bool kClampQueries, int kTiles>
-__device__ __forceinline__ void apply_functor_transposed(const FunctorScoreMod& mod, float (&st)[kTiles][4], int key0,
-                                                         int query0) {
+// query0 + 8 ni + e), and with kSlopes each element's slope score_mod_grad(m) as pairs of SlopeElement
+// (slope[ni][h]: st[ni][2h], st[ni][2h + 1]). The key is clamped once a row; the queries, which vary by element, only
+// where the thread's reach past seqlen_q (the last query block of a ragged call): elsewhere the clamp would be an
+// instruction a score.
+template <bool kClampQueries, bool kSlopes, int kTiles, int kSlopeTiles>
+__device__ __forceinline__ void apply_functor_transposed(const FunctorScoreMod& mod, float (&st)[kTiles][4],
+                                                         u32 (&slope)[kSlopeTiles][2], int key0, int query0) {
+    const int keys[2] = {min(key0, mod.p.seqlen_k - 1), min(key0 + kFragRowHalf, mod.p.seqlen_k - 1)};
 #pragma unroll
-    for (int h = 0; h < 2; ++h) {
-        const int key = min(key0 + h * kFragRowHalf, mod.p.seqlen_k - 1);
+    for (int ni = 0; ni < kTiles; ++ni)
 #pragma unroll
-        for (int ni = 0; ni < kTiles; ++ni)
+        for (int h = 0; h < 2; ++h) {
+            float g[2];
 #pragma unroll
-            for (int e = 0; e < 2; ++e)
-                st[ni][2 * h + e] =
-                    mod.template score_at<kClampQueries, false>(st[ni][2 * h + e], query0 + ni * kMmaN + e, key);
-    }
+            for (int e = 0; e < 2; ++e) {
+                const int query = query0 + ni * kMmaN + e;
+                st[ni][2 * h + e] = mod.template score_at<kClampQueries, false>(st[ni][2 * h + e], query, keys[h]);
+#if FLASHKIT_SCORE_MOD_GRAD
+                if constexpr (kSlopes)
+                    g[e] = mod.template grad_at<kClampQueries, false>(st[ni][2 * h + e], query, keys[h]);
+#endif
+            }
+            if constexpr (kSlopes)
+                slope[ni][h] = pack_float2<typename SlopeElement<FunctorScoreMod>::type, SaturateFinite>(g[0], g[1]);
+        }
+}
+template <bool kSlopes, int kTiles, int kSlopeTiles>
+__device__ __forceinline__ void apply_functor_transposed(const FunctorScoreMod& mod, float (&st)[kTiles][4],
+                                                         u32 (&slope)[kSlopeTiles][2], int key0, int query0) {
+    if (query0 + kTiles * kMmaN <= mod.p.seqlen_q)   // every query of the thread's lies in the sequence
+        apply_functor_transposed<false, kSlopes>(mod, st, slope, key0, query0);
+    else
+        apply_functor_transposed<true, kSlopes>(mod, st, slope, key0, query0);
 }
 template <int kTiles>
 __device__ __forceinline__ void apply_score_mod_transposed(const FunctorScoreMod& mod, float (&st)[kTiles][4],
                                                            int key0, int query0) {
-    if (query0 + kTiles * kMmaN <= mod.p.seqlen_q)   // every query of the thread's lies in the sequence
-        apply_functor_transposed<false>(mod, st, key0, query0);
-    else
-        apply_functor_transposed<true>(mod, st, key0, query0);
+    u32 none[1][2];
+    apply_functor_transposed<false>(mod, st, none, key0, query0);
+}
+template <int kTiles>
+__device__ __forceinline__ void apply_score_mod_transposed(const FunctorScoreMod& mod, float (&st)[kTiles][4],
+                                                           u32 (&slope)[kTiles][2], int key0, int query0) {
+    apply_functor_transposed<true>(mod, st, slope, key0, query0);
 }
 
 // The forward clamps its row (once a row) and, on a tail tile, its keys: off the tail tiles every key is below
@@ -96,17 +136,6 @@ __device__ __forceinline__ float modified_score(const FunctorScoreMod& mod, floa
     return mod.template score_at<true, kTailTile>(s, row, col);
 }
 
-#if FLASHKIT_SCORE_MOD_GRAD
-// score_mod.cuh's raw_score_grad for a functor: dS times score_mod_grad at m, with m = 0 (a finite score) standing in
-// where prob = 0, whose dS = prob (dP - dsum) is 0 already. Where the file's grad is a constant (a bias's 1), the
-// read-back of m and the select are dead code and compile away; the generic form kept a select on dS (and its
-// select on m instead made ptxas spill the built-in softcap + ALiBi builds at hd128).
-__device__ __forceinline__ float raw_score_grad(const FunctorScoreMod& mod, const Params& p, float ds, float prob,
-                                                float lse2, int row, int col) {
-    const float m = prob > 0.f ? modified_from_prob(p, prob, lse2) : 0.f;
-    return ds * mod.grad(m, row, col);
-}
-#endif
 #endif
 
 // The score modification of a variant: the functor's when built with one, else Otherwise (BuildScoreMod).

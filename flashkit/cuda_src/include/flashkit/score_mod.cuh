@@ -13,14 +13,13 @@
 // mask.cuh) says so with kTailTile = false, and a drop-in functor then skips clamping its key index
 // (functor.cuh's modified_score). The runtime values live in Params::mods (params.cuh).
 // Selection at compile time: ScoreModOf<FLASHKIT_SOFTCAP, FLASHKIT_ALIBI>::type.
-// The backward (raw_score_grad) needs d mod(s) / ds at each element, from the modified score m that it reads
-// back from P (m = (log2 P + lse2) / (scale log2 e)): `grad(m, row, col)`, 1 wherever kUnitGrad; and
-// `unapply(m, row, col)`, the score before a modification that is not the first (ALiBi after softcap).
+// The backward multiplies dS by d mod(s) / ds at each element (1 wherever kUnitGrad), taken where it recomputes the
+// scores, at the fp32 modified score m: `grad(m, row, col)` (RecomputedSlopes, below; bwd_mask.cuh's
+// apply_score_mod_transposed with slopes).
 // kIndexed: the modification reads each score's query and key index (ALiBi's distance, a functor's arguments),
 // which the kernels with little register room to spare take into account (hopper/bwd_traits.cuh).
-// kHeldGrad: grad(m) reads m alone and lies in [0, 1] (softcap's 1 - tanh^2), so a backward may take
-// each slope where it recomputes the score and hold it to dS as half of an f16 pair (bwd_mask.cuh's
-// apply_score_mod_transposed with slopes), in place of reading m back from P (a log2 and the LSE's reload).
+// kHeldGrad: grad(m) reads m alone and lies in [0, 1] (softcap's 1 - tanh^2), so a backward may hold each slope as
+// half of an f16 pair.
 #pragma once
 
 #include "flashkit/numeric.cuh"
@@ -63,7 +62,6 @@ struct NoScoreMod {
     __device__ __forceinline__ NoScoreMod(const Params&, int, int) {}
     __device__ __forceinline__ float score(float s, int, int, float) const { return s; }
     __device__ __forceinline__ float grad(float, int, int) const { return 1.f; }
-    __device__ __forceinline__ float unapply(float m, int, int) const { return m; }
 };
 
 // s -> (c / scale) tanh(s * scale / c); the two factors come from the parameter block (constant bank).
@@ -97,15 +95,11 @@ struct Alibi {
         return biased(s, distance(row, col_f));
     }
     __device__ __forceinline__ float biased(float s, float dist) const { return fmaf(-slope, dist, s); }
-    // A bias: slope 1 in s. (The distance from the integer difference: the backward's elements differ in the
-    // query, and one int add per element holds fewer registers than a float per query.)
+    // A bias: slope 1 in s.
     static constexpr bool kUnitGrad = true;
     static constexpr bool kIndexed = true;
     static constexpr bool kHeldGrad = true;
     __device__ __forceinline__ float grad(float, int, int) const { return 1.f; }
-    __device__ __forceinline__ float unapply(float m, int row, int col) const {
-        return fmaf(slope, fabsf(index_float(row + p.seqlen_k - p.seqlen_q - col)), m);
-    }
     __device__ __forceinline__ float distance(int row, float col_f) const {
         const float diag = static_cast<float>(row + p.seqlen_k - p.seqlen_q);   // one conversion per row
         return fabsf(diag - col_f);
@@ -121,21 +115,18 @@ struct ComposeMods {
     __device__ __forceinline__ float score(float s, int row, int col, float col_f) const {
         return b.score(a.score(s, row, col, col_f), row, col, col_f);
     }
-    // Chain rule: a's slope at b's input (m with b undone), times b's.
+    // The chain rule's slope, a's at b's input times b's, is taken between the two (RecomputedSlopes below: b's is 1).
     static constexpr bool kUnitGrad = A::kUnitGrad && B::kUnitGrad;
     static constexpr bool kIndexed = A::kIndexed || B::kIndexed;
-    static constexpr bool kHeldGrad = false;   // A's slope at B's input reads B's indices (unapply)
-    __device__ __forceinline__ float grad(float m, int row, int col) const {
-        return a.grad(b.unapply(m, row, col), row, col) * b.grad(m, row, col);
-    }
+    static constexpr bool kHeldGrad = false;   // its slope is not a function of its own output
 };
 
-// Whether a backward takes a modification's slopes d mod / ds where it recomputes the scores, as f16 in [0, 1]
-// (bwd_mask.cuh's apply_score_mod_transposed with slopes): an index-free one that is not the identity (softcap), or
-// softcap followed by a bias (ALiBi: slope 1), whose slope is softcap's at the score between the two. The other
-// way, m read back from P (raw_score_grad), reads it from the P rounded to 16 bits: bf16's 2^-9 relative error moves
-// m by 2^-9 ln 2 / scale, and softcap's t = m scale / c by 2^-9 ln 2 / c, which beside t ~ 1 (a cap below the
-// scores) is most of the slope 1 - t^2.
+// Whether a backward takes a modification's slopes d mod / ds where it recomputes the scores (bwd_mask.cuh's
+// apply_score_mod_transposed with slopes): an index-free one that is not the identity (softcap), softcap followed
+// by a bias (ALiBi: slope 1), whose slope is softcap's at the score between the two, or a drop-in functor with its
+// score_mod_grad (functor.cuh). Every modification whose slope is not 1 is one of these: the other way, m read back
+// from the P the kernel holds in 16 bits (m = (log2 P + lse2) ln 2 / scale), moved m by bf16's 2^-9 ln 2 / scale and
+// softcap's t = m scale / c by 2^-9 ln 2 / c, which beside t ~ 1 (a cap below the scores) is most of the slope 1 - t^2.
 template <class Mod>
 struct RecomputedSlopes {
     static constexpr bool value = !Mod::kUnitGrad && Mod::kHeldGrad;
@@ -143,6 +134,13 @@ struct RecomputedSlopes {
 template <class A, class B>
 struct RecomputedSlopes<ComposeMods<A, B>> {
     static constexpr bool value = RecomputedSlopes<A>::value && B::kUnitGrad;
+};
+// The 16-bit type those slopes are held in: f16 where they lie in [0, 1] (softcap's, 2^-11 relative); a drop-in
+// functor's (functor.cuh), which may be any finite number, in the kernel's element type, whose rounding dS itself
+// takes for its products.
+template <class Mod>
+struct SlopeElement {
+    typedef half_t type;
 };
 
 // One modified score: Mod::score. kTailTile: the tile may hold keys at or past seqlen_k (the built-ins
@@ -176,22 +174,6 @@ __device__ __forceinline__ void apply_score_mod(const Mod& mod, float (&s)[kMTil
 // NoScoreMod: nothing to do (not even the index arithmetic).
 template <bool kTailTile = true, int kMTiles, int kNTiles>
 __device__ __forceinline__ void apply_score_mod(const NoScoreMod&, float (&)[kMTiles][kNTiles][4], int, int) {}
-
-// The modified score m of an element read back from its probability `prob` (rounded as the kernel holds it), with
-// lse2 = LSE log2(e): m = (log2 prob + lse2) ln 2 / scale.
-__device__ __forceinline__ float modified_from_prob(const Params& p, float prob, float lse2) {
-    return (fast_log2(prob) + lse2) * (kLn2 * p.mods.inv_softmax_scale);
-}
-// The backward's dS of the raw score (before the modification) from dS of the modified one, at the element of
-// query `row`, key `col`, its slope at m read back from P. A zero prob (a masked element, an underflow, or a row
-// that sees no key or lies past seqlen_q, whose lse2 is +inf) has dS = 0 and no finite m: it stays 0.
-template <class Mod>
-__device__ __forceinline__ float raw_score_grad(const Mod& mod, const Params& p, float ds, float prob, float lse2,
-                                                int row, int col) {
-    if constexpr (Mod::kUnitGrad) return ds;
-    const float m = modified_from_prob(p, prob, lse2);
-    return prob > 0.f ? ds * mod.grad(m, row, col) : 0.f;
-}
 
 template <bool kSoftcap, bool kAlibi>
 struct ScoreModOf {

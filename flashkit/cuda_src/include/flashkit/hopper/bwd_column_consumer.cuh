@@ -106,8 +106,8 @@ struct BwdColumnConsumer : BwdConsumerBase<Kt, Mask, BwdShare<Kt, kC> > {
 #pragma unroll
             for (int h = 0; h < 2; ++h)   // dS^T = P^T (dP^T - dsum), P^T as rounded (bwd_consumer.cuh)
                 store_pair(ds_tile, h, ni,
-                           this->ds_pair(mod, pt[ni][h], dp[ni][2 * h], dp[ni][2 * h + 1], d, ws_row, m0, h, ni,
-                                         kHeld ? slope[kHeld ? ni : 0][h] : 0u));
+                           this->template ds_pair<Mod>(pt[ni][h], dp[ni][2 * h], dp[ni][2 * h + 1], d,
+                                                       kHeld ? slope[kHeld ? ni : 0][h] : 0u));
         }
         gmma::fence_proxy_async();   // the P^T, dS^T stores (generic proxy), before wgmma (async proxy) reads them
         this->dq_panel_free();

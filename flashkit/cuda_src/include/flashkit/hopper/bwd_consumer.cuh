@@ -80,16 +80,14 @@ struct BwdConsumer : BwdConsumerBase<Kt, Mask> {
         const int k_row0 = this->s_key_row0();   // the consumer's rows of the K and V tiles
 
         // lse2: the stage's row where Kt::kStagedRows (hd128), read at the exponentials (read under the products, or
-        // dsum staged too, NVRTC 13.0 spilled 20 B in hd96 causal builds); a modification with a slope on dS (softcap,
-        // a functor's score_mod_grad) and the unstaged builds read the workspace's row under the products, as before
-        // (with the staged row ptxas spilled 20 B in fp16 hd128 relative_bias). dsum: from the workspace (its loads
-        // issue under the products; staged it measured 2-5% slower).
+        // dsum staged too, NVRTC 13.0 spilled 20 B in hd96 causal builds); the unstaged builds read the workspace's
+        // row under the products. dsum: from the workspace (its loads issue under the products; staged it measured 2-5%
+        // slower).
         constexpr bool kHeld = Kt::template holds_slopes<Mod>();   // softcap's slopes, from the recompute to dS
         constexpr bool kStashed = Kt::template stashes_slopes<Mod>();   // the same through shared memory
         static_assert(!kStashed || Kt::kSlopeBytes > 0, "the stash is sized for the build's modification");
-        constexpr bool kStaged = Kt::kStagedRows && (Mod::kUnitGrad || kHeld);
         float2 lse2_early[Kt::kQTiles];
-        if constexpr (!kStaged) {
+        if constexpr (!Kt::kStagedRows) {
 #pragma unroll
             for (int ni = 0; ni < Kt::kQTiles; ++ni) lse2_early[ni] = this->query_pair(ws.lse2 + ws_row, ni);
         }
@@ -115,7 +113,7 @@ struct BwdConsumer : BwdConsumerBase<Kt, Mask> {
         const u32 lse2_row = cta.lse2_row(slot);
 #pragma unroll
         for (int ni = 0; ni < Kt::kQTiles; ++ni) {
-            const float2 lse2 = kStaged ? this->query_pair(lse2_row, ni) : lse2_early[ni];
+            const float2 lse2 = Kt::kStagedRows ? this->query_pair(lse2_row, ni) : lse2_early[ni];
 #pragma unroll
             for (int e = 0; e < 4; ++e)   // P^T, 0 above the causal diagonal, outside the window and the mask_mod
                 s[ni][e] = this->keeps(keep, ni, e,
@@ -151,8 +149,8 @@ struct BwdConsumer : BwdConsumerBase<Kt, Mask> {
 #pragma unroll
                 for (int h = 0; h < 2; ++h) {   // dS^T = P^T (dP^T - dsum), to the shared dS^T tile
                     const u32 slope_pair = kHeld ? slope[kHeld ? ni : 0][h] : kStashed ? stashed[2 * j + h] : 0u;
-                    const u32 pair = this->ds_pair(mod, pt[kk][2 * j + h], dp[ni][2 * h], dp[ni][2 * h + 1], d,
-                                                   ws_row, m0, h, ni, slope_pair);
+                    const u32 pair =
+                        this->template ds_pair<Mod>(pt[kk][2 * j + h], dp[ni][2 * h], dp[ni][2 * h + 1], d, slope_pair);
                     st_shared_b32(this->pair_address(ds_tile, k_row0 + warp_row, ni, h), pair);
                     if constexpr (kDsInRegisters) ds[kk][2 * j + h] = pair;
                 }

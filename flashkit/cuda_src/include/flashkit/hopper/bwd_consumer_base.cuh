@@ -198,28 +198,20 @@ struct BwdConsumerBase {
         return x;
     }
 
-    // dS^T = P^T (dP^T - dsum) of the thread's pair of row half h, column tile ni (P^T as rounded: pt_pair), times
-    // the modification's slope where it is not 1: taken at the recompute (Kt::takes_slopes: slope_pair, f16),
-    // or from m read back from P (a functor's score_mod_grad; lse2 re-read from the workspace, ws_row: the visit's);
-    // packed to 16 bits.
+    // dS^T = P^T (dP^T - dsum) of a pair of the thread's elements (P^T as rounded: pt_pair), times the
+    // modification's slopes where they are not 1, taken at the recompute (Kt::takes_slopes: slope_pair, two of
+    // SlopeElement<Mod>); packed to 16 bits.
     template <class Mod>
-    __device__ __forceinline__ u32 ds_pair(const Mod& mod, u32 pt_pair, float dp0, float dp1, float2 dsum,
-                                           index_t ws_row, int m0, int h, int ni, u32 slope_pair) const {
+    __device__ __forceinline__ u32 ds_pair(u32 pt_pair, float dp0, float dp1, float2 dsum, u32 slope_pair) const {
+        static_assert(Mod::kUnitGrad || Kt::template takes_slopes<Mod>(), "a slope other than 1 comes from the recompute");
         float p0, p1;
         unpack_float2<Element>(pt_pair, p0, p1);
         float ds0 = p0 * (dp0 - dsum.x), ds1 = p1 * (dp1 - dsum.y);
-        if constexpr (Kt::template takes_slopes<Mod>()) {   // P^T = 0 (masked) gives dS^T = 0: the slope is finite
+        if constexpr (!Mod::kUnitGrad) {   // P^T = 0 (masked) gives dS^T = 0: the slope is finite
             float g0, g1;
-            unpack_float2<half_t>(slope_pair, g0, g1);
+            unpack_float2<typename SlopeElement<Mod>::type>(slope_pair, g0, g1);
             ds0 *= g0;
             ds1 *= g1;
-        } else if constexpr (!Mod::kUnitGrad) {
-            const float2 l = query_pair(ws.lse2 + ws_row, ni);
-            const FreshPlace at;
-            const int query = m0 + s_query0() + at.col2 + ni * kMmaN;
-            const int key = key0 + at.row + h * kFragRowHalf;
-            ds0 = raw_score_grad(mod, p, ds0, p0, l.x, query, key);
-            ds1 = raw_score_grad(mod, p, ds1, p1, l.y, query + 1, key);
         }
         return pack_float2<Element, SaturateFinite>(ds0, ds1);
     }

@@ -11,8 +11,8 @@
 //   dV  += P^T dO_i                       P^T rounded to 16 bits: the A operand in registers (hd64) or
 //                                         through shared memory (hd128)
 //   dP^T = V_j dO_i^T
-//   dS^T = P^T (dP^T - dsum)              times d mod / ds (softcap: 1 - tanh^2, taken at the recompute; a
-//                                         functor's read back from P: raw_score_grad)
+//   dS^T = P^T (dP^T - dsum)              times d mod / ds (softcap's 1 - tanh^2, a functor's score_mod_grad),
+//                                         taken at the recompute (kStashSlopes)
 //   dK  += dS^T Q_i                       (times scale at the end)
 //   dQ_i += scale dS K_j                  fp32 atomics into dq_accum, in key-block order when
 //                                         p.bwd.deterministic
@@ -58,13 +58,14 @@ struct BwdMainloop {
     static constexpr bool kCausal = Mask::kCausal;
     // Whether load_q_async may keep its addresses' loop invariants in registers (see sm80/bwd_loads.cuh).
     static constexpr bool kHeld = Kt::kRegisterOperands && !kPadded && !kVPadded;
-    // A modification's slopes on dS (softcap's 1 - tanh^2) taken where S^T is recomputed (score_mod.cuh's
-    // RecomputedSlopes), not read back from the 16-bit P (whose rounding makes them wrong beside a small cap). Each
-    // thread stores its f16 slope pairs where its dS^T pairs go in shared memory and reads them back there: only the
-    // thread itself touches those words until the barrier after the step, and every warp was done with the last
-    // visit's dS^T at the barrier before it. No shared memory and no registers over dP^T; fewer instructions than
-    // the read-back (its log2 and lse2 re-read an element).
+    // A modification's slopes on dS (softcap's 1 - tanh^2, a functor's score_mod_grad) taken where S^T is recomputed
+    // (score_mod.cuh's RecomputedSlopes), not read back from the 16-bit P (whose rounding makes them wrong beside a
+    // small cap). Each thread stores its slope pairs (SlopeElement) where its dS^T pairs go in shared memory and reads
+    // them back there: only the thread itself touches those words until the barrier after the step, and every warp
+    // was done with the last visit's dS^T at the barrier before it. No shared memory and no registers over dP^T;
+    // fewer instructions than the read-back (its log2 and lse2 re-read an element).
     static constexpr bool kStashSlopes = RecomputedSlopes<Mod>::value;
+    static_assert(Mod::kUnitGrad || kStashSlopes, "a slope other than 1 comes from the recompute");
 
     const Params& p;               // the sequence's view (varlen) or the call's parameter block
     const BwdWorkspace<kM, kD> ws;     // over the call's parameter block
@@ -319,14 +320,9 @@ struct BwdMainloop {
                         float ds0 = p0 * (dpt[mi][ni][2 * h] - d.x), ds1 = p1 * (dpt[mi][ni][2 * h + 1] - d.y);
                         if constexpr (kStashSlopes) {   // dS of the raw score: the slope from the recompute
                             float g0, g1;
-                            unpack_float2<half_t>(load_pair(sdS + at), g0, g1);
+                            unpack_float2<typename SlopeElement<Mod>::type>(load_pair(sdS + at), g0, g1);
                             ds0 *= g0;
                             ds1 *= g1;
-                        } else if constexpr (!Mod::kUnitGrad) {   // the same, m read back from P (a functor's)
-                            const float2 l = *reinterpret_cast<const float2*>(lse2 + ni * kMmaN + c2);
-                            const int key_h = key + mi * kMmaM + h * kFragRowHalf;
-                            ds0 = raw_score_grad(mod, p, ds0, p0, l.x, query0 + ni * kMmaN, key_h);
-                            ds1 = raw_score_grad(mod, p, ds1, p1, l.y, query0 + ni * kMmaN + 1, key_h);
                         }
                         ds[mi][j][h] = pack_float2<Element, SaturateFinite>(ds0, ds1);
                         store_pair(sdS + at, ds[mi][j][h]);
