@@ -42,7 +42,7 @@ def attention_backward(dout: Any, q: Any, k: Any, v: Any, out: Any, lse: Any, *,
     block_mask (a flashkit.BlockMask) and a drop-in functor's mask_mod (mod, mod_args: docs/functors.md; or mod a
     flashkit.ModMask, whose lists are built once and kept) are walked as the forward walked them: only the tiles
     they keep are visited (features/bwd_lists.py). A score_mod functor needs its derivative, score_mod_grad, in
-    its file (else UnsupportedError).
+    its file, or bias: true in its manifest (else UnsupportedError).
     v may have a head dim of its own (head_dim_v <= head_dim; DeepSeek's MLA: 128 under 192), out and dout v's.
     Returns CuPy arrays shaped like q, k, v.
     """

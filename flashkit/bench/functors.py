@@ -6,7 +6,7 @@ relative_bias (a drop-in ALiBi) against the built-in alibi_slopes on the same ke
 the same score_mod (compiled); document and prefix_lm masks against flex with the same mask_mod (its block mask
 built once, outside the timing; flashkit classifies its tiles inside every call by name, once with a
 flashkit.ModMask), and the document mask's backward (attention_backward over its lists, by name and with the
-ModMask) against the dense causal backward and flex's; relative_bias's backward (its score_mod_grad) against the
+ModMask) against the dense causal backward and flex's; relative_bias's backward (a bias) against the
 built-in ALiBi's and flex's, causal and not. TFLOP/s count every (query, key)
 pair of the dense problem (halved when causal), so that the rows compare times. The first call of a new functor
 (a fresh cubin cache: NVRTC compile, load, launch) and the next call are timed on the host.
@@ -91,7 +91,7 @@ def main(argv: list[str] | None = None) -> dict:
         ("flashkit causal, no mask", lambda i: flashkit.attention_backward(dout, q0, k0, v0, out_c, lse_c,
                                                                            causal=True)),
         ("flex", flex.get("causal document backward"))], flop_factor=BACKWARD_FLOPS)
-    # A score_mod's backward (relative_bias, its score_mod_grad 1) against the built-in ALiBi's and flex's.
+    # A score_mod's backward (relative_bias, a bias: slope 1) against the built-in ALiBi's and flex's.
     for causal in (False, True):
         tag = "causal " if causal else ""
         rb_kw = dict(causal=causal, mod="relative_bias", mod_args={"slopes": slopes})

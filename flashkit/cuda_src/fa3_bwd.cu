@@ -24,7 +24,8 @@ launch: {grid: [q_blocks, kv_tiles, q_blocks], block_m: 64, block_n: 128, warps:
 # are clamped only in a ragged call's last block and the visit count is formed at each test (relative_bias: 1.09-1.12x
 # faster at 8k, 1.05-1.06x at 2k). Softcap's slopes on dS are taken at the recompute (read back from the 16-bit P they
 # are wrong beside caps below the scores): through shared memory on three consumers (hopper/bwd_traits.cuh's
-# stashes_slopes), held in registers on two. A block mask
+# stashes_slopes), held in registers on two; a score_mod functor with its score_mod_grad takes its slopes there too, on
+# two consumers at hd64 (on three a softcap functor spilled 116-180 B). A block mask
 # (its blocks are multiples of 128 keys) or a mask_mod: key blocks of 128 on two consumers at hd64. Every
 # modification at hd128 runs 128-key blocks: the score indices come from a fresh %tid.x (bwd_consumer_base.cuh),
 # without which a score_mod functor and softcap with ALiBi spilled 80-112 B non-causal. A non-causal mask_mod at

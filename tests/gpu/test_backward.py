@@ -208,7 +208,7 @@ def test_strided_views_and_torch_tensors(variant):
 @pytest.mark.parametrize("hd", head_dims("fa2_bwd"))
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 def test_fa2_bwd_score_mod_functor(hd, causal):
-    """A drop-in score_mod functor (relative_bias, with its score_mod_grad) through fa2_bwd, against float64
+    """A drop-in score_mod functor (relative_bias, a bias) through fa2_bwd, against float64
     gradients with the functor's Python reference applied (verify/backward.py's masked checks)."""
     from flashkit.registry import discover_kernels
     from flashkit.verify.backward import MASKED_SHAPES, masked_backward_check

@@ -33,11 +33,15 @@ def _params():
     return out
 
 
-def _require_fa3_bwd():
+def _require(variant: str):
     from flashkit.runtime.device import device_info
-    spec = discover_kernels().specs["fa3_bwd"]
+    spec = discover_kernels().specs[variant]
     if not spec.runs_on(device_info().cc):
-        pytest.skip(f"fa3_bwd needs compute capability {spec.arch_requirement()}")
+        pytest.skip(f"{variant} needs compute capability {spec.arch_requirement()}")
+
+
+def _require_fa3_bwd():
+    _require("fa3_bwd")
 
 
 @pytest.mark.parametrize("check", _params())
@@ -126,16 +130,17 @@ def sample_args(batch, heads, seqlen_q, seqlen_k, xp, rng):
 @pytest.mark.parametrize("head_dim", [64, 128, 256])
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("name,cap", [("capped", 2.0), ("capped_tight", 0.25)])
-def test_a_score_mod_with_a_non_unit_derivative(drop_in_functor, head_dim, causal, name, cap):
+@pytest.mark.parametrize("variant", ["fa3_bwd", "fa2_bwd"])
+def test_a_score_mod_with_a_non_unit_derivative(drop_in_functor, head_dim, causal, name, cap, variant):
     """A drop-in score_mod whose slope is not 1 (softcap written as a functor, its score_mod_grad from the modified
     score) against float64 gradients with the function and its derivative applied in the reference; at cap 2 the
     slope 1 - tanh^2 departs from 1 over most scores, at 0.25 most scores saturate (slopes near 0), where a slope read
     back from the 16-bit P fell outside the bound (score_mod.cuh's RecomputedSlopes)."""
     from flashkit.cli.verify_cmd import format_result
-    _require_fa3_bwd()
+    _require(variant)
     drop_in_functor(name, CAPPED_CU.replace("NAME", name), CAPPED_PY.replace("CAP", repr(cap)))
     for shape in (Shape(2, 300, 700, 4, 2), Shape(1, 777, 255, 8, 1)):
-        check = masked_backward_check(discover_kernels().specs["fa3_bwd"], shape, head_dim, "bfloat16", causal,
+        check = masked_backward_check(discover_kernels().specs[variant], shape, head_dim, "bfloat16", causal,
                                       f"mod:{name}")
         result = check.run(zlib.crc32(check.label.encode()))
         assert result.passed, format_result(result)

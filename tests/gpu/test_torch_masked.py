@@ -77,7 +77,7 @@ def test_masked_gradients_are_the_cupy_apis(how):
 
 
 def test_a_score_mod_functor_has_the_cupy_apis_gradients():
-    """relative_bias (a score_mod with its score_mod_grad) differentiates through attention_backward."""
+    """relative_bias (a score_mod that is a bias) differentiates through attention_backward."""
     import cupy as cp
     import flashkit.torch as fkt
     _require_backward()

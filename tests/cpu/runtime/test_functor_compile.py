@@ -40,7 +40,7 @@ def test_every_shipped_functor_builds_into_every_fast_kernel(rows):
         for variant, target in (("fa2", "sm_80"), ("fa2", "sm_90"), ("causal", "sm_80"), ("causal", "sm_90"),
                                 ("fa3", "sm_90a")):
             assert (variant, target, mod) in built, (variant, target, mod)
-    for mod in ("document", "prefix_lm", "relative_bias"):   # relative_bias's score_mod with its score_mod_grad
+    for mod in ("document", "prefix_lm", "relative_bias"):   # relative_bias's score_mod, a bias
         assert ("fa3_bwd", "sm_90a", mod) in built
     # fa2_bwd takes them all: score_mod ones with their derivative, mask_mod ones over its visit lists
     assert {m for v, _, m in built if v == "fa2_bwd"} == {"document", "prefix_lm", "relative_bias"}
