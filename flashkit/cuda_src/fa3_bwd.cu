@@ -35,7 +35,8 @@ launch: {grid: [q_blocks, kv_tiles, q_blocks], block_m: 64, block_n: 128, warps:
 overrides: {"hd64": {block_n: 192, warps: 16}, "hd192": {block_n: 64}, "hd256": {block_n: 64},
             "hd64/softcap+alibi": {block_n: 128, warps: 12},
             "hd64/block_sparse": {block_n: 128, warps: 12},
-            "hd64/mask_mod": {block_n: 128, warps: 12}, "hd64/score_mod_grad": {block_n: 128, warps: 12}, "hd128/mask_mod": {mask_warps: 1},
+            "hd64/mask_mod": {block_n: 128, warps: 12}, "hd64/score_mod_grad": {block_n: 128, warps: 12},
+            "hd128/mask_mod": {mask_warps: 1},
             "hd128/causal/mask_mod": {mask_warps: 0}}
 tensor_maps: {q: block_m, k: block_n, v: block_n, dout: block_m}   # box rows
 workspace: dq_accum

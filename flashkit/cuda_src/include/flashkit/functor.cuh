@@ -50,8 +50,7 @@ struct FunctorScoreMod {
         return score_at<true, true>(s, row, col);
     }
 #if FLASHKIT_SCORE_MOD_GRAD
-    __device__ __forceinline__ float grad(float m, int row, int col) const { return grad_at<true, true>(m, row, col); }
-    template <bool kClampRow, bool kClampCol>
+    template <bool kClampRow, bool kClampCol>   // indices clamped as score_at's
     __device__ __forceinline__ float grad_at(float m, int row, int col) const {
         return ::score_mod_grad(m, batch, head, kClampRow ? min(row, p.seqlen_q - 1) : row,
                                 kClampCol ? min(col, p.seqlen_k - 1) : col, p.mods.args);

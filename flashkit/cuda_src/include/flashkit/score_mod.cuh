@@ -13,8 +13,8 @@
 // mask.cuh) says so with kTailTile = false, and a drop-in functor then skips clamping its key index
 // (functor.cuh's modified_score). The runtime values live in Params::mods (params.cuh).
 // Selection at compile time: ScoreModOf<FLASHKIT_SOFTCAP, FLASHKIT_ALIBI>::type.
-// The backward multiplies dS by d mod(s) / ds at each element (1 wherever kUnitGrad), taken where it recomputes the
-// scores, at the fp32 modified score m: `grad(m, row, col)` (RecomputedSlopes, below; bwd_mask.cuh's
+// The backward multiplies dS by d mod(s) / ds at each element (1 wherever kUnitGrad, else `grad(m, row, col)`),
+// taken where it recomputes the scores, at the fp32 modified score m (RecomputedSlopes, below; bwd_mask.cuh's
 // apply_score_mod_transposed with slopes).
 // kIndexed: the modification reads each score's query and key index (ALiBi's distance, a functor's arguments),
 // which the kernels with little register room to spare take into account (hopper/bwd_traits.cuh).
@@ -61,7 +61,6 @@ struct NoScoreMod {
     static constexpr bool kHeldGrad = true;
     __device__ __forceinline__ NoScoreMod(const Params&, int, int) {}
     __device__ __forceinline__ float score(float s, int, int, float) const { return s; }
-    __device__ __forceinline__ float grad(float, int, int) const { return 1.f; }
 };
 
 // s -> (c / scale) tanh(s * scale / c); the two factors come from the parameter block (constant bank).
@@ -99,7 +98,6 @@ struct Alibi {
     static constexpr bool kUnitGrad = true;
     static constexpr bool kIndexed = true;
     static constexpr bool kHeldGrad = true;
-    __device__ __forceinline__ float grad(float, int, int) const { return 1.f; }
     __device__ __forceinline__ float distance(int row, float col_f) const {
         const float diag = static_cast<float>(row + p.seqlen_k - p.seqlen_q);   // one conversion per row
         return fabsf(diag - col_f);

@@ -71,7 +71,7 @@ struct BwdColumnConsumer : BwdConsumerBase<Kt, Mask, BwdShare<Kt, kC> > {
         this->issue_scores(cta, slot, s, dp);
 
         gmma::wait<1>();   // S^T landed; dP^T still running
-        gmma::fence_accumulators(s);
+        gmma::fence_registers(s);
         const Mod mod(p, head, batch);
         constexpr bool kHeld = Kt::template holds_slopes<Mod>();   // softcap's slopes, from the recompute to dS
         u32 slope[kHeld ? Kt::kQTiles : 1][2];
@@ -98,7 +98,7 @@ struct BwdColumnConsumer : BwdConsumerBase<Kt, Mask, BwdShare<Kt, kC> > {
             }
 
         gmma::wait<0>();   // dP^T landed
-        gmma::fence_accumulators(dp);
+        gmma::fence_registers(dp);
         const float* dsum = ws.dsum + ws_row;
 #pragma unroll
         for (int ni = 0; ni < Kt::kQTiles; ++ni) {
@@ -142,12 +142,12 @@ struct BwdColumnConsumer : BwdConsumerBase<Kt, Mask, BwdShare<Kt, kC> > {
 
         float(&dq_tiles)[Share::kDqTiles][4] = reinterpret_cast<float(&)[Share::kDqTiles][4]>(dq);
         gmma::wait<1>();   // dQ landed; dV, dK still running
-        gmma::fence_accumulators(dq_tiles);
+        gmma::fence_registers(dq_tiles);
         this->stage_dq(cta, dq_tiles, slot);   // staged (Kt::kDqBulk: hd192), or added from the registers (hd256)
         this->publish_dq(cta, dq_tiles, head, m_block, ws_row);
         gmma::wait<0>();   // dV, dK done: Q_i and dO_i are free, both buffers read
-        gmma::fence_accumulators(acc_dv);
-        gmma::fence_accumulators(acc_dk);
+        gmma::fence_registers(acc_dv);
+        gmma::fence_registers(acc_dk);
         cta.q_ring.release(slot);
         cta.do_ring.release(slot);
     }

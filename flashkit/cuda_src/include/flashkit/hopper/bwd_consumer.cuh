@@ -99,7 +99,7 @@ struct BwdConsumer : BwdConsumerBase<Kt, Mask> {
 
         gmma::wait<1>();   // S^T landed; dP^T still running
         timeline_stamp(slot, kBwdScoresIn);
-        gmma::fence_accumulators(s);
+        gmma::fence_registers(s);
         const Mod mod(p, head, batch);
         u32 slope[kHeld || kStashed ? Kt::kQTiles : 1][2];   // d mod / ds of S^T's elements, f16 pairs (ds_pair's)
         if constexpr (kHeld || kStashed)
@@ -123,7 +123,7 @@ struct BwdConsumer : BwdConsumerBase<Kt, Mask> {
         u32 pt[Kt::kQSteps][4];   // P^T as 16-bit A fragments: pt[kk][2 j + h] = rows + 8 h, column tile 2 kk + j
 #pragma unroll
         for (int kk = 0; kk < Kt::kQSteps; ++kk) pack_a_fragment<Element, SaturateFinite>(pt[kk], s, kk);
-        if constexpr (kStashed) gmma::fence_fragments(pt);   // (without it: 24 B spilled beside a window)
+        if constexpr (kStashed) gmma::fence_registers(pt);   // (without it: 24 B spilled beside a window)
         gmma::fence();
 #pragma unroll
         for (int kk = 0; kk < Kt::kQSteps; ++kk)   // dV += P^T dO (queries 16 kk.. are k, dO read MN-major)
@@ -134,7 +134,7 @@ struct BwdConsumer : BwdConsumerBase<Kt, Mask> {
 
         gmma::wait<1>();   // dP^T landed; dV still running
         timeline_stamp(slot, kBwdDpIn);
-        gmma::fence_accumulators(dp);
+        gmma::fence_registers(dp);
         const float* dsum = ws.dsum + ws_row;
         constexpr bool kDsInRegisters = Kt::template ds_in_registers<Mod>();
         u32 ds[kDsInRegisters ? Kt::kQSteps : 1][4];   // dS^T as dK's A fragments (pt's layout), kDsInRegisters
@@ -173,7 +173,7 @@ struct BwdConsumer : BwdConsumerBase<Kt, Mask> {
             // dK after dQ, so that dQ's adds run under it (measured 1-7% faster than dK before the barrier)
             issue_dk<kDsInRegisters, false>(ds, ds_tile, q_tile, k_row0);
             gmma::wait<1>();   // dV, dQ done; dK still running
-            gmma::fence_accumulators(dq);
+            gmma::fence_registers(dq);
             this->stage_dq(cta, dq, slot);
             if constexpr (Kt::kDqWriter) {
                 end_visit(cta, slot);
@@ -196,8 +196,8 @@ struct BwdConsumer : BwdConsumerBase<Kt, Mask> {
     // After the visit's last products are issued: wait for them; then Q_i and dO_i are free, the dS^T buffer read.
     __device__ __forceinline__ void end_visit(const BwdCta<Kt>& cta, int slot) {
         gmma::wait<0>();
-        gmma::fence_accumulators(acc_dv);
-        gmma::fence_accumulators(acc_dk);
+        gmma::fence_registers(acc_dv);
+        gmma::fence_registers(acc_dk);
         cta.q_ring.release(slot);
         cta.do_ring.release(slot);
         timeline_stamp(slot, kBwdVisitDone);

@@ -138,16 +138,16 @@ struct BwdWsTraits {
     // thread for itself (kSlopeBytes).
     static constexpr bool kSlopeStash = kConsumers > 2;   // where such slopes are stashed
     template <class Mod>
+    __host__ __device__ static constexpr bool takes_slopes() {   // held or stashed: dS takes them (ds_pair)
+        return RecomputedSlopes<Mod>::value;
+    }
+    template <class Mod>
     __host__ __device__ static constexpr bool holds_slopes() {
-        return RecomputedSlopes<Mod>::value && kConsumers == 2;
+        return takes_slopes<Mod>() && !kSlopeStash;
     }
     template <class Mod>
     __host__ __device__ static constexpr bool stashes_slopes() {
-        return RecomputedSlopes<Mod>::value && kSlopeStash;
-    }
-    template <class Mod>
-    __host__ __device__ static constexpr bool takes_slopes() {   // held or stashed: dS takes them (ds_pair)
-        return holds_slopes<Mod>() || stashes_slopes<Mod>();
+        return takes_slopes<Mod>() && kSlopeStash;
     }
     // How dQ reaches dq_accum (DqLayout's order): split by keys, a consumer's 64 x 64 fp32 dQ (its columns at hd128,
     // the whole visit's in its turn at hd64) goes through its own shared panel and one bulk reduction

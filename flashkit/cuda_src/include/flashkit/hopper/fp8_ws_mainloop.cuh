@@ -100,7 +100,7 @@ struct WsMainloop {
     // (to_probabilities_scaled); else S is scaled first and masked after (a scale may be zero or negative).
     template <bool kMasked>
     __device__ __forceinline__ void softmax_step(int n_block, int row0, int col_lane) {
-        gmma::fence_accumulators(s[0]);
+        gmma::fence_registers(s[0]);
         const float c[1][2] = {{row_scale[0] * next_ks[0], row_scale[1] * next_ks[0]}};
         const bool one_k_scale = kScaleParts == 1 || params.scale_block_rows >= kBN;
         if (__all_sync(kFullWarp, one_k_scale && c[0][0] > 0.f && c[0][1] > 0.f)) {
@@ -134,7 +134,7 @@ struct WsMainloop {
 
     // After the previous P V completed: O *= alpha, and P (s) -> e4m3 A fragments.
     __device__ __forceinline__ void rescale_and_pack() {
-        gmma::fence_accumulators(acc_o[0]);
+        gmma::fence_registers(acc_o[0]);
         Softmax<1>::rescale_if_owed(acc_o, alpha);
 #pragma unroll
         for (int kk = 0; kk < Kt::kPVSteps; ++kk) pack_p_fragment(p_frag[kk], s[0], kk);

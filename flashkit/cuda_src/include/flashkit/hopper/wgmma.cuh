@@ -122,23 +122,18 @@ __device__ __forceinline__ void fence_proxy_async() {
     asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
 }
 
-// Keep the accumulators in registers across the asynchronous product (no spill, no reorder).
-template <int kTiles>
-__device__ __forceinline__ void fence_accumulators(float (&d)[kTiles][4]) {
+// Keep an asynchronous product's register operands in place (no spill, no reorder): its accumulators (float)
+// across the product, and register A fragments (u32) formed before the fence that precedes it (else the compiler may
+// sink their conversions past the fence, and ptxas inserts a warpgroup arrive of its own before the product, which
+// in a loop it cannot prove uniform serializes every wgmma: C7519).
+__device__ __forceinline__ void fence_register(float& r) { asm volatile("" : "+f"(r)::"memory"); }
+__device__ __forceinline__ void fence_register(u32& r) { asm volatile("" : "+r"(r)::"memory"); }
+template <typename T, int kTiles>
+__device__ __forceinline__ void fence_registers(T (&d)[kTiles][4]) {
 #pragma unroll
     for (int i = 0; i < kTiles; ++i)
 #pragma unroll
-        for (int e = 0; e < 4; ++e) asm volatile("" : "+f"(d[i][e])::"memory");
-}
-// Keep register A fragments formed before the fence that precedes their products: the compiler otherwise may sink
-// their conversions past it, and ptxas then inserts a warpgroup arrive of its own before the product (which in a
-// loop it cannot prove uniform serializes every wgmma: C7519).
-template <int kSteps>
-__device__ __forceinline__ void fence_fragments(u32 (&a)[kSteps][4]) {
-#pragma unroll
-    for (int i = 0; i < kSteps; ++i)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) asm volatile("" : "+r"(a[i][e])::"memory");
+        for (int e = 0; e < 4; ++e) fence_register(d[i][e]);
 }
 
 // ---- D (+)= A B -> f32, m64nNk(32 bytes) -------------------------------------------------------

@@ -167,7 +167,7 @@ __device__ __forceinline__ void fwd_block(const Params& p, const Mask& mask, int
         for (; i + 1 < n_blocks; ++i) pipeline_step<Kt, false>(loop, mask, i, n_blocks, row0, col_lane, tid);
         loop.issue_pv((n_blocks - 1) % Kt::kStages);
         wait<0>();
-        fence_accumulators(loop.acc_o[0]);
+        fence_registers(loop.acc_o[0]);
     }
 
     float lse[1][2];

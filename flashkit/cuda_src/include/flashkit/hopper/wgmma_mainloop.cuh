@@ -107,7 +107,7 @@ struct HopperMainloop {
     static constexpr bool kSplitSoftmax = true;
     template <bool kMasked>
     __device__ __forceinline__ void softmax_max(int n_block, int row0, int col_lane) {
-        gmma::fence_accumulators(s[0]);
+        gmma::fence_registers(s[0]);
         if constexpr (kMasked) apply_mask(mask, s, row0, n_block * kBN + col_lane);
         softmax.update_max(s, alpha, params.softmax_scale_log2);
     }
@@ -121,7 +121,7 @@ struct HopperMainloop {
 
     // After the previous P V completed: O *= alpha, and P (s) -> 16-bit A fragments.
     __device__ __forceinline__ void rescale_and_pack() {
-        gmma::fence_accumulators(acc_o[0]);
+        gmma::fence_registers(acc_o[0]);
         OnlineSoftmax<1>::rescale_if_owed(acc_o, alpha);
 #pragma unroll
         for (int kk = 0; kk < Kt::kPVSteps; ++kk) pack_a_fragment<Element>(p_frag[kk], s[0], kk);

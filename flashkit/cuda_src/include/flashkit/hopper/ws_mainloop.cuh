@@ -142,7 +142,7 @@ struct WsMainloop {
     // S_i (landed) -> P_i in place, and alpha; keys of tile n_block, thread's rows from row0.
     template <bool kMasked>
     __device__ __forceinline__ void softmax_step(int n_block, int row0, int col_lane) {
-        gmma::fence_accumulators(s[0]);
+        gmma::fence_registers(s[0]);
         apply_score_mod<kMasked>(score_mod, s, row0, n_block * kBN + col_lane);   // S = mod(S)
         if constexpr (kMasked) apply_mask(mask, s, row0, n_block * kBN + col_lane);
         softmax.update_max(s, alpha, scale_log2);
@@ -151,7 +151,7 @@ struct WsMainloop {
 
     // After the previous P V completed: O *= alpha, and P (s) -> 16-bit A fragments.
     __device__ __forceinline__ void rescale_and_pack() {
-        gmma::fence_accumulators(acc_o[0]);
+        gmma::fence_registers(acc_o[0]);
         OnlineSoftmax<1>::rescale_if_owed(acc_o, alpha);
 #pragma unroll
         for (int kk = 0; kk < Kt::kPVSteps; ++kk) pack_a_fragment<Element>(p_frag[kk], s[0], kk);
@@ -270,7 +270,7 @@ __device__ __forceinline__ void consumer_mainloop(Loop& loop, const Turn& turn, 
     turn.pass_turn();
     gmma::wait<0>();
     v_ring.release(last);
-    gmma::fence_accumulators(loop.acc_o[0]);
+    gmma::fence_registers(loop.acc_o[0]);
     turn.finish();
 }
 
