@@ -95,7 +95,7 @@ def attention(q: Any, k: Any, v: Any, *, causal: bool = False, softmax_scale: fl
     if fp8 and problem.dtype == "float32":
         raise InputError("fp8: quantizing needs float16 or bfloat16 inputs, got float32")
     if block_mask is not None:
-        _check_block_mask(block_mask, problem)
+        _check_block_mask(block_mask, problem, functor)
     out_name = _output_dtype(problem, fp8 or prequantized, out_dtype)
     if fp8:   # the kernel sees the quantized inputs
         problem = replace(problem, dtype=FLOAT8_E4M3.name)
@@ -341,10 +341,15 @@ def _fp8_options(options: dict | None) -> dict:
     return dict(options or {})
 
 
-def _check_block_mask(mask: Any, problem: Problem) -> None:
+def _check_block_mask(mask: Any, problem: Problem, functor: Any = None) -> None:
+    """block_mask: a flashkit.BlockMask of the call's geometry; beside a drop-in functor only a score_mod (the kernels
+    take their tiles from one list: a mask_mod's blocks fold into the functor's mask_mod)."""
     from .features.block_mask import BlockMask
     if not isinstance(mask, BlockMask):
         raise InputError(f"block_mask: expected a flashkit.BlockMask, got {type(mask).__name__}")
+    if functor is not None and functor.spec.mask:
+        raise InputError(f"block_mask: cannot be combined with {functor.spec.name}'s mask_mod (fold the blocks into "
+                         f"the functor's mask_mod)")
     mask.check_compatible(problem)
 
 

@@ -63,9 +63,9 @@ def attention_backward(dout: Any, q: Any, k: Any, v: Any, out: Any, lse: Any, *,
     _check_lse(describe(lse, "lse"), problem, q_meta)
     mods = mods_of(problem, causal, window_size=window_size, softcap=softcap, alibi_slopes=alibi_slopes,
                    attention_chunk=attention_chunk, device=q_meta.device)
-    functor = _bind_backward_functor(mod, mod_args, problem, mods, q_meta.device, block_mask)
+    functor = _bind_backward_functor(mod, mod_args, problem, mods, q_meta.device)
     if block_mask is not None:
-        _check_block_mask(block_mask, problem)
+        _check_block_mask(block_mask, problem, functor)
     cc = device_info().cc
     req = request_for(problem, cc=cc, causal=causal, backward=True, block_sparse=block_mask is not None,
                       **mods.request_flags(), **(functor.request_flags() if functor else {}))
@@ -145,9 +145,9 @@ def _run_dense(prepared: PreparedLaunch, inputs: tuple, grads: tuple, extra: tup
              call_cache.workspace(nbytes) if nbytes else None)
 
 
-def _bind_backward_functor(mod: Any, mod_args: Any, problem: Problem, mods: Mods, device, block_mask: Any):
+def _bind_backward_functor(mod: Any, mod_args: Any, problem: Problem, mods: Mods, device):
     """The call's drop-in functor checked against its manifest (features/functors.bind_functor), or None; a
-    score_mod has no backward, and a block mask and a functor are not combined (the forward has no such kernel)."""
+    score_mod needs its score_mod_grad (or bias: true) for a backward."""
     if mod is None and mod_args is None:
         return None
     from .features.functors import bind_functor, check_gradient
@@ -158,8 +158,6 @@ def _bind_backward_functor(mod: Any, mod_args: Any, problem: Problem, mods: Mods
     functor = bind_functor(mod, mod_args, problem, mods, device)
     functor.snapshot = snapshot
     check_gradient(functor.spec, "; mask_mod functors need none")
-    if block_mask is not None:
-        raise InputError("block_mask: cannot be combined with mod (fold the blocks into the functor's mask_mod)")
     return functor
 
 
@@ -267,7 +265,7 @@ def _launch_backward(spec, cc, problem: Problem, causal: bool, deterministic: bo
     extras = {**(extras or {}), **mod_launch_fields(mods, problem, alibi_slopes, keep), "bwd": bwd}
     io = LaunchInputs(qc, kc, vc, oc, lsec, extras=extras, map_arrays={"dout": doc}, map_fields={"dout": "bwd.dout"})
     if block_mask is not None or (functor is not None and functor.spec.mask):
-        _launch_listed(spec, cc, config, problem, io, causal, block_mask, functor)
+        _launch_listed(spec, cc, config, problem, io, causal, mods, block_mask, functor)
         prepared = None
     elif functor is not None:   # a score_mod alone: the dense walk, the functor built in (not cached: no key)
         io = replace(io, extras=merge_fields(io.extras, functor.kernel_fields(problem, to_cupy)))
@@ -305,7 +303,7 @@ def _build(spec, config, cc, functor: Any):
         raise (functor.compile_error(e) if functor else e) from None
 
 
-def _launch_listed(spec, cc, config, problem: Problem, io: LaunchInputs, causal: bool, block_mask: Any,
+def _launch_listed(spec, cc, config, problem: Problem, io: LaunchInputs, causal: bool, mods: Mods, block_mask: Any,
                    functor: Any) -> None:
     """A backward over visit lists (features/bwd_lists.py): the tile states (a block mask's, or a mask_mod's by
     its classifier), the lists and ranks, then the variant's entries, all on the current stream."""
@@ -313,23 +311,24 @@ def _launch_listed(spec, cc, config, problem: Problem, io: LaunchInputs, causal:
     loaded = _build(spec, config, cc, functor)
     cupy = cupy_module()
     launch_cfg = config.launch_dict
-    batch, heads = functor.mask_rows(problem) if functor is not None else block_mask.shape[:2]
+    by_mask_mod = block_mask is None   # the tile states: a mask_mod's classifier, else the block mask's blocks
+    batch, heads = functor.mask_rows(problem) if by_mask_mod else block_mask.shape[:2]
     # A ModMask keeps the lists of its first call of this geometry (features/mod_mask.py)
-    snapshot = functor.snapshot if functor is not None else None
+    snapshot = functor.snapshot if by_mask_mod else None
     key = functor.tiles_key("backward", spec.name, config, problem) if snapshot is not None else None
     held = snapshot.held(key) if snapshot is not None else None
     lists = held if held is not None else VisitLists.allocate(geometry(problem, launch_cfg, batch, heads), cupy)
     extras = merge_fields(io.extras, lists.fields())
-    if functor is not None:
-        extras = merge_fields(extras, functor.kernel_fields(problem, to_cupy))   # ModArgs (a mask_mod: no scale)
+    if functor is not None:   # ModArgs (a mask_mod: no scale), of a mask_mod or of a score_mod beside a block mask
+        extras = merge_fields(extras, functor.kernel_fields(problem, to_cupy))
     io = replace(io, extras=extras)
     prepared = prepare_launch(spec, loaded, config, problem, io)
     if held is None:
         block = prepared.params.fill(*(0,) * len(POINTER_FIELDS))   # the list passes read no array of the attention
-        if functor is not None:
+        if by_mask_mod:
             lists.classify(loaded.aux, block)
         else:
-            lists.block_mask_states(block_mask, problem, launch_cfg, causal, cupy)
+            lists.block_mask_states(block_mask, problem, launch_cfg, causal, mods, cupy)
         lists.compact(loaded.aux, block)
         if snapshot is not None:
             snapshot.hold(key, lists)

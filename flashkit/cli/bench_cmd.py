@@ -34,6 +34,9 @@ def _ints(values: tuple[str, ...]) -> list[int]:
 @click.option("--plot", type=click.Path(dir_okay=False), default=None, help="Write a PNG of TFLOP/s vs seqlen.")
 @click.option("--functors", is_flag=True, help="Drop-in functors against the built-ins and flex_attention "
                                                "(flashkit.bench.functors; first seqlen and head dim given).")
+@click.option("--block-mods", is_flag=True, help="Block masks with softcap / ALiBi / a window against the block mask "
+                                                 "alone, the dense kernel and flex_attention (flashkit.bench.block_mods;"
+                                                 " first seqlen, --head-dim, --density).")
 @click.option("--backward", is_flag=True, help="attention_backward against PyTorch SDPA's flash and cuDNN backward "
                                                "(flashkit.bench.backward; --seqlen, --head-dim, --variant).")
 @click.option("--deterministic", is_flag=True, help="With --backward: the deterministic backward.")
@@ -41,7 +44,7 @@ def _ints(values: tuple[str, ...]) -> list[int]:
               help="With --backward: v's head dim, below each --head-dim (DeepSeek's MLA: 128 under 192).")
 @one_line_errors
 def command(variants, head_dims, seqlens, causal, density, dtype, compare, iters, warmup, as_json, json_out,
-            plot, functors, backward, deterministic, head_dim_v) -> None:
+            plot, functors, block_mods, backward, deterministic, head_dim_v) -> None:
     """Time kernels with CUDA events (median, L2-rotated inputs) and report TFLOP/s and ratios."""
     if head_dim_v is not None and not backward:
         raise InputError(f"--head-dim-v: times the backward only (add --backward), got {head_dim_v}")
@@ -61,6 +64,15 @@ def command(variants, head_dims, seqlens, causal, density, dtype, compare, iters
         argv += (["--seqlen", str(_ints(seqlens)[0])] if seqlens else []) + (
             ["--head-dim", str(_ints(head_dims)[0])] if head_dims else []) + ([] if compare == "torch" else ["--no-flex"])
         functor_bench.main(argv)
+        return
+    if block_mods:
+        from ..bench import block_mods as block_mods_bench
+        argv = ["--iters", str(iters), "--warmup", str(warmup)] + (["--out", json_out] if json_out else [])
+        argv += (["--seqlen", str(_ints(seqlens)[0])] if seqlens else []) + (
+            ["--head-dims", ",".join(map(str, _ints(head_dims)))] if head_dims else []) + (
+            ["--densities", ",".join(map(str, _floats(density)))] if density else []) + (
+            [] if compare == "torch" else ["--no-flex"])
+        block_mods_bench.main(argv)
         return
     config = bench.BenchConfig(
         seqlens=_ints(seqlens) or bench.SEQLENS, head_dims=_ints(head_dims) or bench.HEAD_DIMS,

@@ -5,7 +5,8 @@ entry: flashkit_block_sparse_hopper_fwd
 arch: {min: "9.0", max: "9.0", targets: {"9.0": sm_90a}}
 dtypes: [float16, bfloat16]
 head_dims: {min: 8, max: 256, multiple_of: 8, classes: [64, 96, 128, 192, 256]}
-features: {causal: true, block_sparse: true, fp8: false, backward: false, lse: true, gqa: true}
+features: {causal: true, block_sparse: true, fp8: false, backward: false, lse: true, gqa: true,
+           window: true, chunk: true, softcap: true, alibi: true, score_mod: true}
 requires: {block_sparse: true}
 priority: 60
 launch: {grid: q_blocks, block_m: 128, block_n: 128, warps: 12, stages: 2}   # tiles nest in 128-key mask blocks
@@ -21,15 +22,20 @@ workspace: none
 // Block-sparse attention on the Hopper core of fa3.cu (include/flashkit/hopper/ws_forward.cuh):
 // the same producer, stage rings, ping-pong consumers and TMA epilogue, driven by the
 // BlockSparseMask type (block_sparse.cuh): the producer loads only the K/V tiles of the blocks a
-// flashkit.BlockMask keeps for this query block, and the consumers mask only the tiles that cross
-// a ragged tail or (with FLASHKIT_CAUSAL) the diagonal.
+// flashkit.BlockMask keeps for this query block and the call's element mask (FLASHKIT_CAUSAL, FLASHKIT_WINDOW)
+// does not hide wholly, and the consumers mask only the tiles that cross a ragged tail, the diagonal or a
+// window's edge. softcap / ALiBi (score_mod.cuh) and a drop-in score_mod (functor.cuh) modify the scores as in fa3.cu.
 #include "flashkit/block_sparse.cuh"
+#include "flashkit/functor.cuh"
 #include "flashkit/hopper/ws_forward.cuh"
 
 typedef flashkit::hopper::WsTraits<flashkit::Element, FLASHKIT_HEAD_DIM, FLASHKIT_BLOCK_M, FLASHKIT_BLOCK_N,
                                    FLASHKIT_STAGES>
     Traits;
-typedef flashkit::BlockSparseMask<Traits::kBlockM, Traits::kBlockN, FLASHKIT_CAUSAL != 0> FwdMask;
+typedef flashkit::LocalOr<FLASHKIT_WINDOW, Traits::kBlockM, Traits::kBlockN,
+                          flashkit::DenseMask<FLASHKIT_CAUSAL, Traits::kBlockM, Traits::kBlockN>::type>::type
+    ElementMask;
+typedef flashkit::BlockSparseMask<Traits::kBlockM, Traits::kBlockN, ElementMask> FwdMask;
 static_assert(FLASHKIT_WARPS * flashkit::kWarpSize == Traits::kThreads, "warps: a producer and kBlockM / 64 consumers");
 
 FLASHKIT_EXPORT_SMEM_BYTES(Traits::kSmemBytes);
@@ -41,6 +47,7 @@ extern "C" __global__ void __launch_bounds__(Traits::kThreads, 1)
                                      const __grid_constant__ flashkit::hopper::TensorMap v_map,
                                      const __grid_constant__ flashkit::hopper::TensorMap o_map) {
     const FwdMask mask(params, blockIdx.x, blockIdx.y, blockIdx.z);
-    flashkit::hopper::ws_forward<Traits>(params, {q_map, k_map, v_map, o_map}, mask, blockIdx.x, blockIdx.y,
-                                         blockIdx.z, flashkit::SeqOrigin{0, 0, static_cast<int>(blockIdx.z)});
+    flashkit::hopper::ws_forward<Traits, flashkit::KernelScoreMod>(
+        params, {q_map, k_map, v_map, o_map}, mask, blockIdx.x, blockIdx.y, blockIdx.z,
+        flashkit::SeqOrigin{0, 0, static_cast<int>(blockIdx.z)});
 }

@@ -70,18 +70,19 @@ class VisitLists:
                 "mods": {"tile_state": self.state.data.ptr, "tile_batch": geo.batch, "tile_heads": geo.heads,
                          "q_tiles": geo.q_tiles, "k_tiles": geo.k_tiles}}
 
-    def block_mask_states(self, mask, problem, launch: dict[str, int], causal: bool, cupy) -> None:
-        """The states of a block mask: a tile is full where its mask block is kept and (causal, bottom-right
-        aligned) some query of it sees some key of it; else empty (the kernel masks the diagonal itself)."""
+    def block_mask_states(self, mask, problem, launch: dict[str, int], causal: bool, mods, cupy) -> None:
+        """The states of a block mask: a tile is full where its mask block is kept and some query of it may see some
+        key of it under the call's causal mask and window (keys [begin(first row), end(last row)): key_interval);
+        else empty. The kernel masks the diagonal and the window's edges itself."""
         bm, bn = launch["block_m"], launch["block_n"]
         geo = self.geo
         m = cupy.arange(geo.q_tiles)
         n = cupy.arange(geo.k_tiles)
         blocks = mask.device_blocks()
         kept = blocks[:, :, (m * bm // mask.block_q)[:, None], (n * bn // mask.block_k)[None, :]]
-        if causal:
-            last_row = cupy.minimum(m * bm + bm, problem.seqlen_q) - 1
-            kept = kept & ((n * bn)[None, :] <= (last_row + problem.seqlen_k - problem.seqlen_q)[:, None])
+        lo, _ = key_interval(m * bm, problem, causal, mods, cupy)
+        _, hi = key_interval(cupy.minimum(m * bm + bm, problem.seqlen_q) - 1, problem, causal, mods, cupy)
+        kept = kept & ((n * bn)[None, :] < hi[:, None]) & ((n * bn + bn)[None, :] > lo[:, None])
         self.state[...] = (kept.reshape(geo.groups, geo.q_tiles, geo.k_tiles) * TILE_FULL).astype(cupy.uint8)
 
     def classify(self, aux: dict, params_block) -> None:
@@ -95,3 +96,22 @@ class VisitLists:
                                          (params_block,))
         aux["flashkit_bwd_list_ranks"]((-(-geo.groups * geo.q_tiles // LIST_THREADS), 1, 1), (LIST_THREADS, 1, 1),
                                        (params_block,))
+
+
+def key_interval(rows, problem, causal: bool, mods, xp):
+    """Keys [begin, end) query rows may see (mask.cuh's LocalWindow, with causal's end), both non-decreasing in the
+    row: diag = row + seqlen_k - seqlen_q; begin = diag - left (a window's left side), the row's chunk start; end =
+    diag + right + 1 (its right side; causal: right = 0), the chunk's end, at most seqlen_k."""
+    diag = rows + (problem.seqlen_k - problem.seqlen_q)
+    begin = xp.zeros_like(diag)
+    end = xp.full_like(diag, problem.seqlen_k)
+    if mods.window_left >= 0:
+        begin = xp.maximum(begin, diag - mods.window_left)
+    right = 0 if causal else mods.window_right
+    if right >= 0:
+        end = xp.minimum(end, diag + right + 1)
+    if mods.chunk > 0:
+        start = xp.floor_divide(diag, mods.chunk) * mods.chunk
+        begin = xp.maximum(begin, start)
+        end = xp.minimum(end, start + mods.chunk)
+    return begin, end

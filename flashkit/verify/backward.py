@@ -175,7 +175,6 @@ def masked_backward_check(spec: KernelSpec, shape: Shape, head_dim: int, dtype: 
     forward by the default kernel with the same mask."""
     label = (f"{shape.label()} d{head_dim} {dtype}" + (" causal" if causal else "") + f" {mask}"
              + (" deterministic" if deterministic else "") + " backward")
-    kind, name = mask.split(":", 1)
 
     def run(seed: int) -> CheckResult:
         from ..api import attention
@@ -183,7 +182,7 @@ def masked_backward_check(spec: KernelSpec, shape: Shape, head_dim: int, dtype: 
         xp = cupy_module()
         q, k, v = random_qkv(shape, head_dim, dtype, seed)
         dout = random_dout(q, v, seed + 1)
-        kw, emask, score_fn, score_grad_fn = masked_call(kind, name, shape, seed, xp)
+        kw, emask, score_fn, score_grad_fn = masked_terms(mask, shape, seed, xp)
         out, lse = attention(q, k, v, causal=causal, return_lse=True, **kw)
         poison_pool((q, k, v))
         grads = attention_backward(dout, q, k, v, out, lse, causal=causal, variant=spec.name,
@@ -194,12 +193,25 @@ def masked_backward_check(spec: KernelSpec, shape: Shape, head_dim: int, dtype: 
     return Check(spec.name, label, run)
 
 
+def masked_terms(mask: str, shape: Shape, seed: int, xp) -> tuple:
+    """masked_call of each "+"-joined term of mask ("block:random(0.5)+mod:relative_bias": a score_mod functor under a
+    block mask), the keywords merged, the element masks intersected."""
+    kw, emask, score_fn, score_grad_fn = {}, None, None, None
+    for term in mask.split("+"):
+        kind, name = term.split(":", 1)
+        more, m, fn, grad_fn = masked_call(kind, name, shape, seed, xp)
+        kw.update(more)
+        emask = m if emask is None else (emask if m is None else emask & m)
+        score_fn, score_grad_fn = fn or score_fn, grad_fn or score_grad_fn
+    return kw, emask, score_fn, score_grad_fn
+
+
 def masked_call(kind: str, name: str, shape: Shape, seed: int, xp) -> tuple:
     """(the attention keywords, the explicit element mask or None, the reference score_fn and score_grad_fn of a
     functor's score_mod or None) of a block mask pattern or a functor (mask_mod, or score_mod with its derivative)."""
     if kind == "block":
-        from .block_sparse import _patterns
-        block_mask = _patterns()[name](shape, seed)
+        from .block_sparse import block_patterns
+        block_mask = block_patterns()[name](shape, seed)
         return {"block_mask": block_mask}, block_mask.to_element_mask(shape.seqlen_q, shape.seqlen_k), None, None
     from ..registry import discover_kernels
     from .functors import functor_slope, functor_terms, load_reference, reference_args
@@ -215,14 +227,20 @@ def masked_call(kind: str, name: str, shape: Shape, seed: int, xp) -> tuple:
 # odd shapes, GQA, q != k.
 MASKED_SHAPES = (Shape(2, 300, 700, 4, 2), Shape(1, 777, 255, 8, 1), Shape(1, 1000, 1000, 4, 4), Shape(2, 1, 129, 2, 2))
 MASKS = ("block:sliding_window(256)", "block:butterfly", "block:random(0.5)", "block:random(0.0)",
-         "block:random(0.5) broadcast", "mod:document", "mod:prefix_lm", "mod:relative_bias")
+         "block:random(0.5) broadcast", "mod:document", "mod:prefix_lm", "mod:relative_bias",
+         "block:random(0.5)+mod:relative_bias")
+
+
+def takes_mask(spec: KernelSpec, mask: str) -> bool:
+    """Whether a backward variant takes every term of a MASKS entry (block masks; the functor built in)."""
+    from ..registry import discover_kernels
+    mods = discover_kernels().mods
+    return all(spec.supports("block_sparse") if kind == "block" else mods[name].builds_into(spec)
+               for kind, name in (term.split(":", 1) for term in mask.split("+")))
 
 
 def masked_backward_checks(spec: KernelSpec, dtypes, head_dims, causal_opts, quick: bool) -> list[Check]:
-    from ..registry import discover_kernels
-    mods = discover_kernels().mods
-    masks = [m for m in MASKS if (spec.supports("block_sparse") if m.startswith("block:")
-                                  else mods[m.split(":", 1)[1]].builds_into(spec))]
+    masks = [m for m in MASKS if takes_mask(spec, m)]
     shapes = MASKED_SHAPES[:2] if quick else MASKED_SHAPES
     return [masked_backward_check(spec, s, d, t, c, m)
             for t, d, c, s, m in itertools.product(dtypes, head_dims, causal_opts, shapes, masks)]

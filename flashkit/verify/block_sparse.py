@@ -26,7 +26,7 @@ DENSITIES = (1.0, 0.5, 0.25, 0.1, 0.0)
 MaskFactory = Callable[[Shape, int], "object"]   # (shape, seed) -> BlockMask
 
 
-def _patterns() -> dict[str, MaskFactory]:
+def block_patterns() -> dict[str, MaskFactory]:
     """Every helper pattern, and per-(batch, head) random masks at each density."""
     from ..features.block_mask import BlockMask
     xp = cupy_module()
@@ -58,7 +58,7 @@ def block_sparse_check(spec: KernelSpec, shape: Shape, head_dim: int, dtype: str
     def run(seed: int) -> CheckResult:
         from ..api import attention
         xp = cupy_module()
-        mask = _patterns()[pattern](shape, seed)
+        mask = block_patterns()[pattern](shape, seed)
         q, k, v = random_qkv(shape, head_dim, dtype, seed)
         out = xp.full(q.shape, xp.nan, dtype=q.dtype)   # poisoned: an unwritten element stays NaN
         want_lse = spec.supports("lse")

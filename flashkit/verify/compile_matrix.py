@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 from concurrent.futures import ProcessPoolExecutor
 from typing import Callable
 
@@ -20,7 +21,8 @@ HEAD_DIM_V_GEOMETRY_PAIRS = ((96, 64), (128, 64), (256, 192), (256, 64))
 
 def spec_configs(spec: KernelSpec, cc: tuple[int, int], dtypes=None, head_dims=None) -> list[BuildConfig]:
     """Every specialization a variant can be asked for on this arch (with its declared modifications all on too,
-    and varlen where the variant takes packed sequences; a backward taking block masks with one too; with each of
+    and varlen where the variant takes packed sequences; a backward taking block masks with one too, alone and with
+    the modifications; with each of
     its tile tables by call length): of its
     example head dims, or of the named head dims it takes, that the arch takes (head_dims' max_by_arch).
 
@@ -50,8 +52,9 @@ def spec_configs(spec: KernelSpec, cc: tuple[int, int], dtypes=None, head_dims=N
                 for od in out_dtypes:
                     out += [make_config(spec, dt, hd, c, cc, sparse, od, m, seqlen_q=sq) for m in mod_sets
                             for sq in lengths(spec, hd) if "varlen" not in m or spec.head_dims.class_of(hd) == hd]
-                    if listed:   # a backward over a block mask's lists
-                        out += [make_config(spec, dt, hd, c, cc, True, od, (), seqlen_q=sq) for sq in lengths(spec, hd)]
+                    if listed:   # a backward over a block mask's lists, alone and with the modifications
+                        out += [make_config(spec, dt, hd, c, cc, True, od, m, seqlen_q=sq) for sq in lengths(spec, hd)
+                                for m in mod_sets if "varlen" not in m]
     if spec.supports("head_dim_v"):
         out += head_dim_v_configs(spec, cc, causal_opts, mod_sets, dtypes, head_dims)
     return list(dict.fromkeys(out))   # head dims of one class and padding share a specialization
@@ -92,7 +95,8 @@ def plan_compiles(variants, ccs, dtypes=None, head_dims=None):
 def functor_jobs(mods=None, variants=None, ccs=((8, 0), (9, 0)), dtypes=("bfloat16",), head_dims=(64, 128),
                  causal_opts=(False, True)) -> list:
     """(spec, config, target) jobs building each drop-in functor into each variant that builds its functions in (a
-    backward: mask_mod functors, and score_mod functors with their score_mod_grad)."""
+    backward: mask_mod functors, and score_mod functors with their score_mod_grad); a block-sparse forward's under
+    its block mask, a score_mod into a backward taking block masks with one too."""
     from ..features.functors import build_key
     cat = discover_kernels()
     mod_specs = [cat.get_mod(m) for m in mods] if mods else sorted(cat.mods.values(), key=lambda m: m.name)
@@ -103,11 +107,12 @@ def functor_jobs(mods=None, variants=None, ccs=((8, 0), (9, 0)), dtypes=("bfloat
             if not (spec.runs_on(cc) and (spec.supports("score_mod") or spec.supports("mask_mod"))):
                 continue
             for mod in [m for m in mod_specs if m.builds_into(spec)]:
-                for dt in dtypes:
-                    for hd in head_dims:
-                        for c in spec.causal_options(tuple(causal_opts)):
-                            jobs += [(spec, make_config(spec, dt, hd, c, cc, False, None, mod.build_features, build_key(mod),
-                                                        seqlen_q=sq), spec.target(cc)) for sq in lengths(spec, hd)]
+                sparse = {spec.requires.get("block_sparse", False)} | (
+                    {True} if spec.supports("block_sparse") and spec.supports("backward") and not mod.mask else set())
+                for dt, hd, bs in itertools.product(dtypes, head_dims, sorted(sparse)):
+                    for c in spec.causal_options(tuple(causal_opts)):
+                        jobs += [(spec, make_config(spec, dt, hd, c, cc, bs, None, mod.build_features, build_key(mod),
+                                                    seqlen_q=sq), spec.target(cc)) for sq in lengths(spec, hd)]
     return list({(spec.name, config, target): (spec, config, target) for spec, config, target in jobs}.values())
 
 

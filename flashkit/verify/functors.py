@@ -21,7 +21,9 @@ from ..errors import UnsupportedError
 from ..registry.functor_manifest import ModSpec
 from ..registry.manifest import KernelSpec
 from ..runtime.device import cupy_module
+from .block_sparse import block_patterns
 from .harness import SHAPES, Check, CheckResult, Shape, judge, random_qkv
+from .mods import BLOCK_PATTERN
 from .reference import output_atol, plain_attention, reference_attention
 
 QUICK_SHAPES = (Shape(1, 1, 1, 1, 1), Shape(2, 17, 17, 4, 4), Shape(3, 128, 128, 8, 1), Shape(2, 127, 1000, 4, 4),
@@ -88,17 +90,23 @@ def functor_slope(spec: ModSpec, module: ModuleType, shape: Shape, args: dict, x
 def functor_check(spec: KernelSpec, mod: ModSpec, module: ModuleType, shape: Shape, head_dim: int, dtype: str,
                   causal: bool) -> Check:
     """One run of the fused kernel against the reference with the functor applied."""
-    label = f"{shape.label()} d{head_dim} {dtype} {'causal ' if causal else ''}mod={mod.name}"
+    block = BLOCK_PATTERN if spec.requires.get("block_sparse") else None   # a block-sparse variant: under a block mask
+    label = (f"{shape.label()} d{head_dim} {dtype} {'causal ' if causal else ''}mod={mod.name}"
+             + (f" block:{block}" if block else ""))
 
     def run(seed: int) -> CheckResult:
         from ..api import attention
         xp = cupy_module()
         q, k, v = random_qkv(shape, head_dim, dtype, seed)
         args = reference_args(mod, module, shape, seed, xp)
+        blocks = block_patterns()[block](shape, seed) if block else None
         out = xp.full(q.shape, xp.nan, dtype=q.dtype)   # poisoned: an unwritten element stays NaN
         out, lse = attention(q, k, v, causal=causal, variant=spec.name, return_lse=True, out=out, mod=mod.name,
-                             mod_args=args)
+                             mod_args=args, block_mask=blocks)
         mask, score_fn = functor_terms(mod, module, shape, args, xp)
+        if blocks is not None:
+            element = blocks.to_element_mask(shape.seqlen_q, shape.seqlen_k)
+            mask = element if mask is None else (mask & element)
         kw = dict(scale=head_dim ** -0.5, causal=causal, mask=mask, score_fn=score_fn)
         ref, lse_ref = reference_attention(q, k, v, **kw)
         plain, lse_plain = plain_attention(q, k, v, dtype=BY_NAME[dtype], **kw)
@@ -108,10 +116,10 @@ def functor_check(spec: KernelSpec, mod: ModSpec, module: ModuleType, shape: Sha
     return Check(spec.name, label, run)
 
 
-def functor_variants(specs) -> list[KernelSpec]:
-    """The forward variants that build functors in (their manifests declare score_mod and mask_mod); the backward's
-    checks are verify/backward.py's."""
-    return [s for s in specs if s.supports("score_mod") and s.supports("mask_mod") and not s.supports("backward")]
+def functor_variants(specs, mod: ModSpec) -> list[KernelSpec]:
+    """The forward variants that build the functor in (their manifests declare its functions: a block-sparse one
+    takes score_mods, under a block mask); the backward's checks are verify/backward.py's."""
+    return [s for s in specs if mod.builds_into(s) and not s.supports("backward")]
 
 
 def functor_checks(mod: ModSpec, specs, dtypes=None, head_dims=None, causal=None, quick: bool = False,
@@ -119,7 +127,7 @@ def functor_checks(mod: ModSpec, specs, dtypes=None, head_dims=None, causal=None
     """The shape matrix (DESIGN's; a smaller one when quick) x dtypes x head dims x causal, on each variant."""
     module = load_reference(mod)
     out = []
-    for spec in functor_variants(specs):
+    for spec in functor_variants(specs, mod):
         dts = [d for d in (dtypes or spec.dtypes) if d in spec.dtypes]
         hds = [d for d in (head_dims or (64, 128)) if d in spec.head_dims]
         causal_opts = spec.causal_options(tuple(causal) if causal is not None else (False, True))

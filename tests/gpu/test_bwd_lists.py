@@ -11,7 +11,7 @@ import zlib
 import pytest
 
 from flashkit.registry import discover_kernels
-from flashkit.verify.backward import MASKS, masked_backward_check
+from flashkit.verify.backward import MASKS, masked_backward_check, takes_mask
 from flashkit.verify.harness import Shape
 
 pytestmark = pytest.mark.gpu
@@ -150,8 +150,7 @@ def _fa2_bwd_params():
     """fa2_bwd (mma.sync, any sm_80+): the block masks and the score_mod functor it takes, every head-dim class (at
     hd256: 64-key tiles, lists of their own geometry), and the sm_80 / sm_86 tiles of verify/arch_tiles.py's test."""
     spec = discover_kernels().specs["fa2_bwd"]
-    mods = discover_kernels().mods
-    masks = [m for m in MASKS if m.startswith("block:") or mods[m.split(":", 1)[1]].builds_into(spec)]
+    masks = [m for m in MASKS if takes_mask(spec, m)]
     out = []
     for i, shape in enumerate(SHAPES):
         for mask in masks:

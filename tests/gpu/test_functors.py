@@ -1,4 +1,5 @@
-"""Drop-in functors (mods/*.cu) fused into fa2, causal and fa3, against the float64 reference with each functor's
+"""Drop-in functors (mods/*.cu) fused into fa2, causal and fa3 (score_mods also into block_sparse and
+block_sparse_hopper, under a block mask), against the float64 reference with each functor's
 Python reference applied (DESIGN.md's rule), over a trimmed shape matrix; a functor without a reference runs; a
 functor that does not compile raises one CompileError naming its file and line.
 """
@@ -23,11 +24,13 @@ SHIPPED = ("document", "prefix_lm", "relative_bias")
 
 def _params():
     cat = discover_kernels()
-    specs = [cat.specs[n] for n in ("fa2", "causal", "fa3")]
+    specs = [cat.specs[n] for n in ("fa2", "causal", "fa3", "block_sparse", "block_sparse_hopper")]
     out = []
     for mod in SHIPPED:
         checks = functor_checks(cat.mods[mod], specs, ["bfloat16"], [64, 128], shapes=SHAPES)
-        assert {c.variant for c in checks} == {"fa2", "causal", "fa3"}, mod
+        # a score_mod also under the block-sparse forwards' block masks
+        sparse = {"block_sparse", "block_sparse_hopper"} if not cat.mods[mod].mask else set()
+        assert {c.variant for c in checks} == {"fa2", "causal", "fa3"} | sparse, mod
         out += [pytest.param(c, id=f"{c.variant}: {c.label}") for c in checks]
     return out
 

@@ -1,5 +1,5 @@
-"""The built-in modifications (window_size, attention_chunk, softcap, alibi_slopes) on the forward kernels and the
-backward (fa2_bwd, fa3_bwd: dq, dk, dv), against the float64 reference with the same modification (DESIGN.md's
+"""The built-in modifications (window_size, attention_chunk, softcap, alibi_slopes) on the forward kernels (the
+block-sparse ones under a block mask) and the backward (fa2_bwd, fa3_bwd: dq, dk, dv; with block masks too), against the float64 reference with the same modification (DESIGN.md's
 rule), over the shape matrix: fp16/bf16, hd 64/128 (256 on fa3_bwd), each modification and combinations (window +
 causal, chunk + causal, softcap + alibi, all together).
 """
@@ -21,6 +21,11 @@ SHAPES = (Shape(1, 1, 1, 1, 1), Shape(2, 17, 17, 4, 4), Shape(3, 128, 128, 8, 1)
           Shape(2, 127, 1000, 4, 4), Shape(2, 1000, 127, 8, 8), Shape(1, 17, 4097, 8, 1))
 
 
+# The block-sparse forwards' (every case under a block mask, verify/mods.py's BLOCK_PATTERN): a one-row query, GQA 8:1,
+# seqlen_q != seqlen_k both ways, many tiles.
+BLOCK_SHAPES = (Shape(2, 1, 129, 2, 2), Shape(3, 128, 128, 8, 1), Shape(2, 127, 1000, 4, 4), Shape(2, 1000, 127, 8, 8),
+                Shape(1, 1000, 1000, 16, 2))
+
 # The backward's: tile edges (64-query, 64/128/192-key blocks), seqlen_q != seqlen_k both ways, GQA 8:1.
 BACKWARD_SHAPES = (Shape(2, 17, 17, 4, 4), Shape(3, 128, 128, 8, 1), Shape(1, 300, 300, 2, 2),
                    Shape(2, 127, 1000, 4, 4), Shape(2, 1000, 127, 8, 8))
@@ -30,11 +35,12 @@ BACKWARD_HEAD_DIMS = {"fa2_bwd": [64, 128], "fa3_bwd": [64, 128, 256]}
 def _params():
     specs = discover_kernels().specs
     out = []
-    for name in ("fa2", "causal", "fa3", "fa2_bwd", "fa3_bwd"):
+    for name in ("fa2", "causal", "fa3", "block_sparse", "block_sparse_hopper", "fa2_bwd", "fa3_bwd"):
         spec = specs[name]
         backward = spec.supports("backward")
+        shapes = BACKWARD_SHAPES if backward else BLOCK_SHAPES if name.startswith("block_sparse") else SHAPES
         checks = mod_checks(spec, ["float16", "bfloat16"], BACKWARD_HEAD_DIMS.get(name, [64, 128]),
-                            spec.causal_options(), quick=False, shapes=BACKWARD_SHAPES if backward else SHAPES)
+                            spec.causal_options(), quick=False, shapes=shapes)
         assert checks, name
         out += [pytest.param(name, c, id=f"{name}: {c.label}") for c in checks]
     return out

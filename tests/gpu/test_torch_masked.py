@@ -1,6 +1,7 @@
 """flashkit.torch.attention with block_mask=, mod= / mod_args= (torch_masked.py): the output and the gradients are
 flashkit.attention's and attention_backward's on the same inputs, bit for bit (deterministic backward), for a
-ModMask, a functor by name with a torch tensor argument, a block mask and a score_mod with its derivative; a
+ModMask, a functor by name with a torch tensor argument, a block mask (alone, with a window, softcap and ALiBi, with a
+score_mod functor) and a score_mod with its derivative; a
 score_mod without one runs without a gradient and is refused, before the forward, with one; the call works inside a
 torch.compile'd function with fullgraph=True (the custom ops masked_attention_fwd / _bwd), also with a new mask
 each call and with a score_mod refused for want of its derivative.
@@ -52,7 +53,8 @@ def _torch_and_cupy(call_torch, call_kw: dict, seed: int):
     return (out, *(x.grad for x in leaves)), (ref, *grads)
 
 
-@pytest.mark.parametrize("how", ["ModMask", "by name", "block mask"])
+@pytest.mark.parametrize("how", ["ModMask", "by name", "block mask", "block mask + window, softcap, ALiBi",
+                                 "block mask + score_mod"])
 def test_masked_gradients_are_the_cupy_apis(how):
     import cupy as cp
     import flashkit
@@ -69,6 +71,14 @@ def test_masked_gradients_are_the_cupy_apis(how):
         blocks = cp.random.RandomState(4).random_sample((2, 1, 8, 8)) < 0.5
         blocks[..., 0] = True   # every query block sees a key block
         kw = cupy_kw = {"block_mask": flashkit.BlockMask(blocks, seqlen_q=1000, seqlen_k=1000)}
+        if how == "block mask + window, softcap, ALiBi":   # Gemma-style modifications under a block mask
+            slopes = torch.linspace(0.05, 0.5, 8, device="cuda", dtype=torch.float32)
+            kw = dict(kw, window_size=(300, 17), softcap=5.0, alibi_slopes=slopes)
+            cupy_kw = dict(cupy_kw, window_size=(300, 17), softcap=5.0, alibi_slopes=cp.from_dlpack(slopes))
+        elif how == "block mask + score_mod":
+            slopes = torch.linspace(0.1, 1.0, 8, device="cuda", dtype=torch.float32)
+            kw = dict(kw, mod="relative_bias", mod_args={"slopes": slopes})
+            cupy_kw = dict(cupy_kw, mod="relative_bias", mod_args={"slopes": cp.from_dlpack(slopes)})
     for causal in (False, True):
         got, want = _torch_and_cupy(lambda a, b, c: fkt.attention(a, b, c, causal=causal, deterministic=True, **kw),
                                     dict(causal=causal, **cupy_kw), seed=int(causal))

@@ -1,8 +1,8 @@
 """features/bwd_lists.py and the backward's list path (backward._launch_listed) on a fake H100: a mask_mod's tiles
 classified at the backward's tiles, then the lists and ranks, then the three passes, with Params.bwd_lists naming
 the buffers; a block mask's lists the same way (its states by array code, patched out here: no GPU); refusals by
-name before anything is compiled or launched (a score_mod functor, a block mask with a functor, a block mask that
-does not fit)."""
+name before anything is compiled or launched (a score_mod functor without its derivative, a block mask with a
+mask_mod, a block mask that does not fit); a score_mod functor under a block mask's lists."""
 
 from __future__ import annotations
 
@@ -39,7 +39,8 @@ def listed_launches(monkeypatch, b, sq, sk, h, hk, d, **kw):
             [Recorder(e) for e in spec.entries], 1024, {e: Recorder(e) for e in build.aux_entries(spec, config)}))
         states = []
         monkeypatch.setattr(bwd_lists.VisitLists, "block_mask_states",
-                            lambda self, mask, problem, launch, causal, cupy: states.append((mask, launch, causal)))
+                            lambda self, mask, problem, launch, causal, mods, cupy: states.append((mask, launch,
+                                                                                                  causal)))
         q, k, v = fake((b, sq, h, d)), fake((b, sk, hk, d)), fake((b, sk, hk, d))
         dout, out, lse = fake((b, sq, h, d)), fake((b, sq, h, d)), fake((b, h, sq), np.float32)
         mod_args = kw.pop("mod_args", None)
@@ -104,13 +105,32 @@ def test_a_score_mod_without_its_derivative_has_no_backward(no_launch, drop_in_f
         flashkit.attention_backward(**good(), mod="scaled")
 
 
-def test_block_mask_with_a_functor_is_refused(no_launch):  # noqa: F811
+def test_block_mask_with_a_mask_mod_is_refused_both_ways(no_launch):  # noqa: F811
+    """A block mask and a mask_mod functor are not combined (the mask_mod takes the blocks in): the forward and the
+    backward refuse by name before anything is compiled or launched."""
     from flashkit.features.block_mask import BlockMask
     from ..synth import B, SK, SQ, cuda
     mask = BlockMask.causal(SQ, SK, xp=np)
-    with pytest.raises(InputError, match=r"^block_mask: cannot be combined with mod"):
-        flashkit.attention_backward(**good(), mod="document", mod_args={"doc_ids": cuda((B, SK), "<i4")},
-                                    block_mask=mask)
+    args = dict(mod="document", mod_args={"doc_ids": cuda((B, SK), "<i4")}, block_mask=mask)
+    with pytest.raises(InputError, match=r"^block_mask: cannot be combined with document's mask_mod"):
+        flashkit.attention_backward(**good(), **args)
+    call = good()
+    with pytest.raises(InputError, match=r"^block_mask: cannot be combined with document's mask_mod"):
+        flashkit.attention(call["q"], call["k"], call["v"], **args)
+
+
+def test_block_mask_with_a_score_mod_lists_by_the_mask(monkeypatch):
+    """A score_mod functor under a block mask: the lists from the block mask (no classifier), the functor's arguments
+    in the main kernel's parameters."""
+    from flashkit.features.block_mask import BlockMask
+    b, sq, sk, h, hk, d = 1, 500, 385, 4, 4, 128
+    mask = BlockMask.random(1, h, sq, sk, 0.5, seed=1, xp=np)
+    launches, states = listed_launches(monkeypatch, b, sq, sk, h, hk, d, block_mask=mask, causal=True,
+                                       mod="relative_bias", mod_args=lambda fake: {"slopes": fake((h,), np.float32)})
+    assert [name for name, *_ in launches] == ["flashkit_bwd_list_columns", "flashkit_bwd_list_ranks"] + PASSES
+    (got_mask, _, causal), = states
+    assert got_mask is mask and causal
+    assert _field(launches[3][3], "mods.args.ptr[0]") != 0
 
 
 def test_a_block_mask_that_does_not_fit_is_refused_by_name(no_launch):  # noqa: F811
@@ -125,3 +145,30 @@ def test_a_block_mask_that_does_not_fit_is_refused_by_name(no_launch):  # noqa: 
 def test_mod_args_without_mod_is_refused(no_launch):  # noqa: F811
     with pytest.raises(InputError, match=r"^mod_args: given without mod"):
         flashkit.attention_backward(**good(), mod_args={})
+
+
+@pytest.mark.parametrize("sq,sk,causal,window,chunk", [
+    (300, 300, False, (-1, -1), 0), (300, 500, True, (-1, -1), 0), (500, 300, True, (-1, -1), 0),
+    (400, 400, False, (64, 17), 0), (257, 700, True, (100, 0), 0), (700, 257, False, (-1, 30), 0),
+    (333, 333, False, (-1, -1), 100), (200, 450, True, (50, 0), 64)])
+def test_key_interval_is_the_reference_masks_rows(sq, sk, causal, window, chunk):
+    """key_interval (the block-mask lists' cut) gives each row's first and last visible key of the reference's element
+    mask (verify/reference.py's local_mask and causal_mask), and an empty interval to a row that sees none."""
+    from flashkit.call.validate import Problem
+    from flashkit.features.mods import Mods
+    from flashkit.verify.reference import causal_mask, local_mask
+    p = Problem(dtype="bfloat16", batch=1, seqlen_q=sq, seqlen_k=sk, heads=1, kv_heads=1, head_dim=64,
+                softmax_scale=0.125)
+    right = (0 if window[0] >= 0 or chunk else -1) if causal else window[1]   # features/mods.check_mods' rule
+    mods = Mods(window[0], right, chunk, 0.0, False)
+    begin, end = bwd_lists.key_interval(np.arange(sq), p, causal, mods, np)
+    want = local_mask(sq, sk, (window[0], right), chunk)
+    if causal:
+        want &= causal_mask(sq, sk)
+    for row in range(sq):
+        keys = np.flatnonzero(want[row])
+        if keys.size:
+            assert (begin[row], end[row]) == (keys[0], keys[-1] + 1), row
+            assert keys.size == keys[-1] + 1 - keys[0]   # one interval a row
+        else:
+            assert end[row] <= begin[row] or end[row] <= 0 or begin[row] >= sk, row

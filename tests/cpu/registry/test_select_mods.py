@@ -108,3 +108,28 @@ def test_compile_matrix_covers_the_mods_of_the_variants_declaring_them():
         assert varlen and not any(c.head_dim_padded for c in varlen)
         assert {c.mods for c in with_mods} == {("window", "softcap", "alibi")}
     assert not any(c.mods for c in spec_configs(specs["standard"], (8, 0)))
+
+
+@pytest.mark.parametrize("cc,chosen", [((8, 0), "block_sparse"), ((9, 0), "block_sparse_hopper")])
+@pytest.mark.parametrize("mods", [dict(window=True), dict(window=True, chunk=True), dict(softcap=True),
+                                  dict(alibi=True), dict(window=True, softcap=True, alibi=True), dict(score_mod=True)])
+def test_block_masks_with_modifications_select_the_block_sparse_kernels(cc, chosen, mods):
+    """A block mask composes with every built-in modification and a score_mod functor, forward and backward."""
+    specs = discover_kernels().specs
+    for causal in (False, True):
+        req = Request(dtype="bfloat16", head_dim=128, seqlen_q=4096, seqlen_k=4096, causal=causal, block_sparse=True,
+                      cc=cc, **mods)
+        assert select_kernel(req, specs).chosen.name == chosen
+        if not mods.get("chunk") or cc == (8, 0):   # fa3_bwd takes no attention_chunk: fa2_bwd serves it
+            want = "fa3_bwd" if cc == (9, 0) and not mods.get("chunk") else "fa2_bwd"
+            back = Request(dtype="bfloat16", head_dim=128, seqlen_q=4096, seqlen_k=4096, causal=causal,
+                           block_sparse=True, backward=True, cc=cc, **mods)
+            assert select_kernel(back, specs).chosen.name == want
+
+
+def test_a_block_mask_takes_no_mask_mod():
+    """The block-sparse kernels list their tiles from the block mask alone: a mask_mod is folded into it instead."""
+    for name in ("block_sparse", "block_sparse_hopper"):
+        spec = discover_kernels().specs[name]
+        assert "drop-in mask_mod functors not supported" in reasons(
+            spec, Request(dtype="bfloat16", head_dim=128, block_sparse=True, mask_mod=True, cc=(9, 0)))

@@ -29,7 +29,9 @@ def test_backward_variants_are_checked_through_their_gradients():
     narrow_v = [c for c in checks if "/v" in c.label]   # the head_dim_v extension: pairs of q / k's class 64
     assert narrow_v and all(c.label.endswith(" backward") and " d40/v8 " in c.label for c in narrow_v)
     # block masks of every pattern and the shipped functors, on the quick masked shapes, causal and not
-    masked = [c for c in checks if " block:" in c.label or " mod:" in c.label]
+    modified_labels = {c.label for c in modified}   # with modification cases under block masks (mods.BLOCK_CASES)
+    assert any(" block:" in label for label in modified_labels)
+    masked = [c for c in checks if (" block:" in c.label or " mod:" in c.label) and c.label not in modified_labels]
     assert {c.label.split(" bfloat16 ")[1].split(" backward")[0].removeprefix("causal ") for c in masked} == set(MASKS)
     assert len(masked) == 2 * 2 * len({c.label.split(" bfloat16 ")[1].removeprefix("causal ") for c in masked})
     assert len(checks) == 2 * (len(harness.QUICK_SHAPES) + len(QUICK_VARLEN_CASES)) + len(modified) + len(masked) + \

@@ -150,14 +150,6 @@ struct ScoreFunctorOr<true, Otherwise> {
 #endif
 typedef ScoreFunctorOr<FLASHKIT_SCORE_MOD != 0, BuildScoreMod>::type KernelScoreMod;
 
-// The first key an Inner mask lets row see (LocalMask's window; 0 for the others).
-template <class Inner>
-__device__ __forceinline__ int inner_key_begin(const Inner&, int) { return 0; }
-template <int kBlockM, int kBlockN>
-__device__ __forceinline__ int inner_key_begin(const LocalMask<kBlockM, kBlockN>& m, int row) {
-    return m.key_begin(row);
-}
-
 constexpr int kClassifyThreads = 128;
 constexpr int kCompactThreads = 128;
 

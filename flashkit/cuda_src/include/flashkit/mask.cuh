@@ -208,6 +208,22 @@ __device__ __forceinline__ void apply_mask(const LocalMask<kBlockM, kBlockN>& ma
         }
 }
 
+// The first key an Inner mask lets row see (LocalMask's window; 0 for the others), and whether it is a window.
+template <class Inner>
+__device__ __forceinline__ int inner_key_begin(const Inner&, int) { return 0; }
+template <int kBlockM, int kBlockN>
+__device__ __forceinline__ int inner_key_begin(const LocalMask<kBlockM, kBlockN>& m, int row) {
+    return m.key_begin(row);
+}
+template <class Inner>
+struct IsLocalMask {
+    static constexpr bool value = false;
+};
+template <int kBlockM, int kBlockN>
+struct IsLocalMask<LocalMask<kBlockM, kBlockN>> {
+    static constexpr bool value = true;
+};
+
 // A variant's mask with local attention selected at compile time (FLASHKIT_WINDOW): LocalMask when
 // kLocal, else the variant's own (NoMask, CausalMask).
 template <bool kLocal, int kBlockM, int kBlockN, class Otherwise>
