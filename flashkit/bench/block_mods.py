@@ -29,6 +29,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--warmup", type=int, default=5)
     ap.add_argument("--iters", type=int, default=30)
     ap.add_argument("--no-flex", action="store_true")
+    ap.add_argument("--flex-densities", default="0.5", help="densities timed against flex too (each compiles anew)")
     ap.add_argument("--out", default=None, help="JSON file for the rows")
     return ap.parse_args(argv)
 
@@ -54,7 +55,8 @@ def main(argv: list[str] | None = None) -> dict:
             for causal in (False, True):
                 bq, bk = mask.block
                 flops = block_sparse_flops(mask.dense_blocks(), b, h, s, s, d, bq, bk) / (2 if causal else 1)
-                flex = {} if args.no_flex else flex_calls(tv, mask, slopes_t, causal, s)
+                with_flex = not args.no_flex and density in {float(x) for x in args.flex_densities.split(",")}
+                flex = flex_calls(tv, mask, slopes_t, causal, s) if with_flex else {}
                 mods = {"softcap": dict(softcap=SOFTCAP), "alibi": dict(alibi_slopes=slopes)}
                 if causal:
                     mods["window"] = dict(window_size=(WINDOW, 0))
