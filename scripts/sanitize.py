@@ -38,6 +38,13 @@ def forward(spec, head_dim: int, causal: bool) -> None:
     """One forward call of the variant; a variant that only serves short queries gets DECODE_ROWS."""
     mask = BlockMask.random(SHAPE[0], SHAPE[2], SHAPE[1], SHAPE[1] + 16, 0.5, seed=4) \
         if spec.requires.get("block_sparse") else None
+    if mask is not None and spec.supports("window"):   # the block mask over a window (both edges), softcap, ALiBi,
+        q, k, v = inputs(head_dim, spec.dtypes[0], 3)   # and a score_mod functor under it
+        slopes = cp.linspace(0.1, 0.5, SHAPE[2], dtype=cp.float32)
+        attention(q, k, v, causal=causal, variant=spec.name, block_mask=mask, window_size=WINDOW, softcap=SOFTCAP,
+                  alibi_slopes=slopes)
+        attention(q, k, v, causal=causal, variant=spec.name, block_mask=mask, mod="relative_bias",
+                  mod_args={"slopes": slopes})
     for rows in (SHAPE[1], DECODE_ROWS):
         q, k, v = inputs(head_dim, spec.dtypes[0], 2, rows)
         try:
@@ -78,12 +85,14 @@ def main(names: list[str]) -> None:
                         for deterministic in (False, True):
                             attention_backward(cp.ones_like(out), q, k, v, out, lse, causal=causal,
                                                deterministic=deterministic, variant=spec.name, **kw)
-                if spec.supports("block_sparse"):   # a block mask's visit lists (bwd_lists.cuh), deterministic too
-                    mask = BlockMask.random(SHAPE[0], SHAPE[2], SHAPE[1], SHAPE[1] + 16, 0.5, seed=7)
-                    out, lse = attention(q, k, v, causal=causal, return_lse=True, block_mask=mask)
-                    for deterministic in (False, True):
-                        attention_backward(cp.ones_like(out), q, k, v, out, lse, causal=causal, block_mask=mask,
-                                           deterministic=deterministic, variant=spec.name)
+                if spec.supports("block_sparse"):   # a block mask's visit lists (bwd_lists.cuh), deterministic too;
+                    mask = BlockMask.random(SHAPE[0], SHAPE[2], SHAPE[1], SHAPE[1] + 16, 0.5, seed=7)   # and with
+                    slopes = cp.linspace(0.1, 1.0, SHAPE[2], dtype=cp.float32)   # a window, softcap and ALiBi
+                    for kw in (dict(), dict(window_size=WINDOW, softcap=SOFTCAP, alibi_slopes=slopes)):
+                        out, lse = attention(q, k, v, causal=causal, return_lse=True, block_mask=mask, **kw)
+                        for deterministic in (False, True):
+                            attention_backward(cp.ones_like(out), q, k, v, out, lse, causal=causal, block_mask=mask,
+                                               deterministic=deterministic, variant=spec.name, **kw)
                 mods = []
                 if spec.supports("mask_mod"):   # partial visits: the producer warpgroup's keep bits (bwd_keep.cuh)
                     mods.append(dict(mod="prefix_lm", mod_args={"prefix": PREFIX}))
