@@ -22,6 +22,7 @@ SHAPES = (
 )
 QUICK_SHAPES = SHAPES[1:3]
 DENSITIES = (1.0, 0.5, 0.25, 0.1, 0.0)
+BLOCK_PATTERN = "random(0.5)"   # the block mask under which other families run a block-sparse variant (mods, functors)
 
 MaskFactory = Callable[[Shape, int], "object"]   # (shape, seed) -> BlockMask
 

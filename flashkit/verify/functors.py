@@ -21,9 +21,8 @@ from ..errors import UnsupportedError
 from ..registry.functor_manifest import ModSpec
 from ..registry.manifest import KernelSpec
 from ..runtime.device import cupy_module
-from .block_sparse import block_patterns
+from .block_sparse import BLOCK_PATTERN, block_patterns
 from .harness import SHAPES, Check, CheckResult, Shape, judge, random_qkv
-from .mods import BLOCK_PATTERN
 from .reference import output_atol, plain_attention, reference_attention
 
 QUICK_SHAPES = (Shape(1, 1, 1, 1, 1), Shape(2, 17, 17, 4, 4), Shape(3, 128, 128, 8, 1), Shape(2, 127, 1000, 4, 4),

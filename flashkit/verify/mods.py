@@ -13,7 +13,7 @@ from dataclasses import dataclass, replace
 from ..call.dtypes import BY_NAME
 from ..registry.manifest import KernelSpec
 from ..runtime.device import cupy_module
-from .block_sparse import block_patterns
+from .block_sparse import BLOCK_PATTERN, block_patterns
 from .harness import SHAPES, Check, CheckResult, Shape, head_dims_label, judge, random_qkv, register_extension
 from .reference import local_mask, output_atol, plain_attention, reference_attention
 
@@ -67,7 +67,6 @@ QUICK_CASES = tuple(c for c in CASES if c.name in ("window(300,17)", "causal chu
 QUICK_SHAPES = (Shape(2, 127, 1000, 4, 4), Shape(2, 1000, 127, 8, 8), Shape(3, 128, 128, 8, 1))
 # A block-sparse forward runs every case under BLOCK_PATTERN's block mask (its manifest requires one); a backward that
 # takes block masks runs BLOCK_CASES besides its unmasked ones: a window's edges, caps and slopes on listed tiles.
-BLOCK_PATTERN = "random(0.5)"
 BLOCK_CASES = tuple(CASE_BY_NAME[name].under_block_mask(pattern) for name, pattern in (
     ("window(300,17)", "random(0.5)"), ("softcap(0.25)+alibi", "butterfly"),
     ("causal window(128,0)+softcap(3)+alibi", "sliding_window(256)"), ("causal chunk(100)", "random(0.5)")))
