@@ -13,8 +13,10 @@ import json
 from typing import Any, Callable
 
 from .block_sparse import block_sparse_flops
+from .config import BenchShape
 from .mods import ROTATE, rotated_inputs
 from .timing import time_cupy_interleaved
+from .torch_baselines import compiled_flex, flex_block_mask
 
 SOFTCAP = 30.0     # Gemma 2's logit cap
 WINDOW = 4096      # Mistral's sliding window (left, 0), causal rows only
@@ -56,18 +58,17 @@ def main(argv: list[str] | None = None) -> dict:
                 bq, bk = mask.block
                 flops = block_sparse_flops(mask.dense_blocks(), b, h, s, s, d, bq, bk) / (2 if causal else 1)
                 with_flex = not args.no_flex and density in {float(x) for x in args.flex_densities.split(",")}
-                flex = flex_calls(tv, mask, slopes_t, causal, s) if with_flex else {}
+                flex = flex_calls(tv, BenchShape(b, s, h, d, causal, density), mask, slopes_t) if with_flex else {}
                 mods = {"softcap": dict(softcap=SOFTCAP), "alibi": dict(alibi_slopes=slopes)}
                 if causal:
                     mods["window"] = dict(window_size=(WINDOW, 0))
+
+                def fk(causal=causal, **kw) -> Callable[[int], Any]:
+                    return lambda i: flashkit.attention(*cviews[i % ROTATE], causal=causal, **kw)
                 for mod, kw in mods.items():
-                    def fk(i, kw=kw, **more):
-                        return flashkit.attention(*cviews[i % ROTATE], causal=causal, **kw, **more)
-                    calls = [("block mask + mod", lambda i, fk=fk: fk(i, block_mask=mask)),
-                             ("block mask", lambda i: flashkit.attention(*cviews[i % ROTATE], causal=causal,
-                                                                         block_mask=mask))]
+                    calls = [("block mask + mod", fk(block_mask=mask, **kw)), ("block mask", fk(block_mask=mask))]
                     if density == 1.0:
-                        calls.append(("dense + mod", lambda i, fk=fk: fk(i)))
+                        calls.append(("dense + mod", fk(**kw)))
                     if mod in flex:
                         calls.append(("flex", flex[mod]))
                     times = time_cupy_interleaved([fn for _, fn in calls], args.warmup, args.iters)
@@ -90,29 +91,19 @@ def main(argv: list[str] | None = None) -> dict:
     return result
 
 
-def flex_calls(tv, mask, slopes_t, causal: bool, s: int) -> dict[str, Callable[[int], Any]]:
+def flex_calls(tv, shape: BenchShape, mask, slopes_t) -> dict[str, Callable[[int], Any]]:
     """flex_attention (torch.compile'd) with the same kept blocks (and causal) and each score_mod, by modification
     name; {} where flex is unavailable (the error printed)."""
     try:
-        import cupy
         import torch
-        from torch.nn.attention.flex_attention import create_block_mask, flex_attention
-        flex = torch.compile(flex_attention, dynamic=False)
-        blocks = torch.as_tensor(cupy.asnumpy(mask.dense_blocks()), device="cuda")
-        bq, bk = mask.block
-        offset = 0   # square calls: the diagonal at q_idx == kv_idx
-
-        def kept(b, h, q_idx, kv_idx):
-            inside = blocks[b, h, q_idx // bq, kv_idx // bk]
-            return inside & (q_idx + offset >= kv_idx) if causal else inside
-        block_mask = create_block_mask(kept, B=int(blocks.shape[0]), H=int(blocks.shape[1]), Q_LEN=s, KV_LEN=s,
-                                       device="cuda", BLOCK_SIZE=(bq, bk))
+        flex = compiled_flex()
+        block_mask = flex_block_mask(shape, mask)
 
         def softcap(score, b, h, q_idx, kv_idx):
             return SOFTCAP * torch.tanh(score / SOFTCAP)
 
-        def alibi(score, b, h, q_idx, kv_idx):
-            return score - slopes_t[h] * (q_idx + offset - kv_idx).abs()
+        def alibi(score, b, h, q_idx, kv_idx):   # square calls: the diagonal at q_idx == kv_idx
+            return score - slopes_t[h] * (q_idx - kv_idx).abs()
 
         def call(score_mod):
             return lambda i: flex(*tv[i % ROTATE], score_mod=score_mod, block_mask=block_mask)

@@ -83,8 +83,19 @@ def time_sdpa(backend: str, q, k, v, causal: bool, warmup: int, iters: int) -> f
     return time_torch(sdpa_call(backend, causal, torch_views([(q, k, v)])), warmup, iters)
 
 
+def compiled_flex():
+    """flex_attention through torch.compile, compiled once per process."""
+    global _compiled_flex
+    if _compiled_flex is None:
+        import torch
+        from torch.nn.attention.flex_attention import flex_attention
+        _compiled_flex = torch.compile(flex_attention, dynamic=False)
+    return _compiled_flex
+
+
 def flex_block_mask(shape: BenchShape, mask: Any = None):
-    """flex_attention's BlockMask: the same kept blocks as a flashkit BlockMask, the causal mask, or None."""
+    """flex_attention's BlockMask: the same kept blocks as a flashkit BlockMask (and causal, for a causal shape),
+    the causal mask, or None."""
     import torch
     from torch.nn.attention.flex_attention import create_block_mask
     s = shape.seqlen
@@ -95,7 +106,8 @@ def flex_block_mask(shape: BenchShape, mask: Any = None):
         bq, bk = mask.block
 
         def kept(b, h, q_idx, kv_idx):
-            return blocks[b % mb, h % mh, q_idx // bq, kv_idx // bk]
+            inside = blocks[b % mb, h % mh, q_idx // bq, kv_idx // bk]
+            return inside & (q_idx >= kv_idx) if shape.causal else inside
         return create_block_mask(kept, B=mb if mb > 1 else None, H=mh if mh > 1 else None, Q_LEN=s, KV_LEN=s,
                                  device="cuda", BLOCK_SIZE=(bq, bk))
     if shape.causal:
@@ -106,17 +118,13 @@ def flex_block_mask(shape: BenchShape, mask: Any = None):
 
 
 def _flex_call(shape: BenchShape, views, mask: Any) -> Callable[[int], Any]:
-    global _compiled_flex
-    import torch
-    from torch.nn.attention.flex_attention import flex_attention
-    if _compiled_flex is None:
-        _compiled_flex = torch.compile(flex_attention, dynamic=False)
+    flex = compiled_flex()
     block_mask = flex_block_mask(shape, mask)
 
     def call(i: int):
         q, k, v = views[i % len(views)]
         kwargs = {"enable_gqa": True} if q.shape[1] != k.shape[1] else {}
-        return _compiled_flex(q, k, v, block_mask=block_mask, **kwargs)
+        return flex(q, k, v, block_mask=block_mask, **kwargs)
     return call
 
 

@@ -72,9 +72,8 @@ class BoundFunctor:
                 floats[arg.slot] = value
         fields: dict[str, Any] = {"mods": {"args": {"ptr": ptrs, "ints": ints, "floats": floats,
                                                     "seqlen_q": problem.seqlen_q, "seqlen_k": problem.seqlen_k}}}
-        if self.spec.score:   # score_mod returns scaled scores: the softmax multiplies by log2(e) alone, and the
-            fields["softmax_scale_log2"] = LOG2E   # backward reads the modified score back from P in those units
-            fields["mods"]["inv_softmax_scale"] = 1.0
+        if self.spec.score:   # score_mod returns scaled scores: the softmax multiplies by log2(e) alone
+            fields["softmax_scale_log2"] = LOG2E
         return fields
 
     def mask_rows(self, problem: Problem) -> tuple[int, int]:
