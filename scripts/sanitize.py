@@ -22,8 +22,8 @@ PREFIX = 20             # prefix_lm's bidirectional prefix: tiles of every state
 WINDOW = (24, 8)        # window_size (left, right): visits cut on both sides at SHAPE's lengths
 SOFTCAP = 2.0           # softcap: small, so that its slopes (1 - tanh^2) are far from 1
 MLA = (192, 128)        # (head_dim, head_dim_v) of a backward with v narrower than q and k (V and dO zero-filled)
-PASS_ROWS = 2113        # causal rows past 2048: hd64's 192-row tiles and hd256's 64-key ones, whose top consumers
-                        # pass key tiles by
+PASS_ROWS = 2113        # causal rows past 2048: the 192-row tiles (fa3 hd64, fa3_fp8 hd64 / hd128) and hd256's
+                        # 64-key ones (fa3), whose top consumers pass key tiles by
 
 
 def inputs(head_dim: int, dtype: str, seed: int, rows: int = SHAPE[1], head_dim_v: int | None = None):
@@ -61,6 +61,13 @@ def passes_unseen(spec) -> bool:
     return any(launch.get("pass_unseen") for launch in (spec.launch, *spec.overrides.values()))
 
 
+def serial_head_dims(spec) -> list[int]:
+    """The head dims (classes) of the forward tables that wait for each P V before the next S (serial_pv): their wide
+    key tiles and their own order of waits."""
+    return sorted({int(key.split("/")[0][2:]) for key, launch in spec.overrides.items()
+                   if launch.get("serial_pv") and key.startswith("hd")} - {128})
+
+
 def main(names: list[str]) -> None:
     cc = device_info().cc
     for spec in variants():
@@ -69,7 +76,7 @@ def main(names: list[str]) -> None:
         # backward kernels at every head dim they are compiled for and a padded one below each (fa3_bwd's hd256
         # splits its consumers another way); forward ones at 128 where they take it
         head_dims = spec.head_dims.examples() if spec.supports("backward") else \
-            [128 if 128 in spec.head_dims else spec.head_dims.examples()[0]]
+            [128 if 128 in spec.head_dims else spec.head_dims.examples()[0]] + serial_head_dims(spec)
         for head_dim, causal in itertools.product(head_dims, spec.causal_options()):
             if spec.requires.get("fp8"):
                 q, k, v = inputs(head_dim, "bfloat16", 0)
@@ -107,7 +114,7 @@ def main(names: list[str]) -> None:
                 forward(spec, head_dim, causal)
             if causal and passes_unseen(spec):   # the stages a consumer hands back unread (hopper/ws_mainloop.cuh)
                 rng = cp.random.default_rng(3)
-                for d in (64, 256):
+                for d in (64, 128, 256):
                     q, k, v = (rng.standard_normal((1, rows, heads, d), dtype=cp.float32).astype(
                         BY_NAME["bfloat16"].storage) for rows, heads in ((PASS_ROWS, 2), (PASS_ROWS + 16, 1),
                                                                         (PASS_ROWS + 16, 1)))

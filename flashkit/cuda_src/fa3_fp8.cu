@@ -9,9 +9,18 @@ features: {causal: true, block_sparse: false, fp8: true, backward: false, lse: t
 requires: {fp8: true}
 priority: 70
 launch: {grid: [kv_tiles, tiles], persistent: 1, defer_pv_wait: 1, pass_unseen: 1, block_m: 128, block_n: 128, warps: 12, stages: 2}   # 1 producer + block_m / 64 consumers
-overrides: {"hd64": {block_m: 192, warps: 16}, "hd256": {block_n: 64, persistent: 0},
-            "hd256/seqlen_q<=2048": {persistent: 1}}   # measured (BENCHMARKS.md)
-# hd256 runs persistent up to 2048 query rows: 3% / 11% faster at 2k (full / causal), 2-3% slower from 8k.
+overrides: {"hd64": {block_m: 192, warps: 16}, "hd128": {block_m: 192, warps: 16, defer_pv_wait: 0, serial_pv: 1},
+            "hd128/causal/seqlen_q<=2048": {block_m: 128, warps: 12, serial_pv: 0, defer_pv_wait: 1},
+            "hd256": {block_n: 128, defer_pv_wait: 0, serial_pv: 1},
+            "hd256/causal/seqlen_q<=2048": {block_n: 64, serial_pv: 0, defer_pv_wait: 1}}   # measured (BENCHMARKS.md)
+# serial_pv (ws_mainloop.cuh: each P V waited for before the next S, so that S and P are never live together) frees
+# the registers of two wider tables. hd128 on three consumers of 160 registers (192 x 128; with the overlap they
+# spilled 604 B): 11-14% faster than two consumers non-causal at 2-16k, causal 1.5% at 4k and 6-9% from 8k: the
+# softmax's latency chains (BENCHMARKS.md: the fp8 visit is latency-bound) get a third warp a scheduler to hide them.
+# hd256 on 128-key tiles (they spilled 96-152 B), persistent: 3.8-6.4% faster than 64-key tiles non-causal, causal
+# -0.3 to +1.5% from 4k: on 64-key tiles S = Q K^T (m64n64k32) reads 4 KB of shared memory every 32 tensor cycles,
+# the SM's 128 B a cycle; on 128 keys 6 KB every 64. Causal calls of up to 2048 rows keep the two-consumer /
+# 64-key tables (0.7% / 1.4% faster there). At hd64 (three consumers already) the serial order measured 3-4% slower.
 # defer_pv_wait (ws_mainloop.cuh): measured 1-3% faster from 8k keys at every head dim, within 1% at 2k.
 # pass_unseen (ws_mainloop.cuh; hd64's 192-row and hd256's 64-key tiles): causal 1.9-3.3% faster from 4k.
 tensor_maps: {q: block_m, k: block_n, o: 64, vt: head_dim}   # vt: the workspace's V^T, a box of a tile's keys x every row

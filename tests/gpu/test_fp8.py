@@ -127,3 +127,26 @@ def test_fa3_fp8_tile_boundaries(head_dim, causal):
             if not result.passed:
                 failures.append(f"{result.label}: error {result.max_error:.3g} > {result.bound:.3g} {result.note}")
     assert not failures, "\n".join(failures)
+
+
+@pytest.mark.parametrize("head_dim", [64, 128, 256])
+@pytest.mark.parametrize("causal", [False, True])
+def test_fa3_fp8_every_length_table(head_dim, causal):
+    """fa3_fp8 on each side of every 'seqlen_q<=L' key of its manifest (hd256: 64-key tiles up to 2048 causal rows,
+    128-key serial_pv tiles above), ragged both ways and seqlen_q != seqlen_k, so that every tile table a call can
+    reach runs, not only the one the short boundary shapes pick."""
+    from flashkit.runtime.device import device_info
+    from flashkit.verify import Shape
+    from flashkit.verify.fp8 import fp8_check
+    spec = discover_kernels().get("fa3_fp8")
+    cc = device_info().cc
+    if not spec.runs_on(cc):
+        pytest.skip(f"fa3_fp8 needs compute capability {spec.arch_requirement()}; this device has {cc[0]}.{cc[1]}")
+    bounds = spec.length_bounds(head_dim) or (2048,)
+    failures = []
+    for i, rows in enumerate(n for bound in bounds for n in (bound, bound + 1)):
+        for shape in (Shape(1, rows, rows + 77, 2, 1), Shape(1, rows, max(1, rows - 131), 4, 2)):
+            result = fp8_check(spec, shape, head_dim, "bfloat16", causal, block=(64, 128)[i % 2]).run(4100 + i)
+            if not result.passed:
+                failures.append(f"{result.label}: error {result.max_error:.3g} > {result.bound:.3g} {result.note}")
+    assert not failures, "\n".join(failures)

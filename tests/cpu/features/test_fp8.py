@@ -208,7 +208,9 @@ def test_fa3_fp8_maps_v_transposed_in_the_workspace():
     from flashkit.registry import discover_kernels
     spec = discover_kernels().specs["fa3_fp8"]
     launch = spec.launch_config((9, 0), 256)
-    assert spec.tensor_map_rows(launch, 256) == {"q": 128, "k": 64, "o": 64, "vt": 256}   # vt: every head-dim row
+    assert spec.tensor_map_rows(launch, 256) == {"q": 128, "k": 128, "o": 64, "vt": 256}   # vt: every head-dim row
+    short_causal = spec.launch_config((9, 0), 256, causal=True, seqlen_q=2048)   # 64-key tiles
+    assert spec.tensor_map_rows(short_causal, 256)["k"] == 64
     assert list(spec.tensor_map_rows(spec.launch_config((9, 0), 128), 128)) == ["q", "k", "o", "vt"]   # kernel order
 
 

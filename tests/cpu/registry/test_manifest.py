@@ -250,13 +250,43 @@ def test_launch_switches_take_zero(tmp_path):
     ("fa3", 64, (), False, 0), ("fa3", 64, ("softcap",), False, 0), ("fa3", 256, (), False, 0),
     ("fa3", 128, ("varlen",), False, 0), ("fa3", 128, ("score_mod",), False, 1), ("fa3", 96, ("mask_mod",), False, 1),
     ("fa3", 64, ("score_mod",), False, 0),
-    ("fa3_fp8", 64, (), False, 1), ("fa3_fp8", 256, (), False, 1),
-    ("block_sparse_hopper", 128, (), False, 1), ("block_sparse_hopper", 64, (), False, 0)])
+    ("fa3_fp8", 64, (), False, 1), ("fa3_fp8", 256, (), False, 0), ("fa3_fp8", 256, (), True, 0),
+    ("block_sparse_hopper", 128, (), False, 1), ("block_sparse_hopper", 64, (), False, 1),
+    ("block_sparse_hopper", 64, ("softcap",), True, 1), ("block_sparse_hopper", 256, (), False, 0)])
 def test_hopper_manifests_defer_the_pv_wait_where_measured(variant, head_dim, mods, causal, deferred):
     """The P V wait moves past the loop edge where it measured faster and ptxas does not spill (BENCHMARKS.md);
     not on fa3's three-consumer tiles (hd64, hd96 without causal)."""
     spec = discover_kernels().get(variant)
     assert spec.launch_config((9, 0), head_dim, mods, causal).get("defer_pv_wait", 0) == deferred
+
+
+@pytest.mark.parametrize("head_dim,causal,seqlen_q,tile,serial", [
+    (256, False, 1024, (128, 128), 1), (256, False, 8192, (128, 128), 1), (256, True, 2048, (128, 64), 0),
+    (256, True, 2049, (128, 128), 1), (128, False, 1024, (192, 128), 1), (128, True, 2048, (128, 128), 0),
+    (128, True, 8192, (192, 128), 1), (64, False, 8192, (192, 128), 0)])
+def test_fa3_fp8_waits_for_each_pv_on_its_wide_tables(head_dim, causal, seqlen_q, tile, serial):
+    """fa3_fp8 runs hd128 on three consumers and hd256 on 128-key tiles with serial_pv (S and P never live together:
+    with the overlap both spilled), persistent; causal calls of up to 2048 rows keep the two-consumer / 64-key tables,
+    deferring the P V wait, as hd64's three consumers do everywhere (BENCHMARKS.md)."""
+    cfg = discover_kernels().get("fa3_fp8").launch_config((9, 0), head_dim, (), causal, seqlen_q)
+    assert (cfg["block_m"], cfg["block_n"], cfg.get("serial_pv", 0), cfg["persistent"]) == (*tile, serial, 1)
+    assert cfg["warps"] == 4 * (1 + tile[0] // 64) and cfg["defer_pv_wait"] == 1 - serial
+
+
+def test_no_hopper_table_both_serializes_and_defers_the_pv_wait():
+    """serial_pv waits for each P V in its own visit, so defer_pv_wait has nothing to move beside it (the kernel's
+    static_assert): no table of a shipped variant asks for both, at any head dim, length key or modification."""
+    clash, checked = [], 0
+    for spec in discover_kernels().specs.values():
+        for hd in spec.head_dims.classes or spec.head_dims.values:
+            for causal in (False, True):
+                for seqlen in (None,) + spec.length_bounds(hd) + tuple(b + 1 for b in spec.length_bounds(hd)):
+                    for mods in ((),) + tuple((m,) for m in ("softcap", "alibi", "window", "score_mod", "mask_mod")):
+                        cfg = spec.launch_config((9, 0), hd, mods, causal, seqlen)
+                        checked += cfg.get("serial_pv", 0)
+                        if cfg.get("serial_pv") and cfg.get("defer_pv_wait"):
+                            clash.append((spec.name, hd, causal, seqlen, mods))
+    assert checked and not clash
 
 
 @pytest.mark.parametrize("head_dim,mods", [(128, ()), (128, ("mask_mod",)), (128, ("window",)), (64, ()),

@@ -86,6 +86,25 @@ def test_fa3_turns_and_pass_by_follow_the_measured_tables():
     assert "-DFLASHKIT_FREE_ISSUE=1" in make_config(spec, "bfloat16", 256, True, (9, 0)).defines()
 
 
+def test_block_sparse_hopper_turns_follow_the_measured_tables():
+    """block_sparse_hopper defers the P V wait and issues freely at hd64 (ALiBi on three stages), issues freely at hd96
+    but for non-causal ALiBi and the window, at hd128 only with softcap, at hd256 but for softcap and the window, and
+    keeps the turns at hd192 (BENCHMARKS.md, the thirtieth session's A/B)."""
+    spec = discover_kernels().specs["block_sparse_hopper"]
+
+    def launch(hd, causal=False, mods=()):
+        d = make_config(spec, "bfloat16", hd, causal, (9, 0), True, None, mods, None).launch_dict
+        return d.get("free_issue", 0), d.get("defer_pv_wait", 0), d["stages"]
+
+    assert launch(64) == launch(64, True, ("softcap",)) == launch(64, True, ("window",)) == (1, 1, 2)
+    assert launch(64, mods=("alibi",)) == (1, 1, 3)
+    assert launch(96)[0] == launch(96, True, ("alibi",))[0] == 1
+    assert launch(96, mods=("alibi",))[0] == launch(96, True, ("window",))[0] == 0
+    assert (launch(128)[0], launch(128, mods=("softcap",))[0], launch(128, True, ("alibi",))[0]) == (0, 1, 0)
+    assert launch(192)[0] == 0 and launch(256)[0] == 1
+    assert launch(256, mods=("softcap",))[0] == launch(256, True, ("window",))[0] == 0
+
+
 def test_build_config_defines_only_the_asked_mods():
     spec = discover_kernels().specs["fa2"]
     plain = make_config(spec, "float16", 64, False, (8, 0))

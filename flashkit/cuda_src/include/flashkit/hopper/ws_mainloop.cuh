@@ -208,6 +208,48 @@ __device__ __forceinline__ void consumer_step(Loop& loop, const Turn& turn, cons
     if constexpr (!kDeferPvWait) settle_pv(loop, v_ring, slot - 1, true);
 }
 
+// Where a consumer waits for each P V: with the launch flag serial_pv (FLASHKIT_SERIAL_PV = 1), before it issues its
+// next S, so that S_{i+1} never lands in registers while P_i is still read by the tensor cores: a visit's S, softmax
+// and P V run one after the other in one consumer, and the consumers' products overlap each other's softmax
+// (FlashAttention-3 without its intra-warpgroup overlap). What it frees: S and P's A fragments are never live together
+// (the register peak is O plus the larger of the two, not O plus both), which lets a wide key tile fit: e4m3 at hd256
+// on 128-key tiles, whose S = Q K^T on 64-key tiles reads 4 KB of shared memory every 32 tensor cycles (m64n64k32:
+// the SM's 128 B a cycle). defer_pv_wait has nothing to defer there.
+#ifndef FLASHKIT_SERIAL_PV
+#define FLASHKIT_SERIAL_PV 0
+#endif
+constexpr bool kSerialPv = FLASHKIT_SERIAL_PV != 0;
+static_assert(!(kSerialPv && kDeferPvWait), "serial_pv waits for each P V in its own visit: no defer_pv_wait beside it");
+
+// Visit i of a consumer under serial_pv (ring slot `slot`): S_i, its softmax, O *= alpha, P_i packed, P_i V_i, each
+// waited for before the next starts.
+template <bool kMasked, class Loop, class Turn>
+__device__ __forceinline__ void serial_step(Loop& loop, const Turn& turn, const typename Loop::Ring& k_ring,
+                                            const typename Loop::Ring& v_ring, int i, int slot, int n_blocks, int row0,
+                                            int col_lane) {
+    timeline_stamp(i, kVisitStart);
+    k_ring.wait_full(slot);
+    loop.stage_landed(slot);
+    timeline_stamp(i, kOperandsIn);
+    turn.wait_turn();
+    loop.issue_scores(slot);
+    turn.pass_turn();
+    timeline_stamp(i, kIssued);
+    gmma::wait<0>();
+    timeline_stamp(i, kScoresIn);
+    k_ring.release(slot);
+    loop.template softmax_step<kMasked>(loop.mask.kv_block(n_blocks - 1 - i), row0, col_lane);
+    timeline_stamp(i, kSoftmaxDone);
+    loop.rescale_and_pack();   // O is settled: the previous visit waited for its P V
+    v_ring.wait_full(slot);
+    turn.wait_turn();
+    loop.issue_pv(slot);
+    turn.pass_turn();
+    gmma::wait<0>();
+    v_ring.release(slot);
+    timeline_stamp(i, kVisitSettled);
+}
+
 // Where a consumer passes by the first visits of a causal tile that none of its rows sees (the launch flag
 // pass_unseen, FLASHKIT_PASS_UNSEEN = 1; mask.cuh's unseen_leading_visits): with 192-row tiles, or 64-key tiles, the
 // top consumer's rows see fewer key tiles than the bottom one's (8% of a 192 x 128 causal call's products at 4k).
@@ -247,6 +289,16 @@ __device__ __forceinline__ void consumer_mainloop(Loop& loop, const Turn& turn, 
     turn.start();
 #pragma unroll 1
     for (int i = 0; i < skip; ++i) pass_visit(turn, k_ring, v_ring, cta.ring_pos + i);
+    if constexpr (kSerialPv) {
+        int i = 0;
+        for (; i < n_blocks && i < n_masked; ++i)
+            serial_step<true>(loop, turn, k_ring, v_ring, i, pos + i, n_blocks, row0, col_lane);
+        for (; i < n_blocks; ++i) serial_step<false>(loop, turn, k_ring, v_ring, i, pos + i, n_blocks, row0, col_lane);
+        if constexpr (Kt::kOwnOTile) mbarrier_arrive(cta.q_empty);   // every S has read Q: the next tile's may load
+        gmma::fence_registers(loop.acc_o[0]);
+        turn.finish();
+        return;
+    }
     k_ring.wait_full(pos);
     loop.stage_landed(pos);
     turn.wait_turn();
