@@ -21,7 +21,8 @@ constexpr int kTimelineProducer = kMaxConsumers;    // the producer's row
 // A consumer visit's points (ws_mainloop.cuh's consumer_step) and the producer's (ws_producer.cuh).
 enum TimelinePoint {
     kVisitStart = 0,     // the visit begins
-    kVisitSettled = 1,   // the P V it waited for done (defer_pv_wait), O rescaled, P packed
+    kVisitSettled = 1,   // the P V it waited for done (defer_pv_wait), O rescaled, P packed (serial_pv: at once,
+                         // its own P V falls in the time between visits)
     kOperandsIn = 2,     // its K and V stages landed
     kIssued = 3,         // its products issued (the turns taken)
     kScoresIn = 4,       // S landed

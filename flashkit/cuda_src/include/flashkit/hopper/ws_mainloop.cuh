@@ -228,6 +228,7 @@ __device__ __forceinline__ void serial_step(Loop& loop, const Turn& turn, const 
                                             const typename Loop::Ring& v_ring, int i, int slot, int n_blocks, int row0,
                                             int col_lane) {
     timeline_stamp(i, kVisitStart);
+    timeline_stamp(i, kVisitSettled);   // nothing owed here: the previous visit waited for its P V (in the "rest")
     k_ring.wait_full(slot);
     loop.stage_landed(slot);
     timeline_stamp(i, kOperandsIn);
@@ -247,7 +248,6 @@ __device__ __forceinline__ void serial_step(Loop& loop, const Turn& turn, const 
     turn.pass_turn();
     gmma::wait<0>();
     v_ring.release(slot);
-    timeline_stamp(i, kVisitSettled);
 }
 
 // Where a consumer passes by the first visits of a causal tile that none of its rows sees (the launch flag
