@@ -45,6 +45,12 @@ def forward(spec, head_dim: int, causal: bool) -> None:
                   alibi_slopes=slopes)
         attention(q, k, v, causal=causal, variant=spec.name, block_mask=mask, mod="relative_bias",
                   mod_args={"slopes": slopes})
+    if mask is None and spec.supports("softcap") and spec.supports("score_mod"):   # the modified tables (hd64's
+        for d in sorted({64, head_dim}):                                             # deferred, issuing freely)
+            q, k, v = inputs(d, spec.dtypes[0], 5)
+            slopes = cp.linspace(0.1, 0.5, SHAPE[2], dtype=cp.float32)
+            attention(q, k, v, causal=causal, variant=spec.name, softcap=SOFTCAP, alibi_slopes=slopes)
+            attention(q, k, v, causal=causal, variant=spec.name, mod="relative_bias", mod_args={"slopes": slopes})
     for rows in (SHAPE[1], DECODE_ROWS):
         q, k, v = inputs(head_dim, spec.dtypes[0], 2, rows)
         try:

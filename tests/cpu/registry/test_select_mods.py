@@ -65,8 +65,9 @@ def test_a_score_mod_moves_fa3_hd64_to_two_consumers():
 
 
 def test_fa3_turns_and_pass_by_follow_the_measured_tables():
-    """free_issue (no ping-pong turns) on two consumers at hd64's short / softcap tables, dense hd128 (and causal
-    softcap), hd192 and hd256, not on hd128's other modified builds, on three consumers or beside a functor; pass_unseen where a tile has more rows than keys (BENCHMARKS.md)."""
+    """free_issue (no ping-pong turns) on two consumers at hd64's short and modified tables (functors too), dense
+    hd128 (and causal softcap), hd192 and hd256; not on hd128's other modified builds, on three consumers or beside
+    a functor at hd256; pass_unseen where a tile has more rows than keys (BENCHMARKS.md)."""
     spec = discover_kernels().specs["fa3"]
 
     def launch(hd, causal=True, seqlen_q=8192, mods=(), functor=None):
@@ -78,7 +79,7 @@ def test_fa3_turns_and_pass_by_follow_the_measured_tables():
     assert launch(64, seqlen_q=1024) == (128, 128, 1, 1)                            # (no pass-by code at 128 x 128)
     assert launch(64, seqlen_q=2048) == (192, 128, 0, 1)                            # persistent three consumers
     assert launch(64, False, seqlen_q=1024)[2] == 1 and launch(64, mods=("softcap",))[2] == 1
-    assert launch(64, mods=("alibi",))[2] == 0                                      # not measured: the turns
+    assert launch(64, mods=("alibi",))[2] == 1 and launch(64, mods=("mask_mod",), functor="document")[2] == 1
     assert launch(128)[2:] == launch(128, False)[2:] == (1, 0) and launch(128, mods=("alibi",))[2] == 0
     assert launch(128, mods=("softcap",))[2] == 1 and launch(128, False, mods=("softcap",))[2] == 0
     assert launch(192)[2] == 1 and launch(256) == (128, 64, 1, 1)
