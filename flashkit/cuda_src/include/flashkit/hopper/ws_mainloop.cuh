@@ -212,9 +212,10 @@ __device__ __forceinline__ void consumer_step(Loop& loop, const Turn& turn, cons
 // next S, so that S_{i+1} never lands in registers while P_i is still read by the tensor cores: a visit's S, softmax
 // and P V run one after the other in one consumer, and the consumers' products overlap each other's softmax
 // (FlashAttention-3 without its intra-warpgroup overlap). What it frees: S and P's A fragments are never live together
-// (the register peak is O plus the larger of the two, not O plus both), which lets a wide key tile fit: e4m3 at hd256
-// on 128-key tiles, whose S = Q K^T on 64-key tiles reads 4 KB of shared memory every 32 tensor cycles (m64n64k32:
-// the SM's 128 B a cycle). defer_pv_wait has nothing to defer there.
+// (the register peak is O plus the larger of the two, not O plus both), which lets a wider table fit: e4m3 at hd128 on
+// three consumers of 160 registers (a third warp a scheduler to hide the softmax's latency chains), and at hd256 on
+// 128-key tiles, whose S = Q K^T on 64-key tiles reads 4 KB of shared memory every 32 tensor cycles (m64n64k32: the
+// SM's 128 B a cycle). defer_pv_wait has nothing to defer there.
 #ifndef FLASHKIT_SERIAL_PV
 #define FLASHKIT_SERIAL_PV 0
 #endif
