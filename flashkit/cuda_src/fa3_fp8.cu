@@ -9,7 +9,8 @@ features: {causal: true, block_sparse: false, fp8: true, backward: false, lse: t
 requires: {fp8: true}
 priority: 70
 launch: {grid: [kv_tiles, tiles], persistent: 1, defer_pv_wait: 1, pass_unseen: 1, block_m: 128, block_n: 128, warps: 12, stages: 2}   # 1 producer + block_m / 64 consumers
-overrides: {"hd64": {block_m: 192, warps: 16}, "hd128": {block_m: 192, warps: 16, defer_pv_wait: 0, serial_pv: 1},
+overrides: {"hd64": {block_m: 192, warps: 16}, "hd64/causal/seqlen_q<=1024": {block_m: 128, warps: 12, stages: 3},
+            "hd128": {block_m: 192, warps: 16, defer_pv_wait: 0, serial_pv: 1},
             "hd128/causal/seqlen_q<=2048": {block_m: 128, warps: 12, serial_pv: 0, defer_pv_wait: 1},
             "hd256": {block_n: 128, defer_pv_wait: 0, serial_pv: 1},
             "hd256/causal/seqlen_q<=2048": {block_n: 64, serial_pv: 0, defer_pv_wait: 1}}   # measured (BENCHMARKS.md)
@@ -21,6 +22,8 @@ overrides: {"hd64": {block_m: 192, warps: 16}, "hd128": {block_m: 192, warps: 16
 # -0.3 to +1.5% from 4k: on 64-key tiles S = Q K^T (m64n64k32) reads 4 KB of shared memory every 32 tensor cycles,
 # the SM's 128 B a cycle; on 128 keys 6 KB every 64. Causal calls of up to 2048 rows keep the two-consumer /
 # 64-key tables (0.7% / 1.4% faster there). At hd64 (three consumers already) the serial order measured 3-4% slower.
+# hd64 causal calls of up to 1024 rows run 128 x 128 on two consumers, three stages: 10% faster at 1k (3% slower at
+# 2k), the short causal rows being mostly diagonal tiles, as fa3's.
 # defer_pv_wait (ws_mainloop.cuh): measured 1-3% faster from 8k keys at every head dim, within 1% at 2k.
 # pass_unseen (ws_mainloop.cuh; hd64's 192-row and hd256's 64-key tiles): causal 1.9-3.3% faster from 4k.
 tensor_maps: {q: block_m, k: block_n, o: 64, vt: head_dim}   # vt: the workspace's V^T, a box of a tile's keys x every row

@@ -263,11 +263,12 @@ def test_hopper_manifests_defer_the_pv_wait_where_measured(variant, head_dim, mo
 @pytest.mark.parametrize("head_dim,causal,seqlen_q,tile,serial", [
     (256, False, 1024, (128, 128), 1), (256, False, 8192, (128, 128), 1), (256, True, 2048, (128, 64), 0),
     (256, True, 2049, (128, 128), 1), (128, False, 1024, (192, 128), 1), (128, True, 2048, (128, 128), 0),
-    (128, True, 8192, (192, 128), 1), (64, False, 8192, (192, 128), 0)])
+    (128, True, 8192, (192, 128), 1), (64, False, 8192, (192, 128), 0), (64, True, 1024, (128, 128), 0),
+    (64, True, 1025, (192, 128), 0)])
 def test_fa3_fp8_waits_for_each_pv_on_its_wide_tables(head_dim, causal, seqlen_q, tile, serial):
     """fa3_fp8 runs hd128 on three consumers and hd256 on 128-key tiles with serial_pv (S and P never live together:
     with the overlap both spilled), persistent; causal calls of up to 2048 rows keep the two-consumer / 64-key tables,
-    deferring the P V wait, as hd64's three consumers do everywhere (BENCHMARKS.md)."""
+    deferring the P V wait, as hd64's three consumers do but for causal calls of up to 1024 rows (BENCHMARKS.md)."""
     cfg = discover_kernels().get("fa3_fp8").launch_config((9, 0), head_dim, (), causal, seqlen_q)
     assert (cfg["block_m"], cfg["block_n"], cfg.get("serial_pv", 0), cfg["persistent"]) == (*tile, serial, 1)
     assert cfg["warps"] == 4 * (1 + tile[0] // 64) and cfg["defer_pv_wait"] == 1 - serial
