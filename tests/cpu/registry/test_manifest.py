@@ -290,6 +290,21 @@ def test_no_hopper_table_both_serializes_and_defers_the_pv_wait():
     assert checked and not clash
 
 
+def test_serial_pv_beside_the_ping_pong_turns_is_refused_at_compile_time():
+    """A serial visit issues in two turns and a passed-by one in one, so serial_pv beside the turns would take the
+    consumers' barriers out of step: the kernel refuses the build (ws_mainloop.cuh's static_assert), and the
+    refusal reaches the caller as one CompileError naming it. Compiled with NVRTC, no GPU."""
+    import dataclasses
+    from flashkit.errors import CompileError
+    from flashkit.runtime.build import compile_variant, make_config
+    fa3 = discover_kernels().get("fa3")
+    bad = dataclasses.replace(fa3, overrides={**fa3.overrides, "hd128": {"free_issue": 0, "serial_pv": 1,
+                                                                         "defer_pv_wait": 0}})
+    config = make_config(bad, "bfloat16", 128, False, (9, 0))
+    with pytest.raises(CompileError, match="serial_pv runs without ping-pong turns"):
+        compile_variant(bad, config, "sm_90a")
+
+
 @pytest.mark.parametrize("head_dim,mods", [(128, ()), (128, ("mask_mod",)), (128, ("window",)), (64, ()),
                                            (64, ("block_sparse",)), (256, ())])
 def test_fa3_bwd_orders_causal_key_blocks_by_the_hosts_group_size(head_dim, mods):

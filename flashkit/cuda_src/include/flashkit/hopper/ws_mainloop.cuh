@@ -291,6 +291,9 @@ __device__ __forceinline__ void consumer_mainloop(Loop& loop, const Turn& turn, 
 #pragma unroll 1
     for (int i = 0; i < skip; ++i) pass_visit(turn, k_ring, v_ring, cta.ring_pos + i);
     if constexpr (kSerialPv) {
+        // A serial visit issues in two turns and a passed-by one in one, so consumers passing different numbers of
+        // visits would take the ping-pong barriers out of step: serial_pv issues freely.
+        static_assert(!Loop::kPingPong, "serial_pv runs without ping-pong turns (free_issue: 1, or fp8's FreeIssue)");
         int i = 0;
         for (; i < n_blocks && i < n_masked; ++i)
             serial_step<true>(loop, turn, k_ring, v_ring, i, pos + i, n_blocks, row0, col_lane);
