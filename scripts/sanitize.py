@@ -67,11 +67,11 @@ def passes_unseen(spec) -> bool:
     return any(launch.get("pass_unseen") for launch in (spec.launch, *spec.overrides.values()))
 
 
-def serial_head_dims(spec) -> list[int]:
-    """The head dims (classes) of the forward tables that wait for each P V before the next S (serial_pv): their wide
-    key tiles and their own order of waits."""
-    return sorted({int(key.split("/")[0][2:]) for key, launch in spec.overrides.items()
-                   if launch.get("serial_pv") and key.startswith("hd")} - {128})
+def serial_head_dims(spec, cc) -> set[int]:
+    """The head dims whose forward tables wait for each P V before the next S (serial_pv): their wide tiles and their
+    own order of waits."""
+    return {d for d in spec.head_dims.examples() for causal in spec.causal_options()
+            if spec.launch_config(cc, d, (), causal).get("serial_pv")}
 
 
 def main(names: list[str]) -> None:
@@ -82,7 +82,7 @@ def main(names: list[str]) -> None:
         # backward kernels at every head dim they are compiled for and a padded one below each (fa3_bwd's hd256
         # splits its consumers another way); forward ones at 128 where they take it
         head_dims = spec.head_dims.examples() if spec.supports("backward") else \
-            [128 if 128 in spec.head_dims else spec.head_dims.examples()[0]] + serial_head_dims(spec)
+            sorted({128 if 128 in spec.head_dims else spec.head_dims.examples()[0]} | serial_head_dims(spec, cc))
         for head_dim, causal in itertools.product(head_dims, spec.causal_options()):
             if spec.requires.get("fp8"):
                 q, k, v = inputs(head_dim, "bfloat16", 0)

@@ -27,16 +27,22 @@ def check_params(names: list[str], quick: bool = False) -> list:
     return params
 
 
-def run_check(name: str, check) -> None:
-    """Run one check with a seed fixed by its label; fail with the whole result in the message."""
-    assert check is not None, f"verify.checks_for({name}) returned no checks"
-    from flashkit.cli.verify_cmd import format_result
+def variant_on_this_device(name: str):
+    """The variant's spec and this device's compute capability; skips (by name) where the variant does not run."""
     from flashkit.runtime.device import device_info
     spec = discover_kernels().get(name)
     cc = device_info().cc
     if not spec.runs_on(cc):
         pytest.skip(f"{name} needs compute capability {spec.arch_requirement()}; "
                     f"this device has {cc[0]}.{cc[1]}")
+    return spec, cc
+
+
+def run_check(name: str, check) -> None:
+    """Run one check with a seed fixed by its label; fail with the whole result in the message."""
+    assert check is not None, f"verify.checks_for({name}) returned no checks"
+    from flashkit.cli.verify_cmd import format_result
+    variant_on_this_device(name)
     result = check.run(zlib.crc32(check.label.encode()))
     assert result.variant == name and result.label == check.label
     assert result.passed, format_result(result)

@@ -7,9 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from flashkit.registry import discover_kernels
-
-from .gpu_checks import boundary_lengths, check_params, run_check
+from .gpu_checks import boundary_lengths, check_params, run_check, variant_on_this_device
 
 pytestmark = pytest.mark.gpu
 
@@ -105,27 +103,30 @@ def test_attention_fp8_true(fp8_device):
     assert rmse < 3e-2, rmse
 
 
+def fp8_failures(spec, head_dim: int, causal: bool, cases) -> list[str]:
+    """fp8_check of each (shape, scale block rows, seed) in cases; a line for each that fails."""
+    from flashkit.verify.fp8 import fp8_check
+    failures = []
+    for shape, block, seed in cases:
+        result = fp8_check(spec, shape, head_dim, "bfloat16", causal, block=block).run(seed)
+        if not result.passed:
+            failures.append(f"{result.label}: error {result.max_error:.3g} > {result.bound:.3g} {result.note}")
+    return failures
+
+
 @pytest.mark.parametrize("head_dim", [64, 128, 256])
 @pytest.mark.parametrize("causal", [False, True])
 def test_fa3_fp8_tile_boundaries(head_dim, causal):
     """fa3_fp8 at every multiple of block_m / block_n (and 2x) +- 1, both ways, with scale blocks of 64, 128 and 256
     rows (64-row blocks: a 128-key tile spans two, each with its own k and v scale)."""
-    from flashkit.runtime.device import device_info
     from flashkit.verify import Shape
-    from flashkit.verify.fp8 import fp8_check
-    spec = discover_kernels().get("fa3_fp8")
-    cc = device_info().cc
-    if not spec.runs_on(cc):
-        pytest.skip(f"fa3_fp8 needs compute capability {spec.arch_requirement()}; this device has {cc[0]}.{cc[1]}")
+    spec, cc = variant_on_this_device("fa3_fp8")
     cfg = spec.launch_config(cc, head_dim, causal=causal, seqlen_q=1024)
     lengths_q, lengths_k = boundary_lengths(cfg["block_m"]), boundary_lengths(cfg["block_n"])
-    failures = []
-    for i, (sq, sk) in enumerate(zip(lengths_q, lengths_k[::-1])):
-        block = (64, 128, 256)[i % 3]
-        for shape in (Shape(2, sq, sk, 4, 2), Shape(1, sk, sq, 2, 1)):
-            result = fp8_check(spec, shape, head_dim, "bfloat16", causal, block=block).run(4000 + i)
-            if not result.passed:
-                failures.append(f"{result.label}: error {result.max_error:.3g} > {result.bound:.3g} {result.note}")
+    cases = [(shape, (64, 128, 256)[i % 3], 4000 + i)
+             for i, (sq, sk) in enumerate(zip(lengths_q, lengths_k[::-1]))
+             for shape in (Shape(2, sq, sk, 4, 2), Shape(1, sk, sq, 2, 1))]
+    failures = fp8_failures(spec, head_dim, causal, cases)
     assert not failures, "\n".join(failures)
 
 
@@ -135,18 +136,11 @@ def test_fa3_fp8_every_length_table(head_dim, causal):
     """fa3_fp8 on each side of every 'seqlen_q<=L' key of its manifest (hd256: 64-key tiles up to 2048 causal rows,
     128-key serial_pv tiles above), ragged both ways and seqlen_q != seqlen_k, so that every tile table a call can
     reach runs, not only the one the short boundary shapes pick."""
-    from flashkit.runtime.device import device_info
     from flashkit.verify import Shape
-    from flashkit.verify.fp8 import fp8_check
-    spec = discover_kernels().get("fa3_fp8")
-    cc = device_info().cc
-    if not spec.runs_on(cc):
-        pytest.skip(f"fa3_fp8 needs compute capability {spec.arch_requirement()}; this device has {cc[0]}.{cc[1]}")
+    spec, _ = variant_on_this_device("fa3_fp8")
     bounds = spec.length_bounds(head_dim) or (2048,)
-    failures = []
-    for i, rows in enumerate(n for bound in bounds for n in (bound, bound + 1)):
-        for shape in (Shape(1, rows, rows + 77, 2, 1), Shape(1, rows, max(1, rows - 131), 4, 2)):
-            result = fp8_check(spec, shape, head_dim, "bfloat16", causal, block=(64, 128)[i % 2]).run(4100 + i)
-            if not result.passed:
-                failures.append(f"{result.label}: error {result.max_error:.3g} > {result.bound:.3g} {result.note}")
+    cases = [(shape, (64, 128)[i % 2], 4100 + i)
+             for i, rows in enumerate(n for bound in bounds for n in (bound, bound + 1))
+             for shape in (Shape(1, rows, rows + 77, 2, 1), Shape(1, rows, max(1, rows - 131), 4, 2))]
+    failures = fp8_failures(spec, head_dim, causal, cases)
     assert not failures, "\n".join(failures)

@@ -222,14 +222,11 @@ __device__ __forceinline__ void consumer_step(Loop& loop, const Turn& turn, cons
 constexpr bool kSerialPv = FLASHKIT_SERIAL_PV != 0;
 static_assert(!(kSerialPv && kDeferPvWait), "serial_pv waits for each P V in its own visit: no defer_pv_wait beside it");
 
-// Visit i of a consumer under serial_pv (ring slot `slot`): S_i, its softmax, O *= alpha, P_i packed, P_i V_i, each
-// waited for before the next starts.
-template <bool kMasked, class Loop, class Turn>
-__device__ __forceinline__ void serial_step(Loop& loop, const Turn& turn, const typename Loop::Ring& k_ring,
-                                            const typename Loop::Ring& v_ring, int i, int slot, int n_blocks, int row0,
-                                            int col_lane) {
-    timeline_stamp(i, kVisitStart);
-    timeline_stamp(i, kVisitSettled);   // nothing owed here: the previous visit waited for its P V (in the "rest")
+// A visit's S = Q K^T, at once: the K stage of ring slot `slot` landed, S issued in this consumer's turn and waited
+// for, the stage handed back (the first visit of the main loop, and every visit under serial_pv).
+template <class Loop, class Turn>
+__device__ __forceinline__ void scores_now(Loop& loop, const Turn& turn, const typename Loop::Ring& k_ring, int i,
+                                           int slot) {
     k_ring.wait_full(slot);
     loop.stage_landed(slot);
     timeline_stamp(i, kOperandsIn);
@@ -240,15 +237,33 @@ __device__ __forceinline__ void serial_step(Loop& loop, const Turn& turn, const 
     gmma::wait<0>();
     timeline_stamp(i, kScoresIn);
     k_ring.release(slot);
-    loop.template softmax_step<kMasked>(loop.mask.kv_block(n_blocks - 1 - i), row0, col_lane);
-    timeline_stamp(i, kSoftmaxDone);
-    loop.rescale_and_pack();   // O is settled: the previous visit waited for its P V
+}
+
+// A visit's O += P V, at once: the V stage of ring slot `slot` landed, the product issued in this consumer's turn and
+// waited for, the stage handed back (the main loop's last visit, and every visit under serial_pv).
+template <class Loop, class Turn>
+__device__ __forceinline__ void pv_now(Loop& loop, const Turn& turn, const typename Loop::Ring& v_ring, int slot) {
     v_ring.wait_full(slot);
     turn.wait_turn();
     loop.issue_pv(slot);
     turn.pass_turn();
     gmma::wait<0>();
     v_ring.release(slot);
+}
+
+// Visit i of a consumer under serial_pv (ring slot `slot`): S_i, its softmax, O *= alpha, P_i packed, P_i V_i, each
+// waited for before the next starts.
+template <bool kMasked, class Loop, class Turn>
+__device__ __forceinline__ void serial_step(Loop& loop, const Turn& turn, const typename Loop::Ring& k_ring,
+                                            const typename Loop::Ring& v_ring, int i, int slot, int n_blocks, int row0,
+                                            int col_lane) {
+    timeline_stamp(i, kVisitStart);
+    timeline_stamp(i, kVisitSettled);   // nothing owed here: the previous visit waited for its P V (in the "rest")
+    scores_now(loop, turn, k_ring, i, slot);
+    loop.template softmax_step<kMasked>(loop.mask.kv_block(n_blocks - 1 - i), row0, col_lane);
+    timeline_stamp(i, kSoftmaxDone);
+    loop.rescale_and_pack();   // O is settled: the previous visit waited for its P V
+    pv_now(loop, turn, v_ring, slot);
 }
 
 // Where a consumer passes by the first visits of a causal tile that none of its rows sees (the launch flag
@@ -303,13 +318,7 @@ __device__ __forceinline__ void consumer_mainloop(Loop& loop, const Turn& turn, 
         turn.finish();
         return;
     }
-    k_ring.wait_full(pos);
-    loop.stage_landed(pos);
-    turn.wait_turn();
-    loop.issue_scores(pos);
-    turn.pass_turn();
-    gmma::wait<0>();
-    k_ring.release(pos);
+    scores_now(loop, turn, k_ring, 0, pos);
     if (n_masked > 0) loop.template softmax_step<true>(loop.mask.kv_block(n_blocks - 1), row0, col_lane);
     else loop.template softmax_step<false>(loop.mask.kv_block(n_blocks - 1), row0, col_lane);
     if constexpr (!kDeferPvWait) loop.rescale_and_pack();
@@ -320,12 +329,7 @@ __device__ __forceinline__ void consumer_mainloop(Loop& loop, const Turn& turn, 
     if constexpr (Kt::kOwnOTile) mbarrier_arrive(cta.q_empty);   // every S has read Q: the next tile's may load
     const int last = pos + n_blocks - 1;
     if constexpr (kDeferPvWait) settle_pv(loop, v_ring, last - 1, n_blocks >= 2);
-    v_ring.wait_full(last);
-    turn.wait_turn();
-    loop.issue_pv(last);
-    turn.pass_turn();
-    gmma::wait<0>();
-    v_ring.release(last);
+    pv_now(loop, turn, v_ring, last);
     gmma::fence_registers(loop.acc_o[0]);
     turn.finish();
 }
