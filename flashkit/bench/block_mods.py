@@ -45,6 +45,7 @@ def main(argv: list[str] | None = None) -> dict:
     from flashkit.features.block_mask import BlockMask
     s = args.seqlen
     b = max(1, TOKENS // s)
+    flex_densities = set() if args.no_flex else {float(x) for x in args.flex_densities.split(",")}
     rows: list[dict[str, Any]] = []
     for d in (int(x) for x in args.head_dims.split(",")):
         h = HIDDEN // d
@@ -57,8 +58,8 @@ def main(argv: list[str] | None = None) -> dict:
             for causal in (False, True):
                 bq, bk = mask.block
                 flops = block_sparse_flops(mask.dense_blocks(), b, h, s, s, d, bq, bk) / (2 if causal else 1)
-                with_flex = not args.no_flex and density in {float(x) for x in args.flex_densities.split(",")}
-                flex = flex_calls(tv, BenchShape(b, s, h, d, causal, density), mask, slopes_t) if with_flex else {}
+                flex = flex_calls(tv, BenchShape(b, s, h, d, causal, density), mask, slopes_t) \
+                    if density in flex_densities else {}
                 mods = {"softcap": dict(softcap=SOFTCAP), "alibi": dict(alibi_slopes=slopes)}
                 if causal:
                     mods["window"] = dict(window_size=(WINDOW, 0))
