@@ -58,6 +58,10 @@ class BenchConfig:
     iters: int = 50
     seed: int = 0
     l2_bytes: int | None = None                    # None: the device's L2 size
+    # Time a shape's kernels (flashkit's and PyTorch's) interleaved call by call instead of one after the other:
+    # ratios under one clock (timed apart, a comparison's first kernel can run before the power limit pulls the
+    # clocks down; bench/timing.py's time_interleaved).
+    interleave: bool = False
 
 
 @dataclass
@@ -135,4 +139,16 @@ def mark_unavailable(row: BenchRow, exc: BaseException) -> BenchRow:
     """Record why a kernel did not run (first line of the exception) instead of raising."""
     row.available = False
     row.reason = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"[:300]
+    return row
+
+
+def time_row(row: BenchRow, call: Callable[[int], Any] | None, config: BenchConfig,
+             timer: Callable[[Callable[[int], Any], int, int], float]) -> BenchRow:
+    """row with call's median time and throughput (a row without a call, or whose timing raises, is unavailable)."""
+    if call is not None:
+        try:
+            row.ms = timer(call, config.warmup, config.iters)
+            row.tflops = tflops(row.flops, row.ms)
+        except Exception as exc:
+            mark_unavailable(row, exc)
     return row

@@ -14,8 +14,8 @@ from typing import Any, Callable, Sequence
 
 from . import torch_baselines
 from .config import (BenchConfig, BenchResult, BenchRow, BenchShape, Progress, attention_flops, convention_shapes,
-                     device_l2_bytes, mark_unavailable, rotation_copies, tflops)
-from .timing import CupyPeak, time_cupy
+                     device_l2_bytes, mark_unavailable, rotation_copies, tflops, time_row)
+from .timing import CupyPeak, time_cupy, time_cupy_interleaved
 
 # (shape, config) -> (mask, FLOPs) when the feature shapes this run, else None
 MaskHook = Callable[[BenchShape, BenchConfig], "tuple[Any, float] | None"]
@@ -60,9 +60,10 @@ def _free_pools() -> None:
         pass
 
 
-def bench_flashkit(shape: BenchShape, inputs, variant: str | None, config: BenchConfig, flops: float,
-                   mask: Any = None) -> BenchRow:
-    """Time flashkit.attention on the rotated inputs; an exception records the row as unavailable."""
+def prepare_flashkit(shape: BenchShape, inputs, variant: str | None, config: BenchConfig, flops: float,
+                     mask: Any = None) -> tuple[BenchRow, Callable[[int], Any] | None]:
+    """The row of flashkit.attention on the rotated inputs and the call to time (its first call made, its peak
+    memory measured); an exception records the row as unavailable, with no call."""
     from ..api import attention
     row = BenchRow(flashkit_label(shape, variant, mask is not None, config.dtype), shape.batch, shape.seqlen, shape.heads,
                    shape.head_dim, shape.causal, config.dtype, flops,
@@ -81,11 +82,31 @@ def bench_flashkit(shape: BenchShape, inputs, variant: str | None, config: Bench
             call(1)
             cupy.cuda.runtime.deviceSynchronize()
         row.peak_bytes = peak.extra
-        row.ms = time_cupy(call, config.warmup, config.iters)
-        row.tflops = tflops(flops, row.ms)
+        return row, call
     except Exception as exc:   # unsupported shape, compile failure, out of memory: a row, not a crash
         mark_unavailable(row, exc)
-    return row
+        return row, None
+
+
+def bench_flashkit(shape: BenchShape, inputs, variant: str | None, config: BenchConfig, flops: float,
+                   mask: Any = None) -> BenchRow:
+    """Time flashkit.attention on the rotated inputs; an exception records the row as unavailable."""
+    return time_row(*prepare_flashkit(shape, inputs, variant, config, flops, mask), config, time_cupy)
+
+
+def time_together(prepared: list[tuple[BenchRow, Callable[[int], Any] | None]], config: BenchConfig,
+                  timer: Callable[[list, int, int], list[float]] = time_cupy_interleaved) -> list[BenchRow]:
+    """Every prepared call of one shape timed interleaved call by call (BenchConfig.interleave), so that their
+    ratios hold under one clock; torch's calls run on the legacy default stream that CuPy's events time."""
+    timed = [(row, call) for row, call in prepared if call is not None]
+    if timed:
+        try:
+            for (row, _), ms in zip(timed, timer([c for _, c in timed], config.warmup, config.iters)):
+                row.ms, row.tflops = ms, tflops(row.flops, ms)
+        except Exception as exc:   # one call failing mid-run fails the comparison: every row says why
+            for row, _ in timed:
+                mark_unavailable(row, exc)
+    return [row for row, _ in prepared]
 
 
 def flashkit_label(shape: BenchShape, variant: str | None, block_sparse: bool, dtype: str = "bfloat16") -> str:
@@ -135,20 +156,33 @@ def _bench_one(shape: BenchShape, inputs, config: BenchConfig, torch_ok: bool, s
     masked = next((m for m in (hook(shape, config) for hook in _MASK_HOOKS) if m is not None), None)
     mask, flops = masked or (None, attention_flops(shape.batch, shape.heads, shape.seqlen, shape.seqlen,
                                                    shape.head_dim, shape.causal))
+    if config.interleave:
+        prepared = [prepare_flashkit(shape, inputs, variant, config, flops, mask) for variant in config.variants]
+        prepared += [torch_baselines.prepare_backend(backend, shape, inputs, config, flops, mask)
+                     for backend in _torch_backends(config, mask, torch_ok)]
+        out = time_together(prepared, config)
+        for row in out:
+            _report(row, shape, say)
+        _free_pools()
+        return out
     out = []
     for variant in config.variants:
         out.append(bench_flashkit(shape, inputs, variant, config, flops, mask))
         _report(out[-1], shape, say)
         _free_pools()
-    if torch_ok:
-        backends = ("flex",) if mask is not None else tuple(config.torch_backends)
-        for backend in backends:
-            if backend not in config.torch_backends:
-                continue
-            out.append(torch_baselines.bench_backend(backend, shape, inputs, config, flops, mask))
-            _report(out[-1], shape, say)
-            _free_pools()
+    for backend in _torch_backends(config, mask, torch_ok):
+        out.append(torch_baselines.bench_backend(backend, shape, inputs, config, flops, mask))
+        _report(out[-1], shape, say)
+        _free_pools()
     return out
+
+
+def _torch_backends(config: BenchConfig, mask: Any, torch_ok: bool) -> tuple[str, ...]:
+    """The PyTorch baselines of a shape: flex alone beside a block mask, else the configured SDPA backends."""
+    if not torch_ok:
+        return ()
+    return tuple(b for b in (("flex",) if mask is not None else tuple(config.torch_backends))
+                 if b in config.torch_backends)
 
 
 def _report(row: BenchRow, shape: BenchShape, say: Progress) -> None:

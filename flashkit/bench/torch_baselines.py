@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-from .config import BenchConfig, BenchRow, BenchShape, mark_unavailable, tflops
+from .config import BenchConfig, BenchRow, BenchShape, mark_unavailable, time_row
 from .timing import time_cuda
 
 SDPA_BACKENDS = {"flash": "FLASH_ATTENTION", "cudnn": "CUDNN_ATTENTION", "efficient": "EFFICIENT_ATTENTION"}
@@ -128,9 +128,11 @@ def _flex_call(shape: BenchShape, views, mask: Any) -> Callable[[int], Any]:
     return call
 
 
-def bench_backend(backend: str, shape: BenchShape, inputs, config: BenchConfig, flops: float,
-                  mask: Any = None) -> BenchRow:
-    """Time one torch backend ('flash', 'cudnn', 'efficient', 'flex') on the benchmark's inputs."""
+def prepare_backend(backend: str, shape: BenchShape, inputs, config: BenchConfig, flops: float,
+                    mask: Any = None) -> tuple[BenchRow, Callable[[int], Any] | None]:
+    """The row of one torch backend ('flash', 'cudnn', 'efficient', 'flex') on the benchmark's inputs and the call
+    to time (its first call made: flex compiled, a refused shape raised; its peak memory measured), or no call
+    and the row unavailable."""
     row = BenchRow(f"torch:{backend}", shape.batch, shape.seqlen, shape.heads, shape.head_dim, shape.causal,
                    config.dtype, flops, density=mask.density if mask is not None else None)
     try:
@@ -143,8 +145,13 @@ def bench_backend(backend: str, shape: BenchShape, inputs, config: BenchConfig, 
         call = _flex_call(shape, views, mask) if backend == "flex" else sdpa_call(backend, shape.causal, views)
         call(0)   # first call: compiles flex, and raises here when the backend refuses the shape
         row.peak_bytes = torch_peak_bytes(lambda: call(1))
-        row.ms = time_torch(call, config.warmup, config.iters)
-        row.tflops = tflops(flops, row.ms)
+        return row, call
     except Exception as exc:
         mark_unavailable(row, exc)
-    return row
+        return row, None
+
+
+def bench_backend(backend: str, shape: BenchShape, inputs, config: BenchConfig, flops: float,
+                  mask: Any = None) -> BenchRow:
+    """Time one torch backend ('flash', 'cudnn', 'efficient', 'flex') on the benchmark's inputs."""
+    return time_row(*prepare_backend(backend, shape, inputs, config, flops, mask), config, time_torch)

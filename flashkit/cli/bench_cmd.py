@@ -27,6 +27,8 @@ def _ints(values: tuple[str, ...]) -> list[int]:
 @click.option("--dtype", default="bfloat16", show_default=True)
 @click.option("--compare", type=click.Choice(["torch", "none"]), default="none", show_default=True,
               help="Time PyTorch's SDPA backends (and flex_attention) on the same inputs in the same run.")
+@click.option("--interleave", is_flag=True, help="Time each shape's kernels (and PyTorch's) interleaved call by call, "
+                                                  "so that their ratios hold under one clock.")
 @click.option("--iters", type=int, default=30, show_default=True)
 @click.option("--warmup", type=int, default=5, show_default=True)
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of tables.")
@@ -43,11 +45,14 @@ def _ints(values: tuple[str, ...]) -> list[int]:
 @click.option("--head-dim-v", type=int, default=None,
               help="With --backward: v's head dim, below each --head-dim (DeepSeek's MLA: 128 under 192).")
 @one_line_errors
-def command(variants, head_dims, seqlens, causal, density, dtype, compare, iters, warmup, as_json, json_out,
-            plot, functors, block_mods, backward, deterministic, head_dim_v) -> None:
+def command(variants, head_dims, seqlens, causal, density, dtype, compare, interleave, iters, warmup, as_json,
+            json_out, plot, functors, block_mods, backward, deterministic, head_dim_v) -> None:
     """Time kernels with CUDA events (median, L2-rotated inputs) and report TFLOP/s and ratios."""
     if head_dim_v is not None and not backward:
         raise InputError(f"--head-dim-v: times the backward only (add --backward), got {head_dim_v}")
+    if interleave and (backward or functors or block_mods):
+        raise InputError("--interleave: an option of the sweep (--functors and --block-mods always interleave, "
+                         "--backward times its kernels one after the other)")
     require_device()
     if backward:
         from ..bench import backward as backward_bench
@@ -78,6 +83,7 @@ def command(variants, head_dims, seqlens, causal, density, dtype, compare, iters
         seqlens=_ints(seqlens) or bench.SEQLENS, head_dims=_ints(head_dims) or bench.HEAD_DIMS,
         causal=(False, True) if causal is None else (causal,), dtype=dtype,
         variants=tuple(variants) or (None,), densities=_floats(density), iters=iters, warmup=warmup,
+        interleave=interleave,
         torch_backends=(bench.TORCH_BACKENDS if density else bench.SDPA_BACKENDS) if compare == "torch" else ())
     say = (lambda msg: click.echo(msg, err=True)) if not as_json else (lambda msg: None)
     result = bench.run_benchmark(config, progress=say)
