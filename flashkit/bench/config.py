@@ -59,8 +59,8 @@ class BenchConfig:
     seed: int = 0
     l2_bytes: int | None = None                    # None: the device's L2 size
     # Time a shape's kernels (flashkit's and PyTorch's) interleaved call by call instead of one after the other:
-    # ratios under one clock (timed apart, a comparison's first kernel can run before the power limit pulls the
-    # clocks down; bench/timing.py's time_interleaved).
+    # ratios under one clock (at the GPU's power limit each kernel timed alone runs at a clock of its own;
+    # bench/timing.py's time_interleaved, docs/design-notes.md).
     interleave: bool = False
 
 

@@ -1,9 +1,9 @@
 """The built-in modifications timed against dense flashkit and PyTorch in one run (python3 -m flashkit.bench.mods).
 
 Each modification is timed interleaved call by call with the dense causal call on the same kernel family (and, for a
-window, with PyTorch's), so that its ratio to dense holds under one clock: timed apart, the first comparison of a
-process ran before the power limit pulled the clocks down (the dense hd128 causal call read 665 TFLOP/s there against
-572 in a sweep, so every modification read 10-17% below it). Sliding window: flashkit never visits tiles outside the
+window, with PyTorch's), so that its ratio to dense holds under one clock: at the GPU's power limit each kernel timed
+alone runs at a clock of its own (a modified build draws less power and clocks higher; timed alone, the dense hd128
+causal call also read 665 TFLOP/s in one run against 572 in a sweep; docs/design-notes.md). Sliding window: flashkit never visits tiles outside the
 window, PyTorch's SDPA takes an explicit boolean mask (all tiles computed), flex_attention a compiled block mask.
 TFLOP/s count the visible (query, key) pairs only: 4 * B * H * D * pairs, and `vs dense` is the row's TFLOP/s over
 the dense causal call's in the same comparison (issue 14's target: at least 0.9). Benchmark convention: bf16, CUDA
@@ -17,6 +17,7 @@ import json
 from typing import Any, Callable
 
 from .timing import time_cupy_interleaved
+from .torch_baselines import compiled_flex
 
 ROTATE = 3   # copies of the inputs: 3 x 192 MiB at the default shape, far past a 50 MB L2
 
@@ -111,13 +112,12 @@ def main(argv: list[str] | None = None) -> dict:
         flex = None
         if not args.no_flex:
             try:
-                from torch.nn.attention.flex_attention import create_block_mask, flex_attention
-                compiled = torch.compile(flex_attention, dynamic=False)
+                from torch.nn.attention.flex_attention import create_block_mask
 
                 def sliding(bb, hh, q_idx, kv_idx, left=left):
                     return (kv_idx <= q_idx) & (kv_idx >= q_idx - left)
                 bm = create_block_mask(sliding, B=None, H=None, Q_LEN=s, KV_LEN=s, device="cuda")
-                flex = (lambda i, bm=bm, compiled=compiled: compiled(*tv[i % ROTATE], block_mask=bm))
+                flex = (lambda i, bm=bm: compiled_flex()(*tv[i % ROTATE], block_mask=bm))
                 flex(0)
             except Exception as e:   # flex needs a working torch.compile; say so and go on
                 print(f"flex_attention failed: {type(e).__name__}: {str(e).splitlines()[0][:200]}", flush=True)

@@ -181,8 +181,7 @@ def _torch_backends(config: BenchConfig, mask: Any, torch_ok: bool) -> tuple[str
     """The PyTorch baselines of a shape: flex alone beside a block mask, else the configured SDPA backends."""
     if not torch_ok:
         return ()
-    return tuple(b for b in (("flex",) if mask is not None else tuple(config.torch_backends))
-                 if b in config.torch_backends)
+    return tuple(config.torch_backends) if mask is None else tuple(b for b in ("flex",) if b in config.torch_backends)
 
 
 def _report(row: BenchRow, shape: BenchShape, say: Progress) -> None:
