@@ -9,7 +9,7 @@ from typing import Callable
 from ..errors import CompileError
 from ..registry import discover_kernels
 from ..registry.manifest import KernelSpec
-from ..runtime.build import BuildConfig, compile_variant, make_config, smem_bytes, store_cubin
+from ..runtime.build import BuildConfig, compile_variant, launch_table, make_config, smem_bytes, store_cubin
 
 MODS = ("window", "softcap", "alibi")   # built-in modifications (features/mods.py), compiled together
 # (head_dim, head_dim_v) compiled for variants declaring head_dim_v: MLA's 192 / 128 and both head dims padded below
@@ -21,7 +21,8 @@ HEAD_DIM_V_GEOMETRY_PAIRS = ((96, 64), (128, 64), (256, 192), (256, 64))
 
 def spec_configs(spec: KernelSpec, cc: tuple[int, int], dtypes=None, head_dims=None) -> list[BuildConfig]:
     """Every specialization a variant can be asked for on this arch (with its declared modifications all on too,
-    and varlen where the variant takes packed sequences; a backward taking block masks with one too, alone and with
+    each modification alone where the manifest gives it a table of its own (own_table; for the first dtype: the dtypes
+    differ in no register or shared-memory figure), and varlen where the variant takes packed sequences; a backward taking block masks with one too, alone and with
     the modifications; with each of
     its tile tables by call length): of its
     example head dims, or of the named head dims it takes, that the arch takes (head_dims' max_by_arch).
@@ -52,12 +53,28 @@ def spec_configs(spec: KernelSpec, cc: tuple[int, int], dtypes=None, head_dims=N
                 for od in out_dtypes:
                     out += [make_config(spec, dt, hd, c, cc, sparse, od, m, seqlen_q=sq) for m in mod_sets
                             for sq in lengths(spec, hd) if "varlen" not in m or spec.head_dims.class_of(hd) == hd]
+                    if dt == spec.dtypes[0]:   # each modification the manifest gives a table of its own
+                        out += [make_config(spec, dt, hd, c, cc, sparse, od, (m,), seqlen_q=sq)
+                                for sq in lengths(spec, hd) for m in mods
+                                if own_table(spec, cc, hd, m, mods, c, sparse, sq)]
                     if listed:   # a backward over a block mask's lists, alone and with the modifications
                         out += [make_config(spec, dt, hd, c, cc, True, od, m, seqlen_q=sq) for sq in lengths(spec, hd)
                                 for m in mod_sets if "varlen" not in m]
     if spec.supports("head_dim_v"):
         out += head_dim_v_configs(spec, cc, causal_opts, mod_sets, dtypes, head_dims)
     return list(dict.fromkeys(out))   # head dims of one class and padding share a specialization
+
+
+RAW_MAX_MODS = ("softcap",)   # what the raw_max switch acts on, alone only (score_mod.cuh's MonotoneMod: not beside ALiBi)
+
+
+def own_table(spec: KernelSpec, cc: tuple[int, int], hd: int, mod: str, mods: tuple[str, ...], causal: bool,
+              sparse: bool, seqlen_q: int | None) -> bool:
+    """Whether a modification alone builds code the set's build does not: a launch table unlike the set's (hd64's
+    non-causal softcap on three consumers), or a raw_max that the set's build carries but cannot exercise."""
+    alone = launch_table(spec, cc, hd, (mod,), causal, sparse, seqlen_q)
+    return alone != launch_table(spec, cc, hd, mods, causal, sparse, seqlen_q) or \
+        (mod in RAW_MAX_MODS and alone.get("raw_max", 0) == 1)
 
 
 def head_dim_v_configs(spec: KernelSpec, cc: tuple[int, int], causal_opts, mod_sets, dtypes=None,

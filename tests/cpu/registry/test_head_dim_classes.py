@@ -110,7 +110,8 @@ def test_fa3_tiles_follow_the_mask_and_length():
     assert shape(64, causal=True, sq=1025) == shape(64, sq=4096) == shape(64, sq=1025) == (192, 128, 16, 1)
     assert shape(64, causal=True, sq=1) == shape(64, ("softcap",), True, 1024) == shape(64, sq=1024) == \
         shape(64, sq=1) == (128, 128, 12, 1)
-    assert shape(64, ("softcap",), True, 2048) == (128, 128, 12, 1) and shape(64, ("softcap",)) == (128, 128, 12, 0)
+    assert shape(64, ("softcap",), True, 2048) == (128, 128, 12, 1) and shape(64, ("softcap",), True) == (128, 128, 12, 0)
+    assert shape(64, ("softcap",)) == (192, 128, 16, 0) and shape(64, ("softcap",), sq=2048) == (192, 128, 16, 1)
     assert shape(64, ("varlen",), True, 1024) == (128, 128, 12, 1)
     assert shape(64, ("varlen",), True, 2048) == shape(64, ("varlen",), False, 4096) == (192, 128, 16, 1)
     assert fa3.launch_config((9, 0), 64, (), True, 1024)["stages"] == 3

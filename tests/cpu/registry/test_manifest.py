@@ -247,7 +247,7 @@ def test_launch_switches_take_zero(tmp_path):
 @pytest.mark.parametrize("variant,head_dim,mods,causal,deferred", [
     ("fa3", 96, (), True, 0), ("fa3", 128, (), False, 1), ("fa3", 192, (), False, 1),
     ("fa3", 128, ("softcap", "alibi"), False, 1), ("fa3", 96, (), False, 0), ("fa3", 96, ("window",), False, 1),
-    ("fa3", 64, (), False, 0), ("fa3", 64, ("softcap",), False, 1), ("fa3", 256, (), False, 0),
+    ("fa3", 64, (), False, 0), ("fa3", 64, ("softcap",), True, 1), ("fa3", 64, ("softcap",), False, 0), ("fa3", 256, (), False, 0),
     ("fa3", 128, ("varlen",), False, 0), ("fa3", 128, ("score_mod",), False, 1), ("fa3", 96, ("mask_mod",), False, 1),
     ("fa3", 64, ("score_mod",), False, 1), ("fa3", 64, ("alibi",), True, 1), ("fa3", 64, ("window",), False, 0),
     ("fa3_fp8", 64, (), False, 1), ("fa3_fp8", 256, (), False, 0), ("fa3_fp8", 256, (), True, 0),

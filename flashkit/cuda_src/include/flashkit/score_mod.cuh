@@ -18,6 +18,7 @@
 // apply_score_mod_transposed with slopes).
 // kIndexed: the modification reads each score's query and key index (ALiBi's distance, a functor's arguments),
 // which the kernels with little register room to spare take into account (hopper/bwd_traits.cuh).
+// MonotoneMod<Mod>: the modification commutes with a row's max (softcap), so a forward may take the max first.
 // kHeldGrad: grad(m) reads m alone and lies in [0, 1] (softcap's 1 - tanh^2), so a backward may hold each slope as
 // half of an f16 pair.
 #pragma once
@@ -55,6 +56,14 @@ __device__ __forceinline__ float fast_tanh(float x) {
     return y;
 }
 
+// Whether a modification commutes with a row's max: nondecreasing in s and index-free, so that
+// rowmax(mod(s)) = mod(rowmax(s)) (softcap; not ALiBi, whose bias depends on the key). A main loop may then take
+// the row max over the raw scores and map it once (OnlineSoftmax::update_max_mapped).
+template <class Mod>
+struct MonotoneMod {
+    static constexpr bool value = false;
+};
+
 struct NoScoreMod {
     static constexpr bool kUnitGrad = true;
     static constexpr bool kIndexed = false;
@@ -78,6 +87,11 @@ struct Softcap {
         const float t = m * p.mods.softcap_in;
         return fmaf(-t, t, 1.f);
     }
+};
+
+template <>
+struct MonotoneMod<Softcap> {
+    static constexpr bool value = true;   // c tanh(x / c) increases with x (c > 0)
 };
 
 // s -> s - (slope / scale) |row + seqlen_k - seqlen_q - col|; one slope per (batch, head), read once.

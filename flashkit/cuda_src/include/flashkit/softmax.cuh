@@ -85,6 +85,27 @@ struct OnlineSoftmax {
             }
     }
 
+    // update_max over raw scores s for a modification that commutes with the row max (score_mod.cuh's MonotoneMod):
+    //   m_new = max(m, mod(rowmax(s)))   = max(m, rowmax(mod(s)))
+    // one mod a row, so the row maxima need not wait for every element's mod (the caller applies it to S after).
+    // Where the mod is an approximation that is not exactly monotone (tanh.approx), m_new may differ from the
+    // largest modified score by its error: m is only the exponent's offset, which O / l and the LSE cancel.
+    template <class Mod, int kNTiles, int kChains = (kNTiles % 4 == 0 ? 4 : 1)>
+    __device__ __forceinline__ void update_max_mapped(const float (&s)[kMTiles][kNTiles][4],
+                                                      float (&alpha)[kMTiles][kRowsPerTile], float scale_log2,
+                                                      const Mod& mod) {
+#pragma unroll
+        for (int mi = 0; mi < kMTiles; ++mi)
+#pragma unroll
+            for (int h = 0; h < kRowsPerTile; ++h) {
+                const float m_new =
+                    fmaxf(row_max[mi][h], mod.score(quad_max(row_tile_max<kChains>(s, mi, h)), 0, 0, 0.f));
+                alpha[mi][h] = fast_exp2(row_max[mi][h] * scale_log2 - scaled_row_max(m_new, scale_log2));
+                row_max[mi][h] = m_new;
+                row_sum[mi][h] *= alpha[mi][h];
+            }
+    }
+
     // Second half, lane-local: p = exp2(s * c - m_new * c + PScale::kLog2) in place; l += rowsum(p).
     template <int kNTiles, int kChains = (kNTiles % 4 == 0 ? 4 : 1)>
     __device__ __forceinline__ void exponentiate(float (&s)[kMTiles][kNTiles][4], float scale_log2) {
