@@ -108,7 +108,8 @@ def test_fa3_takes_softcaps_row_max_over_raw_scores_at_hd256_only():
 def test_block_sparse_hopper_turns_follow_the_measured_tables():
     """block_sparse_hopper defers the P V wait and issues freely at hd64 (ALiBi on three stages), issues freely at hd96
     but for non-causal ALiBi and the window, at hd128 only with softcap, at hd256 but for softcap and the window, and
-    keeps the turns at hd192 (BENCHMARKS.md, the thirtieth session's A/B)."""
+    keeps the turns at hd192 (BENCHMARKS.md, the thirtieth session's A/B); softcap's row maxima over the raw scores at
+    hd256 (raw_max: the thirty-second session's)."""
     spec = discover_kernels().specs["block_sparse_hopper"]
 
     def launch(hd, causal=False, mods=()):
@@ -122,6 +123,9 @@ def test_block_sparse_hopper_turns_follow_the_measured_tables():
     assert (launch(128)[0], launch(128, mods=("softcap",))[0], launch(128, True, ("alibi",))[0]) == (0, 1, 0)
     assert launch(192)[0] == 0 and launch(256)[0] == 1
     assert launch(256, mods=("softcap",))[0] == launch(256, True, ("window",))[0] == 0
+    raw_max = lambda hd, mods=("softcap",): make_config(spec, "bfloat16", hd, False, (9, 0), True, None, mods,  # noqa: E731
+                                                        None).launch_dict.get("raw_max", 0)
+    assert raw_max(256) == 1 and not any(raw_max(hd) for hd in (64, 96, 128, 192)) and raw_max(256, ()) == 0
 
 
 def test_build_config_defines_only_the_asked_mods():
