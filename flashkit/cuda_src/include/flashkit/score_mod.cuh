@@ -47,9 +47,9 @@ __device__ __forceinline__ float accurate_tanh(float x) {
     return 1.f - 2.f * fast_rcp(fast_exp2(x * kTwoLog2e) + 1.f);
 }
 
-// tanh.approx.f32 (sm_75+): one MUFU operation, relative error ~2^-11 (fp16's rounding of the score),
-// flash-attn's choice. The softmax's exp2 is the other MUFU operation of each score, so this one
-// decides softcap's cost.
+// tanh.approx.f32 (sm_75+): one MUFU operation, relative error at most ~2^-11 by the PTX manual (measured on the
+// H200 over [-12, 12]: 7.7e-6 absolute, 1.05e-5 relative), flash-attn's choice. The softmax's exp2 is the other MUFU
+// operation of each score. (The f16x2 / bf16x2 forms are two MUFU operations a pair, at the same rate: nothing gained.)
 __device__ __forceinline__ float fast_tanh(float x) {
     float y;
     asm("tanh.approx.f32 %0, %1;" : "=f"(y) : "f"(x));
