@@ -94,8 +94,8 @@ struct TurnsOf<false, kConsumers> {
 // Where an unmasked visit takes its row maxima (launch flag raw_max, FLASHKIT_RAW_MAX): with a modification that
 // commutes with the max (MonotoneMod: softcap), over the raw scores, mapped once a row, so that the maxima and the
 // shuffles between lanes run beside the per-element tanh instead of after it. Measured on the H200 against max after
-// the modification (softcap 30, interleaved A/B): 5-8% faster at hd256 (2k-16k, causal or not), 4-9% slower at hd64,
-// hd96 and hd128, 1-6% slower at hd192, so a manifest sets it per head dim.
+// the modification (softcap 30, interleaved A/B): 5-8% faster at hd256 (2k-16k, causal or not), 4-6% slower at hd64
+// and hd128, up to 9% at hd96 and 6% at hd192, so a manifest sets it per head dim.
 #ifndef FLASHKIT_RAW_MAX
 #define FLASHKIT_RAW_MAX 0
 #endif
