@@ -15,14 +15,14 @@ overrides: {"hd64": {defer_pv_wait: 1, free_issue: 1}, "hd64/alibi": {stages: 3}
             "hd96/causal/alibi": {free_issue: 1},
             "hd128": {defer_pv_wait: 1}, "hd128/softcap": {free_issue: 1},
             "hd192": {block_n: 64, defer_pv_wait: 1},
-            "hd256": {block_n: 64, free_issue: 1}, "hd256/softcap": {free_issue: 0, raw_max: 1}, "hd256/window": {free_issue: 0}}
+            "hd256": {block_n: 64, free_issue: 1}, "hd256/softcap": {free_issue: 0, max_first: 1}, "hd256/alibi": {max_first: 1}, "hd256/window": {free_issue: 0}}
 # defer_pv_wait (ws_mainloop.cuh): measured 2-4% faster at hd128, 2.6-6.0% at hd96 and 0.8-3.7% at hd192 (8k,
 # densities 1.0 / 0.5); at hd64 with free_issue 4-12% faster, every modification (softcap, ALiBi, a causal window).
 # free_issue (the consumers issue without ping-pong turns), per modification from one A/B at 8k, densities 1.0 / 0.5:
 # hd64 (ALiBi on three stages: 8-11%), hd96 but for non-causal ALiBi and the window (1-4%), hd128 softcap (1-2.6%),
-# hd256 but for softcap and the window (1-3%); hd192 keeps the turns (1-3.5% slower without). At hd256 softcap's row
-# maxima come from the raw scores (raw_max, ws_mainloop.cuh): 5.8-9.0% faster at 2k and 8k, densities 1.0 / 0.5 (the
-# thirty-second session's A/B; fa3's hd256 gained 5-8%).
+# hd256 but for softcap and the window (1-3%); hd192 keeps the turns (1-3.5% slower without). At hd256 softcap's and ALiBi's
+# row maxima come before the modification (max_first, ws_mainloop.cuh): softcap 5.8-9.0% faster at 2k and 8k,
+# densities 1.0 / 0.5, ALiBi 3.9-10.9% at 8k (the thirty-second session's A/B; ALiBi 2.5-5.9% slower at hd128).
 # hd96 and hd192 (fa3's exact head dims; hd192 on 128 x 64 tiles, which nest in the 128-key mask blocks as hd256's
 # do) ran on the mma.sync block_sparse before: 1.08-2.31x faster here (BENCHMARKS.md). The other head dims run at
 # their class, as fa3's (TMA's out-of-bounds fill, clipped stores): 1.30-2.06x block_sparse at 40-160.

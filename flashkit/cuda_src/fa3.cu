@@ -42,8 +42,9 @@ launch: {grid: tiles, persistent: 1, defer_pv_wait: 1, block_m: 128, block_n: 12
 # and issue freely: 5-19% faster with softcap, 2-10% with ALiBi, 1-11% with the shipped functors, at 2k and 8k (the
 # thirtieth session's A/B; block_sparse_hopper's hd64 found it first).
 # Non-causal softcap at hd64 runs on the three consumers (3-7% faster from 8k, the same at 2-4k); causal softcap keeps
-# the two (three lost 3% at 2-4k, gained 2-4% from 8k). At hd256 softcap's consumers take each row's max over the raw
-# scores (raw_max, ws_mainloop.cuh: 5-8% faster; slower at the other head dims). (The thirty-second session's A/B.)
+# the two (three lost 3% at 2-4k, gained 2-4% from 8k). At hd256 softcap's and ALiBi's consumers take each row's max
+# before the modification (max_first, ws_mainloop.cuh: softcap 5-8% faster, ALiBi 4-12%; slower at the other head
+# dims). (The thirty-second session's A/B.)
 overrides: {"hd64": {block_m: 192, warps: 16, persistent: 0, defer_pv_wait: 0, pass_unseen: 1}, "hd64/alibi": &hd64_two {block_m: 128, warps: 12, free_issue: 1, defer_pv_wait: 1},
             "hd64/causal/softcap": *hd64_two, "hd64/score_mod": *hd64_two,
             "hd64/mask_mod": *hd64_two,
@@ -62,7 +63,7 @@ overrides: {"hd64": {block_m: 192, warps: 16, persistent: 0, defer_pv_wait: 0, p
             "hd192": {block_n: 64, free_issue: 1}, "hd192/score_mod": {persistent: 0, free_issue: 0}, "hd192/mask_mod": {persistent: 0, free_issue: 0},
             "hd256": {block_n: 64, persistent: 0, defer_pv_wait: 0, pass_unseen: 1, free_issue: 1},
             "hd256/score_mod": {free_issue: 0, pass_unseen: 0}, "hd256/mask_mod": {free_issue: 0, pass_unseen: 0},
-            "hd256/softcap": {raw_max: 1}}
+            "hd256/softcap": &hd256_max_first {max_first: 1}, "hd256/alibi": *hd256_max_first}
 tensor_maps: {q: block_m, k: block_n, v: block_n, o: 64}   # box rows; o: one consumer's 64 rows
 workspace: none
 ---*/

@@ -30,13 +30,13 @@ FEATURES = ("causal", "block_sparse", "fp8", "backward", "lse", "gqa", "window",
 # mask_mod element mask is evaluated by the producer warpgroup's other warps, not by the consumers (hopper/bwd_keep.cuh);
 # pass_unseen: a Hopper forward consumer passes by the first causal key tiles none of its rows sees; free_issue: the
 # 16-bit Hopper forward's consumers issue their products without ping-pong turns; serial_pv: a Hopper forward consumer
-# waits for each P V before its next S (no overlap within the warpgroup); raw_max: a Hopper forward consumer takes
-# an unmasked visit's row maxima over the raw scores when its modification commutes with the max (softcap; all four
-# hopper/ws_mainloop.cuh);
+# waits for each P V before its next S (no overlap within the warpgroup); max_first: a Hopper forward consumer takes
+# an unmasked visit's row maxima before the per-element modification where it can (softcap: over the raw scores;
+# ALiBi: over its key-linear part left of the diagonal; all four hopper/ws_mainloop.cuh);
 # timeline: clock64 stamps of CTA (0, 0, 0)'s visits, forward and backward (hopper/timeline.cuh; scripts/timeline.py,
 # never a manifest's).
 LAUNCH_FLAGS = ("persistent", "defer_pv_wait", "heaviest_first", "mask_warps", "pass_unseen", "free_issue",
-                "serial_pv", "raw_max", "timeline")
+                "serial_pv", "max_first", "timeline")
 GRID_KINDS = ("q_blocks", "tiles", "heads", "score_tiles", "row_groups", "kv_tiles", "kv_splits", "split_combine")
 WORKSPACE_KINDS = ("none", "scores", "running_state", "v_transposed", "dq_accum", "split_partials")
 REQUIRED = ("name", "summary", "entry", "arch", "dtypes", "head_dims", "features", "launch")

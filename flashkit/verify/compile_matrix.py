@@ -65,16 +65,17 @@ def spec_configs(spec: KernelSpec, cc: tuple[int, int], dtypes=None, head_dims=N
     return list(dict.fromkeys(out))   # head dims of one class and padding share a specialization
 
 
-RAW_MAX_MODS = ("softcap",)   # what the raw_max switch acts on, alone only (score_mod.cuh's MonotoneMod: not beside ALiBi)
+MAX_FIRST_MODS = ("softcap", "alibi")   # what max_first acts on, each alone (score_mod.cuh's MonotoneMod, LinearBias)
 
 
 def own_table(spec: KernelSpec, cc: tuple[int, int], hd: int, mod: str, mods: tuple[str, ...], causal: bool,
               sparse: bool, seqlen_q: int | None) -> bool:
     """Whether a modification alone builds code the set's build does not: a launch table unlike the set's (hd64's
-    non-causal softcap on three consumers), or a raw_max that the set's build carries but cannot exercise."""
+    non-causal softcap on three consumers), or a max_first that the set's build carries but cannot exercise (it acts
+    on softcap or ALiBi alone, not composed)."""
     alone = launch_table(spec, cc, hd, (mod,), causal, sparse, seqlen_q)
     return alone != launch_table(spec, cc, hd, mods, causal, sparse, seqlen_q) or \
-        (mod in RAW_MAX_MODS and alone.get("raw_max", 0) == 1)
+        (mod in MAX_FIRST_MODS and alone.get("max_first", 0) == 1)
 
 
 def head_dim_v_configs(spec: KernelSpec, cc: tuple[int, int], causal_opts, mod_sets, dtypes=None,

@@ -93,23 +93,27 @@ def test_fa3_turns_and_pass_by_follow_the_measured_tables():
     assert "-DFLASHKIT_FREE_ISSUE=1" in make_config(spec, "bfloat16", 256, True, (9, 0)).defines()
 
 
-def test_fa3_takes_softcaps_row_max_over_raw_scores_at_hd256_only():
-    """raw_max (hopper/ws_mainloop.cuh): 5-8% faster with softcap at hd256, slower at the other head dims."""
+def test_fa3_takes_the_row_max_before_softcap_and_alibi_at_hd256_only():
+    """max_first (hopper/ws_mainloop.cuh): softcap 5-8% and ALiBi 4-12% faster at hd256, slower at the other head
+    dims; a build of both carries the flag, which acts on neither composed (compile_matrix builds each alone)."""
     spec = discover_kernels().specs["fa3"]
 
-    def raw_max(hd, mods=("softcap",), causal=False):
-        return make_config(spec, "bfloat16", hd, causal, (9, 0), mods=mods).launch_dict.get("raw_max", 0)
+    def max_first(hd, mods=("softcap",), causal=False):
+        return make_config(spec, "bfloat16", hd, causal, (9, 0), mods=mods).launch_dict.get("max_first", 0)
 
-    assert raw_max(256) == raw_max(256, causal=True) == 1
-    assert "-DFLASHKIT_RAW_MAX=1" in make_config(spec, "bfloat16", 256, False, (9, 0), mods=("softcap",)).defines()
-    assert not any(raw_max(hd) for hd in (64, 96, 128, 192)) and raw_max(256, mods=()) == 0
+    assert max_first(256) == max_first(256, causal=True) == max_first(256, ("alibi",)) == 1
+    assert "-DFLASHKIT_MAX_FIRST=1" in make_config(spec, "bfloat16", 256, False, (9, 0), mods=("alibi",)).defines()
+    assert not any(max_first(hd, mods) for hd in (64, 96, 128, 192) for mods in (("softcap",), ("alibi",)))
+    assert max_first(256, mods=()) == max_first(256, ("window",)) == 0
+    singles = {c.mods for c in spec_configs(spec, (9, 0), head_dims=[256]) if c.launch_dict.get("max_first")}
+    assert {("softcap",), ("alibi",)} <= singles
 
 
 def test_block_sparse_hopper_turns_follow_the_measured_tables():
     """block_sparse_hopper defers the P V wait and issues freely at hd64 (ALiBi on three stages), issues freely at hd96
     but for non-causal ALiBi and the window, at hd128 only with softcap, at hd256 but for softcap and the window, and
-    keeps the turns at hd192 (BENCHMARKS.md, the thirtieth session's A/B); softcap's row maxima over the raw scores at
-    hd256 (raw_max: the thirty-second session's)."""
+    keeps the turns at hd192 (BENCHMARKS.md, the thirtieth session's A/B); softcap's and ALiBi's row maxima before the
+    modification at hd256 (max_first: the thirty-second session's)."""
     spec = discover_kernels().specs["block_sparse_hopper"]
 
     def launch(hd, causal=False, mods=()):
@@ -123,9 +127,10 @@ def test_block_sparse_hopper_turns_follow_the_measured_tables():
     assert (launch(128)[0], launch(128, mods=("softcap",))[0], launch(128, True, ("alibi",))[0]) == (0, 1, 0)
     assert launch(192)[0] == 0 and launch(256)[0] == 1
     assert launch(256, mods=("softcap",))[0] == launch(256, True, ("window",))[0] == 0
-    raw_max = lambda hd, mods=("softcap",): make_config(spec, "bfloat16", hd, False, (9, 0), True, None, mods,  # noqa: E731
-                                                        None).launch_dict.get("raw_max", 0)
-    assert raw_max(256) == 1 and not any(raw_max(hd) for hd in (64, 96, 128, 192)) and raw_max(256, ()) == 0
+    max_first = lambda hd, mods=("softcap",): make_config(spec, "bfloat16", hd, False, (9, 0), True, None,  # noqa: E731
+                                                          mods, None).launch_dict.get("max_first", 0)
+    assert max_first(256) == max_first(256, ("alibi",)) == 1 and max_first(256, ()) == 0
+    assert not any(max_first(hd, mods) for hd in (64, 96, 128, 192) for mods in (("softcap",), ("alibi",)))
 
 
 def test_build_config_defines_only_the_asked_mods():

@@ -18,7 +18,8 @@
 // apply_score_mod_transposed with slopes).
 // kIndexed: the modification reads each score's query and key index (ALiBi's distance, a functor's arguments),
 // which the kernels with little register room to spare take into account (hopper/bwd_traits.cuh).
-// MonotoneMod<Mod>: the modification commutes with a row's max (softcap), so a forward may take the max first.
+// MonotoneMod<Mod>: the modification commutes with a row's max (softcap), so a forward may take the max first;
+// LinearBias<Mod>: a bias linear in the key left of the diagonal (ALiBi), the same with its row term set apart.
 // kHeldGrad: grad(m) reads m alone and lies in [0, 1] (softcap's 1 - tanh^2), so a backward may hold each slope as
 // half of an f16 pair.
 #pragma once
@@ -116,7 +117,47 @@ struct Alibi {
         const float diag = static_cast<float>(row + p.seqlen_k - p.seqlen_q);   // one conversion per row
         return fabsf(diag - col_f);
     }
+    // A tile whose keys all lie at or left of the diagonal of its first row (last_col <= first_row + seqlen_k -
+    // seqlen_q; every unmasked causal tile): there the bias is linear in the key, s - slope (diag - col) = v - r with
+    //   v = s + slope k        k = col - col0, a constant of the unrolled loop (one FFMA with an immediate a score)
+    //   r = slope (diag - col0)  one value a row (row_offset), which the softmax takes instead (update_max_offset)
+    __device__ __forceinline__ bool left_of_diagonal(int first_row, int last_col) const {
+        return last_col <= first_row + p.seqlen_k - p.seqlen_q;
+    }
+    __device__ __forceinline__ float row_offset(int row, float col0_f) const {
+        return slope * (static_cast<float>(row + p.seqlen_k - p.seqlen_q) - col0_f);
+    }
 };
+
+// Whether a modification is a bias linear in the key on tiles left of the diagonal (Alibi::left_of_diagonal), so a
+// forward may take the row max over its key-linear part (apply_linear_bias).
+template <class Mod>
+struct LinearBias {
+    static constexpr bool value = false;
+};
+template <>
+struct LinearBias<Alibi> {
+    static constexpr bool value = true;
+};
+
+// S = v (Alibi's linear form, above) on an mma C-layout tile of keys col0 + 8 ni + e (col0: the tile's first key +
+// 2t), and each owned row's offset r: the true score is v - r.
+template <int kMTiles, int kNTiles>
+__device__ __forceinline__ void apply_linear_bias(const Alibi& mod, float (&s)[kMTiles][kNTiles][4], int row0,
+                                                  int col0, float (&offset)[kMTiles][2]) {
+    const float col0_f = static_cast<float>(col0);
+#pragma unroll
+    for (int mi = 0; mi < kMTiles; ++mi)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            offset[mi][h] = mod.row_offset(row0 + mi * kMmaM + h * kFragRowHalf, col0_f);
+#pragma unroll
+            for (int ni = 0; ni < kNTiles; ++ni)
+#pragma unroll
+                for (int e = 0; e < 2; ++e)
+                    s[mi][ni][2 * h + e] = fmaf(mod.slope, static_cast<float>(ni * kMmaN + e), s[mi][ni][2 * h + e]);
+        }
+}
 
 template <class A, class B>
 struct ComposeMods {

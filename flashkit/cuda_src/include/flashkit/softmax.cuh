@@ -106,6 +106,38 @@ struct OnlineSoftmax {
             }
     }
 
+    // update_max and exponentiate for scores held as v = true score + offset, one offset a row of this lane (ALiBi's
+    // row term left out: score_mod.cuh's apply_linear_bias):
+    //   m_new = max(m, quad max(rowmax(v) - offset)),   p = exp2(v c - (m_new + offset) c + PScale::kLog2)
+    // {m, l} stay in true-score units (the LSE needs nothing more). For visits with a visible key in every row (m_new
+    // finite): an unmasked tile.
+    template <int kNTiles, int kChains = (kNTiles % 4 == 0 ? 4 : 1)>
+    __device__ __forceinline__ void update_max_offset(const float (&s)[kMTiles][kNTiles][4],
+                                                      float (&alpha)[kMTiles][kRowsPerTile], float scale_log2,
+                                                      const float (&offset)[kMTiles][kRowsPerTile]) {
+#pragma unroll
+        for (int mi = 0; mi < kMTiles; ++mi)
+#pragma unroll
+            for (int h = 0; h < kRowsPerTile; ++h) {
+                const float m_new =
+                    fmaxf(row_max[mi][h], quad_max(row_tile_max<kChains>(s, mi, h) - offset[mi][h]));
+                alpha[mi][h] = fast_exp2(row_max[mi][h] * scale_log2 - m_new * scale_log2);
+                row_max[mi][h] = m_new;
+                row_sum[mi][h] *= alpha[mi][h];
+            }
+    }
+    template <int kNTiles, int kChains = (kNTiles % 4 == 0 ? 4 : 1)>
+    __device__ __forceinline__ void exponentiate_offset(float (&s)[kMTiles][kNTiles][4], float scale_log2,
+                                                        const float (&offset)[kMTiles][kRowsPerTile]) {
+#pragma unroll
+        for (int mi = 0; mi < kMTiles; ++mi)
+#pragma unroll
+            for (int h = 0; h < kRowsPerTile; ++h) {
+                const float bias = (row_max[mi][h] + offset[mi][h]) * scale_log2 - PScale::kLog2;
+                row_sum[mi][h] += exp2_row<kChains>(s, mi, h, scale_log2, bias);
+            }
+    }
+
     // Second half, lane-local: p = exp2(s * c - m_new * c + PScale::kLog2) in place; l += rowsum(p).
     template <int kNTiles, int kChains = (kNTiles % 4 == 0 ? 4 : 1)>
     __device__ __forceinline__ void exponentiate(float (&s)[kMTiles][kNTiles][4], float scale_log2) {

@@ -91,15 +91,18 @@ struct TurnsOf<false, kConsumers> {
     typedef FreeIssue type;
 };
 
-// Where an unmasked visit takes its row maxima (launch flag raw_max, FLASHKIT_RAW_MAX): with a modification that
-// commutes with the max (MonotoneMod: softcap), over the raw scores, mapped once a row, so that the maxima and the
-// shuffles between lanes run beside the per-element tanh instead of after it. Measured on the H200 against max after
-// the modification (softcap 30, interleaved A/B): 5-8% faster at hd256 (2k-16k, causal or not), 4-6% slower at hd64
-// and hd128, up to 9% at hd96 and 6% at hd192, so a manifest sets it per head dim.
-#ifndef FLASHKIT_RAW_MAX
-#define FLASHKIT_RAW_MAX 0
+// Where an unmasked visit takes its row maxima (launch flag max_first, FLASHKIT_MAX_FIRST): before the per-element
+// modification, so that the maxima and the shuffles between lanes need not wait for it:
+//   softcap (MonotoneMod): over the raw scores, mapped once a row (max(mod(S)) = mod(max(S)));
+//   ALiBi (LinearBias) on a tile left of every row's diagonal: over v = S + slope k, one FFMA a score where the exact
+//     bias takes two, with the row term slope (diag - col0) added once a row (OnlineSoftmax::update_max_offset).
+// Measured on the H200 against the modification first (interleaved A/B): softcap 30 5-8% faster at hd256 (2k-16k,
+// causal or not), 4-6% slower at hd64 and hd128, up to 9% at hd96 and 6% at hd192; ALiBi 4-12% faster at hd256, 1-11%
+// slower at hd64 and hd128 (the same causal at hd128, 5% slower non-causal). A manifest sets it per head dim.
+#ifndef FLASHKIT_MAX_FIRST
+#define FLASHKIT_MAX_FIRST 0
 #endif
-constexpr bool kRawMax = FLASHKIT_RAW_MAX != 0;
+constexpr bool kMaxFirst = FLASHKIT_MAX_FIRST != 0;
 
 template <class Kt, class Mask, class ScoreMod = NoScoreMod>
 struct WsMainloop {
@@ -153,7 +156,17 @@ struct WsMainloop {
     template <bool kMasked>
     __device__ __forceinline__ void softmax_step(int n_block, int row0, int col_lane) {
         gmma::fence_registers(s[0]);
-        if constexpr (kRawMax && !kMasked && MonotoneMod<ScoreMod>::value) {   // max(mod(S)) = mod(max(S))
+        if constexpr (kMaxFirst && !kMasked && LinearBias<ScoreMod>::value) {   // ALiBi left of the diagonal
+            const int warp_row0 = row0 - static_cast<int>(threadIdx.x % kWarpSize) / kQuadLanes;
+            if (score_mod.left_of_diagonal(warp_row0, n_block * kBN + kBN - 1)) {
+                float offset[1][2];
+                apply_linear_bias(score_mod, s, row0, n_block * kBN + col_lane, offset);
+                softmax.update_max_offset(s, alpha, scale_log2, offset);
+                softmax.exponentiate_offset(s, scale_log2, offset);
+                return;
+            }
+        }
+        if constexpr (kMaxFirst && !kMasked && MonotoneMod<ScoreMod>::value) {   // max(mod(S)) = mod(max(S))
             softmax.update_max_mapped(s, alpha, scale_log2, score_mod);
             apply_score_mod<false>(score_mod, s, row0, n_block * kBN + col_lane);   // S = mod(S)
         } else {
