@@ -43,7 +43,7 @@ launch: {grid: tiles, persistent: 1, defer_pv_wait: 1, block_m: 128, block_n: 12
 # thirtieth session's A/B; block_sparse_hopper's hd64 found it first).
 # Non-causal softcap at hd64 runs on the three consumers (3-7% faster from 8k, the same at 2-4k); causal softcap keeps
 # the two (three lost 3% at 2-4k, gained 2-4% from 8k). At hd256 softcap's and ALiBi's consumers take each row's max
-# before the modification (max_first, ws_mainloop.cuh: softcap 5-8% faster, ALiBi 4-12%; slower at the other head
+# before the modification (max_first, ws_mainloop.cuh: softcap 5-8% faster, ALiBi 4-14%; slower at the other head
 # dims). (The thirty-second session's A/B.)
 overrides: {"hd64": {block_m: 192, warps: 16, persistent: 0, defer_pv_wait: 0, pass_unseen: 1}, "hd64/alibi": &hd64_two {block_m: 128, warps: 12, free_issue: 1, defer_pv_wait: 1},
             "hd64/causal/softcap": *hd64_two, "hd64/score_mod": *hd64_two,
