@@ -1,7 +1,8 @@
 """The built-in modifications (window_size, attention_chunk, softcap, alibi_slopes) on the forward kernels (the
 block-sparse ones under a block mask) and the backward (fa2_bwd, fa3_bwd: dq, dk, dv; with block masks too), against the float64 reference with the same modification (DESIGN.md's
-rule), over the shape matrix: fp16/bf16, hd 64/128 (256 on fa3_bwd), each modification and combinations (window +
-causal, chunk + causal, softcap + alibi, all together).
+rule), over the shape matrix: fp16/bf16, hd 64/128 (256 on the Hopper kernels, whose hd256 builds take the row max
+before softcap or ALiBi: max_first), each modification and combinations (window + causal, chunk + causal, softcap +
+alibi, all together).
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ BLOCK_SHAPES = (Shape(2, 1, 129, 2, 2), Shape(3, 128, 128, 8, 1), Shape(2, 127, 
 # The backward's: tile edges (64-query, 64/128/192-key blocks), seqlen_q != seqlen_k both ways, GQA 8:1.
 BACKWARD_SHAPES = (Shape(2, 17, 17, 4, 4), Shape(3, 128, 128, 8, 1), Shape(1, 300, 300, 2, 2),
                    Shape(2, 127, 1000, 4, 4), Shape(2, 1000, 127, 8, 8))
-BACKWARD_HEAD_DIMS = {"fa2_bwd": [64, 128], "fa3_bwd": [64, 128, 256]}
+HEAD_DIMS = {"fa2_bwd": [64, 128], "fa3_bwd": [64, 128, 256], "fa3": [64, 128, 256], "block_sparse_hopper": [64, 128, 256]}
 
 
 def _params():
@@ -39,7 +40,7 @@ def _params():
         spec = specs[name]
         backward = spec.supports("backward")
         shapes = BACKWARD_SHAPES if backward else BLOCK_SHAPES if name.startswith("block_sparse") else SHAPES
-        checks = mod_checks(spec, ["float16", "bfloat16"], BACKWARD_HEAD_DIMS.get(name, [64, 128]),
+        checks = mod_checks(spec, ["float16", "bfloat16"], HEAD_DIMS.get(name, [64, 128]),
                             spec.causal_options(), quick=False, shapes=shapes)
         assert checks, name
         out += [pytest.param(name, c, id=f"{name}: {c.label}") for c in checks]
