@@ -98,7 +98,7 @@ struct TurnsOf<false, kConsumers> {
 //     bias takes two, with the row term slope (diag - col0) added once a row (OnlineSoftmax::update_max_offset).
 // Measured on the H200 against the modification first (interleaved A/B): softcap 30 5-8% faster at hd256 (2k-16k,
 // causal or not), 4-6% slower at hd64 and hd128, up to 9% at hd96 and 6% at hd192; ALiBi 4-14% faster at hd256, 1-11%
-// slower at hd64 and hd128 (the same causal at hd128, 5% slower non-causal). A manifest sets it per head dim.
+// slower at hd64 and hd128 (the same causal at hd128, 5% slower non-causal), 2-14% at hd192. A manifest sets it per head dim.
 #ifndef FLASHKIT_MAX_FIRST
 #define FLASHKIT_MAX_FIRST 0
 #endif
