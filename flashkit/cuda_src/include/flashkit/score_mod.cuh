@@ -113,19 +113,20 @@ struct Alibi {
     static constexpr bool kUnitGrad = true;
     static constexpr bool kIndexed = true;
     static constexpr bool kHeldGrad = true;
+    // The key on row's bottom-right-aligned diagonal.
+    __device__ __forceinline__ int diagonal(int row) const { return row + p.seqlen_k - p.seqlen_q; }
     __device__ __forceinline__ float distance(int row, float col_f) const {
-        const float diag = static_cast<float>(row + p.seqlen_k - p.seqlen_q);   // one conversion per row
-        return fabsf(diag - col_f);
+        return fabsf(static_cast<float>(diagonal(row)) - col_f);   // one conversion per row
     }
     // A tile whose keys all lie at or left of the diagonal of its first row (last_col <= first_row + seqlen_k -
     // seqlen_q; every unmasked causal tile): there the bias is linear in the key, s - slope (diag - col) = v - r with
     //   v = s + slope k        k = col - col0, a constant of the unrolled loop (one FFMA with an immediate a score)
     //   r = slope (diag - col0)  one value a row (row_offset), which the softmax takes instead (update_max_offset)
     __device__ __forceinline__ bool left_of_diagonal(int first_row, int last_col) const {
-        return last_col <= first_row + p.seqlen_k - p.seqlen_q;
+        return last_col <= diagonal(first_row);
     }
     __device__ __forceinline__ float row_offset(int row, float col0_f) const {
-        return slope * (static_cast<float>(row + p.seqlen_k - p.seqlen_q) - col0_f);
+        return slope * (static_cast<float>(diagonal(row)) - col0_f);
     }
 };
 

@@ -79,10 +79,17 @@ struct OnlineSoftmax {
 #pragma unroll
             for (int h = 0; h < kRowsPerTile; ++h) {
                 const float m_new = quad_max(row_tile_max<kChains>(s, mi, h, row_max[mi][h]));
-                alpha[mi][h] = fast_exp2(row_max[mi][h] * scale_log2 - scaled_row_max(m_new, scale_log2));
-                row_max[mi][h] = m_new;
-                row_sum[mi][h] *= alpha[mi][h];
+                alpha[mi][h] = raise_max(mi, h, m_new, scaled_row_max(m_new, scale_log2), scale_log2);
             }
+    }
+
+    // m = m_new for row h of tile mi (scaled_new: m_new c, or 0 for a row with no visible key yet); l owes
+    // alpha = exp2(m c - m_new c), which it pays here and which is returned for O.
+    __device__ __forceinline__ float raise_max(int mi, int h, float m_new, float scaled_new, float scale_log2) {
+        const float a = fast_exp2(row_max[mi][h] * scale_log2 - scaled_new);
+        row_max[mi][h] = m_new;
+        row_sum[mi][h] *= a;
+        return a;
     }
 
     // update_max over raw scores s for a modification that commutes with the row max (score_mod.cuh's MonotoneMod):
@@ -100,9 +107,7 @@ struct OnlineSoftmax {
             for (int h = 0; h < kRowsPerTile; ++h) {
                 const float m_new =
                     fmaxf(row_max[mi][h], mod.score(quad_max(row_tile_max<kChains>(s, mi, h)), 0, 0, 0.f));
-                alpha[mi][h] = fast_exp2(row_max[mi][h] * scale_log2 - scaled_row_max(m_new, scale_log2));
-                row_max[mi][h] = m_new;
-                row_sum[mi][h] *= alpha[mi][h];
+                alpha[mi][h] = raise_max(mi, h, m_new, scaled_row_max(m_new, scale_log2), scale_log2);
             }
     }
 
@@ -121,9 +126,7 @@ struct OnlineSoftmax {
             for (int h = 0; h < kRowsPerTile; ++h) {
                 const float m_new =
                     fmaxf(row_max[mi][h], quad_max(row_tile_max<kChains>(s, mi, h) - offset[mi][h]));
-                alpha[mi][h] = fast_exp2(row_max[mi][h] * scale_log2 - m_new * scale_log2);
-                row_max[mi][h] = m_new;
-                row_sum[mi][h] *= alpha[mi][h];
+                alpha[mi][h] = raise_max(mi, h, m_new, m_new * scale_log2, scale_log2);   // (m_new is finite)
             }
     }
     template <int kNTiles, int kChains = (kNTiles % 4 == 0 ? 4 : 1)>
